@@ -1,0 +1,887 @@
+//! A mock of EC2's `DescribeInstanceTopology`, speaking the EC2 query protocol (API version
+//! 2016-11-15) the way AWS does, with fault injection and call statistics.
+//!
+//! One implementation serves three users: the controller's integration tests (in process, see
+//! [`serve`]), the e2e suite and the demo (the `mock-ec2` binary), and the AWS CLI check that proves
+//! AWS's own parsers accept what we send.
+//!
+//! Endpoints:
+//! - `POST /` (form-encoded) or `GET /?…`: the EC2 query API (`Action=DescribeInstanceTopology`).
+//! - `GET /_admin/stats`, `POST /_admin/stats/reset`: calls, IDs per call, throttled, failed.
+//! - `GET|PUT /_admin/faults`: throttling (fraction or token bucket), latency, 5xx, timeouts,
+//!   malformed or truncated XML, unauthorized, omitted instances, duplicated items.
+//! - `GET|PUT /_admin/instances`, `PUT|DELETE /_admin/instances/{id}`: the scenario itself
+//!   (move an instance or change its depth by replacing it).
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{Path, RawQuery, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post, put},
+};
+use serde::{Deserialize, Serialize};
+
+pub const API_VERSION: &str = "2016-11-15";
+const XMLNS: &str = "http://ec2.amazonaws.com/doc/2016-11-15/";
+const MAX_IDS: usize = 100;
+const DEFAULT_PAGE: usize = 20;
+
+/// One EC2 instance as DescribeInstanceTopology reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub zone_id: String,
+    /// Top of the hierarchy first; empty for an unsupported type or an instance not yet placed.
+    #[serde(default)]
+    pub network_nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_block_id: Option<String>,
+    /// Only running instances are described; anything else is omitted, as EC2 does.
+    #[serde(default = "running")]
+    pub state: String,
+}
+
+fn running() -> String {
+    "running".into()
+}
+
+/// A scenario file: the instances the mock knows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Scenario {
+    pub instances: Vec<Instance>,
+}
+
+impl Scenario {
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// An EC2-like token bucket: `burst` tokens, refilled at `rate` per second.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TokenBucket {
+    pub burst: f64,
+    pub rate: f64,
+}
+
+/// Faults to inject. Fractions are probabilities in 0..=1, drawn per call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct Faults {
+    /// Answer `RequestLimitExceeded` (HTTP 503) to this fraction of calls.
+    pub throttle_fraction: f64,
+    /// Answer `RequestLimitExceeded` when this bucket is empty (EC2: ~100 burst, 20/s).
+    pub token_bucket: Option<TokenBucket>,
+    /// Added to every call.
+    pub latency_ms: u64,
+    /// Answer HTTP 500 `InternalError` to this fraction of calls.
+    pub error_5xx_fraction: f64,
+    /// Hold this fraction of calls for `timeout_hold_ms` before answering 500 (a client with a
+    /// shorter timeout sees a timeout).
+    pub timeout_fraction: f64,
+    pub timeout_hold_ms: u64,
+    /// Answer this fraction of calls with a 200 whose body is not well-formed XML.
+    pub malformed_fraction: f64,
+    /// Answer this fraction of calls with a 200 whose body stops half way.
+    pub truncated_fraction: f64,
+    /// Answer every call `UnauthorizedOperation` (HTTP 403).
+    pub unauthorized: bool,
+    /// Leave these instance IDs out of every answer (as if EC2 had not caught up).
+    pub omit_instances: Vec<String>,
+    /// Repeat every item of an answer (EC2 should not, a client must cope).
+    pub duplicate_items: bool,
+    /// Page answers to requests with instance IDs too, this many items per page (EC2 may).
+    pub page_size: Option<usize>,
+}
+
+/// What the mock saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    /// Every DescribeInstanceTopology request received, whatever its outcome.
+    pub calls: u64,
+    /// Number of `InstanceId.N` in each request, in arrival order.
+    pub ids_per_call: Vec<usize>,
+    /// Requests answered `RequestLimitExceeded`.
+    pub throttled: u64,
+    /// Requests answered with any other error or a broken body.
+    pub failed: u64,
+    /// Total instance IDs asked for.
+    pub ids_requested: u64,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    instances: BTreeMap<String, Instance>,
+    faults: Faults,
+    stats: Stats,
+    bucket: Option<Bucket>,
+    request_seq: u64,
+}
+
+/// Shared state of one mock.
+#[derive(Clone, Default)]
+pub struct MockEc2 {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl MockEc2 {
+    pub fn new(scenario: Scenario) -> Self {
+        let mock = Self::default();
+        mock.set_instances(scenario.instances);
+        mock
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-written in a way that matters
+        // to a test double; keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_instances(&self, instances: Vec<Instance>) {
+        let mut inner = self.lock();
+        inner.instances = instances
+            .into_iter()
+            .map(|i| (i.instance_id.clone(), i))
+            .collect();
+    }
+
+    pub fn upsert(&self, instance: Instance) {
+        self.lock()
+            .instances
+            .insert(instance.instance_id.clone(), instance);
+    }
+
+    pub fn remove(&self, instance_id: &str) -> bool {
+        self.lock().instances.remove(instance_id).is_some()
+    }
+
+    pub fn instances(&self) -> Vec<Instance> {
+        self.lock().instances.values().cloned().collect()
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        let mut inner = self.lock();
+        inner.bucket = faults.token_bucket.map(|b| Bucket {
+            tokens: b.burst,
+            at: Instant::now(),
+        });
+        inner.faults = faults;
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.lock().faults.clone()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().stats.clone()
+    }
+
+    pub fn reset_stats(&self) {
+        self.lock().stats = Stats::default();
+    }
+
+    /// Decide the fate of one call and, when it is answered normally, compute the answer.
+    fn handle(&self, params: &[(String, String)]) -> Outcome {
+        let mut inner = self.lock();
+        inner.request_seq += 1;
+        let request_id = format!("00000000-0000-4000-8000-{:012x}", inner.request_seq);
+        let request = match parse_request(params) {
+            Ok(r) => r,
+            Err(e) => {
+                inner.stats.calls += 1;
+                inner.stats.ids_per_call.push(0);
+                inner.stats.failed += 1;
+                return Outcome::Error(e, request_id);
+            }
+        };
+        inner.stats.calls += 1;
+        inner.stats.ids_per_call.push(request.instance_ids.len());
+        inner.stats.ids_requested += request.instance_ids.len() as u64;
+        let faults = inner.faults.clone();
+        let latency = Duration::from_millis(faults.latency_ms);
+
+        if faults.unauthorized {
+            inner.stats.failed += 1;
+            return Outcome::Error(
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "UnauthorizedOperation",
+                    "You are not authorized to perform this operation. User: arn:aws:sts::111122223333:assumed-role/labeler is not authorized to perform: ec2:DescribeInstanceTopology",
+                ),
+                request_id,
+            )
+            .after(latency);
+        }
+        let throttled_by_bucket = match (&mut inner.bucket, faults.token_bucket) {
+            (Some(bucket), Some(cfg)) => {
+                let now = Instant::now();
+                let refill = now.duration_since(bucket.at).as_secs_f64() * cfg.rate;
+                bucket.tokens = (bucket.tokens + refill).min(cfg.burst);
+                bucket.at = now;
+                if bucket.tokens >= 1.0 {
+                    bucket.tokens -= 1.0;
+                    false
+                } else {
+                    true
+                }
+            }
+            _ => false,
+        };
+        if throttled_by_bucket || chance(faults.throttle_fraction) {
+            inner.stats.throttled += 1;
+            return Outcome::Error(
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "RequestLimitExceeded",
+                    "Request limit exceeded.",
+                ),
+                request_id,
+            )
+            .after(latency);
+        }
+        if chance(faults.timeout_fraction) {
+            inner.stats.failed += 1;
+            return Outcome::Error(
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "An internal error has occurred (held past the client's timeout).",
+                ),
+                request_id,
+            )
+            .after(latency + Duration::from_millis(faults.timeout_hold_ms.max(1)));
+        }
+        if chance(faults.error_5xx_fraction) {
+            inner.stats.failed += 1;
+            return Outcome::Error(
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "An internal error has occurred.",
+                ),
+                request_id,
+            )
+            .after(latency);
+        }
+        if chance(faults.malformed_fraction) {
+            inner.stats.failed += 1;
+            return Outcome::Raw(
+                "<DescribeInstanceTopologyResponse><instanceSet><item><instanceId>i-<<&&>>"
+                    .to_string(),
+                latency,
+            );
+        }
+
+        let matched: Vec<&Instance> = inner
+            .instances
+            .values()
+            .filter(|i| i.state == "running")
+            .filter(|i| !faults.omit_instances.contains(&i.instance_id))
+            .filter(|i| request.matches(i))
+            .collect();
+        // EC2 pages by MaxResults (default 20) when no instance IDs are given; with IDs it
+        // answers them all (at most 100).
+        let page = if request.instance_ids.is_empty() {
+            request.max_results.unwrap_or(DEFAULT_PAGE)
+        } else {
+            faults.page_size.unwrap_or(MAX_IDS).max(1)
+        };
+        let start = request.next_token.unwrap_or(0).min(matched.len());
+        let end = (start + page).min(matched.len());
+        let next_token = (end < matched.len()).then(|| encode_token(end));
+        let mut items: Vec<&Instance> = matched[start..end].to_vec();
+        if faults.duplicate_items {
+            items = items.iter().flat_map(|i| [*i, *i]).collect();
+        }
+        let body = response_xml(&request_id, &items, next_token.as_deref());
+        if chance(faults.truncated_fraction) {
+            inner.stats.failed += 1;
+            let cut = body.len() / 2;
+            let mut cut_at = cut;
+            while !body.is_char_boundary(cut_at) {
+                cut_at -= 1;
+            }
+            return Outcome::Raw(body[..cut_at].to_string(), latency);
+        }
+        Outcome::Raw(body, latency)
+    }
+}
+
+fn chance(p: f64) -> bool {
+    p > 0.0 && fastrand::f64() < p
+}
+
+enum Outcome {
+    Raw(String, Duration),
+    Error(ApiError, String),
+    Delayed(ApiError, String, Duration),
+}
+
+impl Outcome {
+    fn after(self, d: Duration) -> Self {
+        match self {
+            Outcome::Error(e, id) => Outcome::Delayed(e, id, d),
+            other => other,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    fn response(&self, request_id: &str) -> Response {
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>{}</RequestID></Response>",
+            self.code,
+            xml_escape(&self.message),
+            request_id
+        );
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "text/xml;charset=UTF-8")],
+            body,
+        )
+            .into_response()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Request {
+    instance_ids: Vec<String>,
+    group_names: Vec<String>,
+    /// (filter name, values)
+    filters: Vec<(String, Vec<String>)>,
+    max_results: Option<usize>,
+    next_token: Option<usize>,
+}
+
+impl Request {
+    fn matches(&self, i: &Instance) -> bool {
+        (self.instance_ids.is_empty() || self.instance_ids.contains(&i.instance_id))
+            && (self.group_names.is_empty()
+                || i.group_name
+                    .as_ref()
+                    .is_some_and(|g| self.group_names.contains(g)))
+            && self.filters.iter().all(|(name, values)| {
+                let field = match name.as_str() {
+                    "availability-zone" => &i.availability_zone,
+                    "instance-type" => &i.instance_type,
+                    _ => &i.zone_id,
+                };
+                values.iter().any(|v| wildcard_match(v, field))
+            })
+    }
+}
+
+/// Indexed parameters (`InstanceId.3`, `Filter.1.Value.2`) in index order.
+fn indexed<'a>(params: &'a [(String, String)], prefix: &str) -> Vec<(u32, &'a str)> {
+    let mut out: Vec<(u32, &str)> = params
+        .iter()
+        .filter_map(|(k, v)| {
+            let n = k.strip_prefix(prefix)?.strip_prefix('.')?;
+            n.parse::<u32>().ok().map(|n| (n, v.as_str()))
+        })
+        .collect();
+    out.sort_by_key(|(n, _)| *n);
+    out
+}
+
+fn parse_request(params: &[(String, String)]) -> Result<Request, ApiError> {
+    let get = |k: &str| params.iter().find(|(p, _)| p == k).map(|(_, v)| v.as_str());
+    match get("Action") {
+        Some("DescribeInstanceTopology") => {}
+        Some(other) => {
+            return Err(ApiError::bad(
+                "InvalidAction",
+                format!("The action {other} is not valid for this web service."),
+            ));
+        }
+        None => {
+            return Err(ApiError::bad(
+                "MissingAction",
+                "The request must contain the parameter Action",
+            ));
+        }
+    }
+    if get("Version").is_none() {
+        return Err(ApiError::bad(
+            "MissingParameter",
+            "The request must contain the parameter Version",
+        ));
+    }
+    if get("DryRun") == Some("true") {
+        return Err(ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "DryRunOperation",
+            "Request would have succeeded, but DryRun flag is set.",
+        ));
+    }
+    let mut req = Request {
+        instance_ids: indexed(params, "InstanceId")
+            .into_iter()
+            .map(|(_, v)| v.to_string())
+            .collect(),
+        group_names: indexed(params, "GroupName")
+            .into_iter()
+            .map(|(_, v)| v.to_string())
+            .collect(),
+        ..Request::default()
+    };
+    if req.instance_ids.len() > MAX_IDS {
+        return Err(ApiError::bad(
+            "InvalidParameterValue",
+            format!("The maximum number of instance IDs is {MAX_IDS}."),
+        ));
+    }
+    if req.group_names.len() > MAX_IDS {
+        return Err(ApiError::bad(
+            "InvalidParameterValue",
+            format!("The maximum number of group names is {MAX_IDS}."),
+        ));
+    }
+    for id in &req.instance_ids {
+        if !is_instance_id(id) {
+            return Err(ApiError::bad(
+                "InvalidInstanceID.Malformed",
+                format!("Invalid id: \"{id}\""),
+            ));
+        }
+    }
+    if let Some(m) = get("MaxResults") {
+        if !req.instance_ids.is_empty() {
+            return Err(ApiError::bad(
+                "InvalidParameterCombination",
+                "The parameter instancesSet cannot be used with the parameter maxResults",
+            ));
+        }
+        match m.parse::<usize>() {
+            Ok(n) if (1..=MAX_IDS).contains(&n) => req.max_results = Some(n),
+            _ => {
+                return Err(ApiError::bad(
+                    "InvalidParameterValue",
+                    format!(
+                        "Value ( {m} ) for parameter maxResults is invalid. Expecting a value between 1 and {MAX_IDS}."
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(t) = get("NextToken") {
+        req.next_token =
+            Some(decode_token(t).ok_or_else(|| {
+                ApiError::bad("InvalidParameterValue", "The nextToken is invalid")
+            })?);
+    }
+    let mut filter_indices: Vec<u32> = params
+        .iter()
+        .filter_map(|(k, _)| k.strip_prefix("Filter.")?.split('.').next()?.parse().ok())
+        .collect();
+    filter_indices.sort_unstable();
+    filter_indices.dedup();
+    for n in filter_indices {
+        let name = get(&format!("Filter.{n}.Name")).ok_or_else(|| {
+            ApiError::bad(
+                "InvalidParameterValue",
+                format!("Filter.{n}.Name is missing"),
+            )
+        })?;
+        if !matches!(name, "availability-zone" | "instance-type" | "zone-id") {
+            return Err(ApiError::bad(
+                "InvalidParameterValue",
+                format!("The filter '{name}' is invalid"),
+            ));
+        }
+        let values: Vec<String> = indexed(params, &format!("Filter.{n}.Value"))
+            .into_iter()
+            .map(|(_, v)| v.to_string())
+            .collect();
+        req.filters.push((name.to_string(), values));
+    }
+    Ok(req)
+}
+
+fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| {
+        (8..=17).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
+fn encode_token(offset: usize) -> String {
+    // Opaque to clients, like EC2's own tokens.
+    format!("eyJvIjo{offset:08x}")
+}
+
+fn decode_token(token: &str) -> Option<usize> {
+    usize::from_str_radix(token.strip_prefix("eyJvIjo")?, 16).ok()
+}
+
+/// `*` matches any run of characters, `?` exactly one.
+fn wildcard_match(pattern: &str, value: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let v: Vec<char> = value.chars().collect();
+    let (mut pi, mut vi, mut star, mut mark) = (0, 0, None, 0);
+    while vi < v.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == v[vi]) {
+            pi += 1;
+            vi += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = vi;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            vi = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn response_xml(request_id: &str, items: &[&Instance], next_token: Option<&str>) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(256 + items.len() * 512);
+    s.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(s, "<DescribeInstanceTopologyResponse xmlns=\"{XMLNS}\">");
+    let _ = writeln!(s, "    <requestId>{request_id}</requestId>");
+    s.push_str("    <instanceSet>\n");
+    for i in items {
+        s.push_str("        <item>\n");
+        let _ = writeln!(
+            s,
+            "            <instanceId>{}</instanceId>",
+            xml_escape(&i.instance_id)
+        );
+        let _ = writeln!(
+            s,
+            "            <instanceType>{}</instanceType>",
+            xml_escape(&i.instance_type)
+        );
+        if let Some(g) = &i.group_name {
+            let _ = writeln!(s, "            <groupName>{}</groupName>", xml_escape(g));
+        }
+        s.push_str("            <networkNodeSet>\n");
+        for n in &i.network_nodes {
+            let _ = writeln!(s, "                <item>{}</item>", xml_escape(n));
+        }
+        s.push_str("            </networkNodeSet>\n");
+        let _ = writeln!(
+            s,
+            "            <availabilityZone>{}</availabilityZone>",
+            xml_escape(&i.availability_zone)
+        );
+        let _ = writeln!(s, "            <zoneId>{}</zoneId>", xml_escape(&i.zone_id));
+        if let Some(c) = &i.capacity_block_id {
+            let _ = writeln!(
+                s,
+                "            <capacityBlockId>{}</capacityBlockId>",
+                xml_escape(c)
+            );
+        }
+        s.push_str("        </item>\n");
+    }
+    s.push_str("    </instanceSet>\n");
+    if let Some(t) = next_token {
+        let _ = writeln!(s, "    <nextToken>{t}</nextToken>");
+    }
+    s.push_str("</DescribeInstanceTopologyResponse>\n");
+    s
+}
+
+async fn ec2_post(State(mock): State<MockEc2>, body: Bytes) -> Response {
+    let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    answer(&mock, &params).await
+}
+
+async fn ec2_get(State(mock): State<MockEc2>, RawQuery(query): RawQuery) -> Response {
+    let params: Vec<(String, String)> =
+        form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    answer(&mock, &params).await
+}
+
+async fn answer(mock: &MockEc2, params: &[(String, String)]) -> Response {
+    match mock.handle(params) {
+        Outcome::Raw(body, latency) => {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/xml;charset=UTF-8")],
+                body,
+            )
+                .into_response()
+        }
+        Outcome::Error(e, id) => e.response(&id),
+        Outcome::Delayed(e, id, latency) => {
+            tokio::time::sleep(latency).await;
+            e.response(&id)
+        }
+    }
+}
+
+async fn get_stats(State(mock): State<MockEc2>) -> Json<Stats> {
+    Json(mock.stats())
+}
+
+async fn reset_stats(State(mock): State<MockEc2>) -> StatusCode {
+    mock.reset_stats();
+    StatusCode::NO_CONTENT
+}
+
+async fn get_faults(State(mock): State<MockEc2>) -> Json<Faults> {
+    Json(mock.faults())
+}
+
+async fn put_faults(State(mock): State<MockEc2>, Json(faults): Json<Faults>) -> StatusCode {
+    mock.set_faults(faults);
+    StatusCode::NO_CONTENT
+}
+
+async fn get_instances(State(mock): State<MockEc2>) -> Json<Scenario> {
+    Json(Scenario {
+        instances: mock.instances(),
+    })
+}
+
+async fn put_instances(State(mock): State<MockEc2>, Json(s): Json<Scenario>) -> StatusCode {
+    mock.set_instances(s.instances);
+    StatusCode::NO_CONTENT
+}
+
+async fn put_instance(
+    State(mock): State<MockEc2>,
+    Path(id): Path<String>,
+    Json(instance): Json<Instance>,
+) -> Response {
+    if instance.instance_id != id {
+        return (
+            StatusCode::BAD_REQUEST,
+            "instanceId in the body differs from the path",
+        )
+            .into_response();
+    }
+    mock.upsert(instance);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn delete_instance(State(mock): State<MockEc2>, Path(id): Path<String>) -> StatusCode {
+    if mock.remove(&id) {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::NOT_FOUND
+    }
+}
+
+/// The mock's HTTP API: EC2 on `/`, administration under `/_admin`.
+pub fn router(mock: MockEc2) -> Router {
+    Router::new()
+        .route("/", post(ec2_post).get(ec2_get))
+        .route("/_admin/stats", get(get_stats))
+        .route("/_admin/stats/reset", post(reset_stats))
+        .route("/_admin/faults", get(get_faults).put(put_faults))
+        .route("/_admin/instances", get(get_instances).put(put_instances))
+        .route(
+            "/_admin/instances/{id}",
+            put(put_instance).delete(delete_instance),
+        )
+        .with_state(mock)
+}
+
+/// Serve the mock on an already bound listener until the future is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, mock: MockEc2) -> std::io::Result<()> {
+    axum::serve(listener, router(mock)).await
+}
+
+/// Bind an ephemeral loopback port, serve the mock in the background, and return its base URL.
+pub async fn spawn(mock: MockEc2) -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = serve(listener, mock).await {
+            tracing::error!(error = %e, "mock-ec2 stopped");
+        }
+    });
+    Ok(format!("http://{addr}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(id: &str, ty: &str, nodes: &[&str]) -> Instance {
+        Instance {
+            instance_id: id.into(),
+            instance_type: ty.into(),
+            availability_zone: "us-west-2a".into(),
+            zone_id: "usw2-az1".into(),
+            network_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            group_name: None,
+            capacity_block_id: None,
+            state: running(),
+        }
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v = vec![
+            ("Action".to_string(), "DescribeInstanceTopology".to_string()),
+            ("Version".to_string(), API_VERSION.to_string()),
+        ];
+        v.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        v
+    }
+
+    fn body(o: Outcome) -> String {
+        match o {
+            Outcome::Raw(b, _) => b,
+            Outcome::Error(e, _) | Outcome::Delayed(e, _, _) => format!("ERROR {}", e.code),
+        }
+    }
+
+    #[test]
+    fn ids_together_with_max_results_is_an_invalid_combination() {
+        let m = MockEc2::new(Scenario::default());
+        let out = m.handle(&params(&[
+            ("InstanceId.1", "i-0123456789abcdef0"),
+            ("MaxResults", "5"),
+        ]));
+        assert_eq!(body(out), "ERROR InvalidParameterCombination");
+    }
+
+    #[test]
+    fn more_than_100_ids_are_refused_and_malformed_ids_named() {
+        let m = MockEc2::new(Scenario::default());
+        let many: Vec<(String, String)> = (1..=101)
+            .map(|n| (format!("InstanceId.{n}"), format!("i-{n:017x}")))
+            .collect();
+        let mut p = params(&[]);
+        p.extend(many);
+        assert_eq!(body(m.handle(&p)), "ERROR InvalidParameterValue");
+        let out = m.handle(&params(&[("InstanceId.1", "i-zz")]));
+        assert_eq!(body(out), "ERROR InvalidInstanceID.Malformed");
+    }
+
+    #[test]
+    fn pages_by_max_results_without_ids_and_omits_stopped_instances() {
+        let mut instances: Vec<Instance> = (0..5)
+            .map(|n| {
+                inst(
+                    &format!("i-{n:017x}"),
+                    "p5.48xlarge",
+                    &["nn-a", "nn-b", "nn-c"],
+                )
+            })
+            .collect();
+        instances[4].state = "stopped".into();
+        let m = MockEc2::new(Scenario { instances });
+        let first = body(m.handle(&params(&[("MaxResults", "3")])));
+        assert_eq!(first.matches("<instanceId>").count(), 3);
+        let token = first
+            .split("<nextToken>")
+            .nth(1)
+            .and_then(|s| s.split("</nextToken>").next())
+            .expect("a next token");
+        let second = body(m.handle(&params(&[("MaxResults", "3"), ("NextToken", token)])));
+        assert_eq!(
+            second.matches("<instanceId>").count(),
+            1,
+            "the stopped one is left out"
+        );
+        assert!(!second.contains("<nextToken>"));
+    }
+
+    #[test]
+    fn filters_support_wildcards() {
+        let m = MockEc2::new(Scenario {
+            instances: vec![
+                inst("i-00000000000000001", "p5.48xlarge", &["a"]),
+                inst("i-00000000000000002", "trn2.48xlarge", &["a"]),
+            ],
+        });
+        let out = body(m.handle(&params(&[
+            ("Filter.1.Name", "instance-type"),
+            ("Filter.1.Value.1", "p5*"),
+        ])));
+        assert!(out.contains("i-00000000000000001") && !out.contains("i-00000000000000002"));
+        assert!(wildcard_match("p?.48x*", "p5.48xlarge"));
+        assert!(!wildcard_match("p?.48x", "p5.48xlarge"));
+    }
+
+    #[test]
+    fn token_bucket_throttles_past_its_burst_and_counts_it() {
+        let m = MockEc2::new(Scenario::default());
+        m.set_faults(Faults {
+            token_bucket: Some(TokenBucket {
+                burst: 2.0,
+                rate: 0.001,
+            }),
+            ..Faults::default()
+        });
+        let outs: Vec<String> = (0..3).map(|_| body(m.handle(&params(&[])))).collect();
+        assert!(!outs[0].starts_with("ERROR") && !outs[1].starts_with("ERROR"));
+        assert_eq!(outs[2], "ERROR RequestLimitExceeded");
+        assert_eq!(m.stats().throttled, 1);
+        assert_eq!(m.stats().calls, 3);
+    }
+
+    #[test]
+    fn xml_escapes_hostile_group_names() {
+        let mut i = inst("i-00000000000000001", "p5.48xlarge", &["a"]);
+        i.group_name = Some("a<b>&\"c'".into());
+        let m = MockEc2::new(Scenario { instances: vec![i] });
+        let out = body(m.handle(&params(&[])));
+        assert!(out.contains("<groupName>a&lt;b&gt;&amp;&quot;c&apos;</groupName>"));
+    }
+}

@@ -1,0 +1,342 @@
+//! Command line and configuration. Every flag also reads an environment variable (`LABELER_…`,
+//! or the AWS SDK's own `AWS_REGION`); `--help` is the reference.
+
+use std::{fmt, net::SocketAddr, str::FromStr, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    labels::{
+        CAPACITY_BLOCK_KEY, EKS_LAYER_PREFIX, EKS_ZONE_ID_KEY, LabelScheme, LayerNumbering,
+        PLACEMENT_GROUP_KEY,
+    },
+    limiter::LimiterConfig,
+    lookup::LookupConfig,
+};
+
+/// A duration written the human way: `200ms`, `15s`, `1h`, `1h30m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s)
+            .map(HumanDuration)
+            .map_err(|e| format!("{s:?} is not a duration like 200ms, 15s or 1h: {e}"))
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^([0-9]+(ns|us|ms|s|m|h|d))+$",
+            "description": "A duration such as 200ms, 15s, 1h or 1h30m"
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ec2-topology-labeler",
+    version,
+    about = "Keeps Kubernetes node labels in step with EC2 network topology (DescribeInstanceTopology)",
+    long_about = None
+)]
+pub struct Cli {
+    /// Log format; the level comes from RUST_LOG (default: info).
+    #[arg(
+        long,
+        env = "LABELER_LOG_FORMAT",
+        value_enum,
+        default_value_t,
+        global = true
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller: watch Nodes and keep their topology labels right.
+    Run(RunArgs),
+    /// Read the cluster and EC2, write nothing, and print per node the labels that would be
+    /// added, changed and removed.
+    Plan(PlanArgs),
+}
+
+/// Which labels to write.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelArgs {
+    /// Prefix of the per-layer label keys; the layer number is appended. The default is the key
+    /// family EKS itself writes.
+    #[arg(long, env = "LABELER_LAYER_LABEL_PREFIX", default_value = EKS_LAYER_PREFIX)]
+    pub layer_label_prefix: String,
+    /// top-first: layer 1 is the top of the hierarchy (EKS). leaf-first: layer 1 is the switch
+    /// above the instance.
+    #[arg(long, env = "LABELER_LAYER_NUMBERING", value_enum, default_value_t)]
+    pub layer_numbering: LayerNumbering,
+    /// Write the zone ID label.
+    #[arg(long, env = "LABELER_ZONE_ID_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub zone_id_label: bool,
+    #[arg(long, env = "LABELER_ZONE_ID_LABEL_KEY", default_value = EKS_ZONE_ID_KEY)]
+    pub zone_id_label_key: String,
+    /// Write the capacity block (UltraServer domain) label when EC2 reports one.
+    #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub capacity_block_label: bool,
+    #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL_KEY", default_value = CAPACITY_BLOCK_KEY)]
+    pub capacity_block_label_key: String,
+    /// Write the placement group label (sanitised) and annotation (raw name).
+    #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub placement_group_label: bool,
+    #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL_KEY", default_value = PLACEMENT_GROUP_KEY)]
+    pub placement_group_label_key: String,
+}
+
+impl LabelArgs {
+    pub fn scheme(&self) -> Result<LabelScheme, String> {
+        let scheme = LabelScheme {
+            layer_prefix: self.layer_label_prefix.clone(),
+            numbering: self.layer_numbering,
+            zone_id_key: self.zone_id_label.then(|| self.zone_id_label_key.clone()),
+            capacity_block_key: self
+                .capacity_block_label
+                .then(|| self.capacity_block_label_key.clone()),
+            placement_group_key: self
+                .placement_group_label
+                .then(|| self.placement_group_label_key.clone()),
+        };
+        scheme.validate()?;
+        Ok(scheme)
+    }
+}
+
+/// How we talk to EC2.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Ec2Args {
+    /// AWS region for every node; by default derived from each node's zone (us-west-2b →
+    /// us-west-2).
+    #[arg(long, env = "AWS_REGION")]
+    pub region: Option<String>,
+    /// Sustained DescribeInstanceTopology calls per second (EC2's account-wide bucket refills at
+    /// about 20/s and is shared with every other tool).
+    #[arg(long, env = "LABELER_EC2_RATE", default_value_t = 5.0)]
+    pub ec2_rate: f64,
+    /// Calls allowed back to back.
+    #[arg(long, env = "LABELER_EC2_BURST", default_value_t = 20.0)]
+    pub ec2_burst: f64,
+    /// Timeout of one call.
+    #[arg(long, env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
+    pub ec2_timeout: HumanDuration,
+    /// Longest pause every caller takes after EC2 throttles (RequestLimitExceeded).
+    #[arg(long, env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
+    pub ec2_throttle_backoff_max: HumanDuration,
+}
+
+impl Ec2Args {
+    pub fn limiter(&self) -> LimiterConfig {
+        LimiterConfig {
+            rate: self.ec2_rate,
+            burst: self.ec2_burst,
+            backoff_cap: self.ec2_throttle_backoff_max.0,
+            ..LimiterConfig::default()
+        }
+    }
+}
+
+/// Batching and caching of topology answers.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupArgs {
+    /// How long the first instance waiting for topology waits for others to share its call
+    /// (a call also goes out as soon as 100 are waiting).
+    #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
+    pub batch_window: HumanDuration,
+    /// Answers older than this are refreshed (in batches) when their node is next reconciled.
+    #[arg(long, env = "LABELER_CACHE_TTL", default_value = "6h")]
+    pub cache_ttl: HumanDuration,
+    /// First retry after EC2 did not describe an instance (doubles per attempt).
+    #[arg(long, env = "LABELER_NOT_DESCRIBED_RETRY", default_value = "15s")]
+    pub not_described_retry: HumanDuration,
+    /// Longest wait before asking again about an instance EC2 does not describe (an unsupported
+    /// instance type).
+    #[arg(long, env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
+    pub not_described_ttl: HumanDuration,
+}
+
+impl LookupArgs {
+    pub fn lookup(&self) -> LookupConfig {
+        LookupConfig {
+            batch_window: self.batch_window.0,
+            cache_ttl: self.cache_ttl.0,
+            not_described_retry: self.not_described_retry.0,
+            not_described_ttl: self.not_described_ttl.0,
+            ..LookupConfig::default()
+        }
+    }
+}
+
+/// The controller's own behaviour.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerArgs {
+    /// Every node is re-checked against the cached topology this often (with jitter).
+    #[arg(long, env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
+    pub resync_period: HumanDuration,
+    /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
+    #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
+    pub concurrency: u16,
+    /// Address of the HTTP server for /metrics, /livez and /readyz.
+    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    #[schemars(with = "String")]
+    pub metrics_addr: SocketAddr,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    #[command(flatten)]
+    pub ec2: Ec2Args,
+    #[command(flatten)]
+    pub lookup: LookupArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OutputFormat {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    #[command(flatten)]
+    pub ec2: Ec2Args,
+    #[command(flatten)]
+    pub lookup: LookupArgs,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed_and_every_flag_has_an_env_var_and_help() {
+        Cli::command().debug_assert();
+        let cmd = Cli::command();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if arg.get_id() == "help" || arg.get_id() == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_env().is_some(),
+                    "{} --{} has no env var",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+                assert!(
+                    arg.get_help().is_some()
+                        || arg.get_long_help().is_some()
+                        || arg.get_id().as_str().ends_with("_key"),
+                    "{} --{} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_give_the_eks_scheme_and_documented_timings() {
+        let cli = Cli::try_parse_from(["ec2-topology-labeler", "run"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!()
+        };
+        assert_eq!(run.labels.scheme().unwrap(), LabelScheme::default());
+        assert_eq!(run.lookup.batch_window.0, Duration::from_millis(200));
+        assert_eq!(run.controller.resync_period.0, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn extras_switch_off_and_durations_parse() {
+        let cli = Cli::try_parse_from([
+            "ec2-topology-labeler",
+            "run",
+            "--capacity-block-label",
+            "false",
+            "--batch-window",
+            "50ms",
+            "--layer-numbering",
+            "leaf-first",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!()
+        };
+        let scheme = run.labels.scheme().unwrap();
+        assert_eq!(scheme.capacity_block_key, None);
+        assert_eq!(scheme.numbering, LayerNumbering::LeafFirst);
+        assert_eq!(run.lookup.batch_window.0, Duration::from_millis(50));
+        assert!(
+            Cli::try_parse_from(["ec2-topology-labeler", "run", "--batch-window", "soon"]).is_err()
+        );
+    }
+
+    #[test]
+    fn durations_round_trip_through_serde() {
+        let d: HumanDuration = serde_json::from_str("\"1h30m\"").unwrap();
+        assert_eq!(d.0, Duration::from_secs(5400));
+        assert_eq!(serde_json::to_string(&d).unwrap(), "\"1h 30m\"");
+    }
+}

@@ -1,0 +1,544 @@
+//! The reconciler: one Node at a time, idempotent and cheap.
+//!
+//! `assess` reads (providerID → instance → cached or batched topology → desired labels → diff)
+//! and is shared with `plan`; `reconcile` writes only when the diff is non-empty, with one
+//! server-side apply of the full managed set, plus an explicit removal when a stale key is also
+//! owned by another field manager (server-side apply cannot remove what others co-own).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        Controller, PredicateConfig, WatchStreamExt,
+        controller::{self, Action},
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::{
+    Error, FIELD_MANAGER, Result,
+    config::RunArgs,
+    ec2::AwsTopology,
+    labels::{self, DeriveError, Desired, LabelScheme, NodeDiff},
+    limiter::Limiter,
+    lookup::{Lookup, Resolved},
+    metrics::{Metrics, NodeState},
+    provider_id::{self, SkipReason},
+    topology::Ec2Error,
+};
+
+/// Everything a reconcile needs. Built once, shared by every reconcile.
+pub struct Context {
+    pub nodes: Api<Node>,
+    pub lookup: Lookup,
+    pub scheme: LabelScheme,
+    /// Region for every node; `None` derives it from each node's zone.
+    pub region: Option<String>,
+    pub resync: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Cleared while this replica is not the leader: it then computes but never writes.
+    pub writes_enabled: Arc<AtomicBool>,
+    failures: Mutex<HashMap<String, u32>>,
+    operator_error_logged_at: AtomicU64,
+}
+
+impl Context {
+    pub fn new(
+        nodes: Api<Node>,
+        lookup: Lookup,
+        scheme: LabelScheme,
+        region: Option<String>,
+        resync: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            nodes,
+            lookup,
+            scheme,
+            region,
+            resync,
+            metrics,
+            writes_enabled: Arc::new(AtomicBool::new(true)),
+            failures: Mutex::new(HashMap::new()),
+            operator_error_logged_at: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a node needs, as far as reading can tell.
+// Short-lived, one per reconcile: boxing `Ready` would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assessment {
+    /// Not an EC2 instance we can look up.
+    Skipped(SkipReason),
+    /// EC2 does not describe the instance (yet); labels are left as they are.
+    NotDescribed {
+        instance_id: String,
+        retry_in: Duration,
+    },
+    /// EC2's answer cannot be turned into labels; labels are left as they are.
+    Invalid {
+        instance_id: String,
+        error: DeriveError,
+    },
+    /// The labels the node should carry and what must change to get there.
+    Ready {
+        instance_id: String,
+        desired: Desired,
+        diff: NodeDiff,
+        /// A refresh failed; `desired` comes from the earlier answer.
+        refresh_error: Option<Ec2Error>,
+    },
+}
+
+fn labels_of(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations_of(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.annotations.clone().unwrap_or_default()
+}
+
+pub fn boot_id(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty())
+}
+
+pub fn provider_id_of(node: &Node) -> &str {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .unwrap_or("")
+}
+
+/// Read-only part of a reconcile, shared with `plan`.
+pub async fn assess(
+    node: &Node,
+    scheme: &LabelScheme,
+    region: Option<&str>,
+    lookup: &Lookup,
+) -> Result<Assessment, Ec2Error> {
+    let instance = match provider_id::parse(provider_id_of(node)) {
+        Ok(i) => i,
+        Err(reason) => return Ok(Assessment::Skipped(reason)),
+    };
+    let region = region
+        .map(str::to_owned)
+        .or_else(|| {
+            instance
+                .zone
+                .as_deref()
+                .and_then(provider_id::region_of_zone)
+        })
+        .ok_or(Ec2Error::NoRegion)?;
+    let instance_id = instance.instance_id;
+    match lookup.resolve(&region, &instance_id, boot_id(node)).await? {
+        Resolved::NotDescribed { retry_in, .. } => Ok(Assessment::NotDescribed {
+            instance_id,
+            retry_in,
+        }),
+        Resolved::Topology {
+            topology,
+            refresh_error,
+        } => match labels::desired(scheme, &topology) {
+            Ok(desired) => {
+                let diff = labels::diff(scheme, &labels_of(node), &annotations_of(node), &desired);
+                Ok(Assessment::Ready {
+                    instance_id,
+                    desired,
+                    diff,
+                    refresh_error,
+                })
+            }
+            Err(error) => Ok(Assessment::Invalid { instance_id, error }),
+        },
+    }
+}
+
+/// Requeue after `d`, spread by up to a tenth so a fleet does not resync in lockstep.
+fn jittered(d: Duration) -> Duration {
+    d + d.mul_f64(fastrand::f64() / 10.0)
+}
+
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
+    let name = node.name_any();
+    let span = info_span!("reconcile", node = %name, instance = tracing::field::Empty);
+    let started = Instant::now();
+    let result = reconcile_node(&node, &name, &ctx).instrument(span).await;
+    ctx.metrics.reconciled(started.elapsed());
+    match &result {
+        Ok(_) => {
+            ctx.failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&name);
+        }
+        Err(e) => {
+            ctx.metrics.reconcile_failed(e.category());
+            ctx.metrics.set_node_state(&name, NodeState::Failing);
+        }
+    }
+    result
+}
+
+async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action> {
+    let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup).await?;
+    match assessment {
+        Assessment::Skipped(reason) => {
+            let state = NodeState::Skipped(reason.as_str());
+            if ctx.metrics.set_node_state(name, state.clone()) != Some(state) {
+                debug!(
+                    provider_id = %provider_id::for_log(provider_id_of(node)),
+                    %reason,
+                    "not an EC2 instance we can look up; skipping until its providerID changes"
+                );
+            }
+            // The watch brings the node back when its providerID changes.
+            Ok(Action::await_change())
+        }
+        Assessment::NotDescribed {
+            instance_id,
+            retry_in,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            if ctx.metrics.set_node_state(name, NodeState::NotDescribed)
+                != Some(NodeState::NotDescribed)
+            {
+                debug!(
+                    retry_in_s = retry_in.as_secs(),
+                    "EC2 does not describe this instance (unsupported type or not running yet); leaving its labels alone"
+                );
+            }
+            Ok(Action::requeue(jittered(retry_in)))
+        }
+        Assessment::Invalid { instance_id, error } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            warn!(%error, "cannot label from EC2's answer; leaving the node's labels alone");
+            ctx.metrics.set_node_state(name, NodeState::Failing);
+            ctx.metrics.reconcile_failed("invalid_topology");
+            Ok(Action::requeue(jittered(ctx.resync)))
+        }
+        Assessment::Ready {
+            instance_id,
+            desired,
+            diff,
+            refresh_error,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            if let Some(e) = refresh_error {
+                warn!(error = %e, "refreshing the topology failed; using the earlier answer");
+            }
+            if diff.is_empty() {
+                ctx.metrics.set_node_state(name, NodeState::Labelled);
+                return Ok(Action::requeue(jittered(ctx.resync)));
+            }
+            if !ctx.writes_enabled.load(Ordering::Relaxed) {
+                debug!(changes = %diff.summary(), "not the leader; not writing");
+                ctx.metrics.set_node_state(name, NodeState::Pending);
+                return Ok(Action::requeue(jittered(Duration::from_secs(30))));
+            }
+            write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
+            info!(changes = %diff.summary(), "node labels updated");
+            ctx.metrics.set_node_state(name, NodeState::Labelled);
+            Ok(Action::requeue(jittered(ctx.resync)))
+        }
+    }
+}
+
+/// The server-side apply body: the full set we manage. Keys the answer was silent on (see
+/// [`Desired::keep`]) are re-applied with their current values so that apply does not drop them.
+pub fn apply_body(node: &Node, desired: &Desired) -> serde_json::Value {
+    let mut labels = desired.labels.clone();
+    let mut annotations = desired.annotations.clone();
+    let current_labels = labels_of(node);
+    let current_annotations = annotations_of(node);
+    for key in &desired.keep {
+        if let Some(v) = current_labels.get(key) {
+            labels.insert(key.clone(), v.clone());
+        }
+        if let Some(v) = current_annotations.get(key) {
+            annotations.insert(key.clone(), v.clone());
+        }
+    }
+    let mut metadata = json!({ "name": node.name_any(), "labels": labels });
+    if !annotations.is_empty() {
+        metadata["annotations"] = json!(annotations);
+    }
+    // With the UID in the body, an apply to a node deleted meanwhile fails (409) instead of
+    // creating a new Node of that name.
+    if let Some(uid) = &node.metadata.uid {
+        metadata["uid"] = json!(uid);
+    }
+    json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
+}
+
+/// One apply of the full managed set; then, only if stale keys survived it because another
+/// manager co-owns them, one merge patch that removes exactly those keys.
+pub async fn write_labels(
+    nodes: &Api<Node>,
+    node: &Node,
+    desired: &Desired,
+    diff: &NodeDiff,
+    metrics: &Metrics,
+) -> Result<()> {
+    let name = node.name_any();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = nodes
+        .patch(&name, &params, &Patch::Apply(apply_body(node, desired)))
+        .await?;
+    metrics.label_write("apply");
+
+    let live_labels = labels_of(&applied);
+    let live_annotations = annotations_of(&applied);
+    let stale_labels: Vec<&String> = diff
+        .labels
+        .remove
+        .keys()
+        .filter(|k| live_labels.contains_key(*k))
+        .collect();
+    let stale_annotations: Vec<&String> = diff
+        .annotations
+        .remove
+        .keys()
+        .filter(|k| live_annotations.contains_key(*k))
+        .collect();
+    if stale_labels.is_empty() && stale_annotations.is_empty() {
+        return Ok(());
+    }
+    let null_map = |keys: &[&String]| -> serde_json::Map<String, serde_json::Value> {
+        keys.iter()
+            .map(|k| ((*k).clone(), serde_json::Value::Null))
+            .collect()
+    };
+    let mut metadata = serde_json::Map::new();
+    if !stale_labels.is_empty() {
+        metadata.insert("labels".into(), null_map(&stale_labels).into());
+    }
+    if !stale_annotations.is_empty() {
+        metadata.insert("annotations".into(), null_map(&stale_annotations).into());
+    }
+    debug!(
+        ?stale_labels,
+        ?stale_annotations,
+        "stale keys are co-owned by another field manager; removing them explicitly"
+    );
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    nodes
+        .patch(
+            &name,
+            &params,
+            &Patch::Merge(json!({ "metadata": metadata })),
+        )
+        .await?;
+    metrics.label_write("remove");
+    Ok(())
+}
+
+pub fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = node.name_any();
+    let failures = {
+        let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = f.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let (base, cap) = if err.needs_operator() {
+        (Duration::from_secs(30), Duration::from_secs(600))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(300))
+    };
+    let backoff = base
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(cap);
+    // Full jitter on the upper half: failed nodes spread out instead of retrying together.
+    let delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+    if err.needs_operator() {
+        // One line a minute for the whole fleet, not one per node.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let last = ctx.operator_error_logged_at.load(Ordering::Relaxed);
+        if now >= last + 60
+            && ctx
+                .operator_error_logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            error!(node = %name, category = err.category(), error = %err, "cannot label nodes until this is fixed; retrying with backoff");
+        }
+    } else {
+        warn!(node = %name, category = err.category(), error = %err, retry_in_ms = delay.as_millis() as u64, "reconcile failed; labels left as they are");
+    }
+    Action::requeue(delay)
+}
+
+/// Keep only what reconciles read: our label family, our annotation, providerID, bootID.
+/// Node objects are large (`status.images`); the cache grows with what we keep, not with them.
+pub fn prune(node: &mut Node, scheme: &LabelScheme) {
+    let meta = &mut node.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| scheme.is_family_label(k));
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| scheme.is_family_annotation(k));
+    }
+    let provider_id = node.spec.as_mut().and_then(|s| s.provider_id.take());
+    node.spec = Some(NodeSpec {
+        provider_id,
+        ..NodeSpec::default()
+    });
+    let boot_id = node
+        .status
+        .as_mut()
+        .and_then(|s| s.node_info.as_mut())
+        .map(|i| std::mem::take(&mut i.boot_id));
+    node.status = boot_id.map(|boot_id| NodeStatus {
+        node_info: Some(NodeSystemInfo {
+            boot_id,
+            ..NodeSystemInfo::default()
+        }),
+        ..NodeStatus::default()
+    });
+}
+
+/// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
+/// labels) do not trigger one. Applied to pruned nodes.
+fn relevant(node: &Node) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    node.metadata.annotations.hash(&mut h);
+    provider_id_of(node).hash(&mut h);
+    boot_id(node).hash(&mut h);
+    Some(h.finish())
+}
+
+/// Build the lookup stack: EC2 client, shared limiter, batching cache.
+pub async fn lookup_from(
+    ec2: &crate::config::Ec2Args,
+    lookup: &crate::config::LookupArgs,
+    metrics: Arc<Metrics>,
+) -> Lookup {
+    let source = AwsTopology::from_env(ec2.ec2_timeout.0).await;
+    let limiter = Arc::new(Limiter::new(ec2.limiter()));
+    Lookup::spawn(source, limiter, lookup.lookup(), metrics)
+}
+
+/// Run the controller until SIGINT/SIGTERM.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let client = Client::try_default().await?;
+    let metrics = Arc::new(Metrics::new());
+    let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let resync = args.controller.resync_period.0;
+    let ctx = Arc::new(Context::new(
+        nodes.clone(),
+        lookup.clone(),
+        scheme.clone(),
+        args.ec2.region.clone(),
+        resync,
+        metrics.clone(),
+    ));
+    metrics.set_leader(true);
+
+    let (reader, writer) = reflector::store();
+    let prune_scheme = scheme.clone();
+    let triggers = watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .modify(move |node| prune(node, &prune_scheme))
+        .reflect(writer)
+        .touched_objects()
+        .predicate_filter(
+            relevant,
+            PredicateConfig::default().ttl(resync.saturating_mul(3)),
+        );
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(args.controller.metrics_addr).await?;
+    tokio::spawn(crate::http::serve(listener, metrics.clone(), ready.clone()));
+    tokio::spawn(mark_ready_when_synced(reader.clone(), ready));
+    tokio::spawn(housekeeping(
+        reader.clone(),
+        lookup,
+        metrics.clone(),
+        resync,
+    ));
+
+    info!(resync_s = resync.as_secs(), "controller starting");
+    Controller::for_stream(triggers, reader)
+        .with_config(controller::Config::default().concurrency(args.controller.concurrency))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                match e {
+                    controller::Error::ObjectNotFound(_)
+                    | controller::Error::ReconcilerFailed(..) => {}
+                    other => warn!(error = %other, "controller event"),
+                }
+            }
+        })
+        .await;
+    info!("controller stopped");
+    Ok(())
+}
+
+async fn mark_ready_when_synced(reader: Store<Node>, ready: Arc<AtomicBool>) {
+    if reader.wait_until_ready().await.is_ok() {
+        info!(nodes = reader.len(), "node cache synced");
+        ready.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
+async fn housekeeping(
+    reader: Store<Node>,
+    lookup: Lookup,
+    metrics: Arc<Metrics>,
+    resync: Duration,
+) {
+    let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let live: std::collections::HashSet<String> =
+            reader.state().iter().map(|n| n.name_any()).collect();
+        for name in metrics.known_nodes() {
+            if !live.contains(&name) {
+                metrics.forget_node(&name);
+            }
+        }
+        let evicted = lookup.evict_unused(resync.saturating_mul(3));
+        if evicted > 0 {
+            debug!(evicted, "dropped cached answers no node asked for");
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The production [`TopologySource`]: `DescribeInstanceTopology` through the AWS SDK.
+//!
+//! Credentials come from the SDK's default chain (environment, profile, IRSA web identity, EKS
+//! Pod Identity); `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` redirect calls (tests use a mock).
+//! The SDK's own retries are off: throttling and retries are handled once, for every caller, by
+//! the shared limiter and the reconciler's backoff.
+
+use std::{collections::HashMap, sync::Mutex, time::Duration};
+
+use aws_config::{BehaviorVersion, retry::RetryConfig, timeout::TimeoutConfig};
+use aws_sdk_ec2::{
+    Client,
+    config::Region,
+    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+};
+use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+
+use crate::topology::{Ec2Error, InstanceTopology, TopologySource};
+
+/// Pages followed for one batch before giving up (EC2 answers up to 100 IDs in one page; this
+/// only guards against a misbehaving endpoint that keeps sending `nextToken`).
+const MAX_PAGES: usize = 10;
+
+pub struct AwsTopology {
+    base: aws_config::SdkConfig,
+    clients: Mutex<HashMap<String, Client>>,
+}
+
+impl AwsTopology {
+    /// Load the SDK configuration from the environment. `call_timeout` bounds each call.
+    pub async fn from_env(call_timeout: Duration) -> Self {
+        Self::new(Self::loader(call_timeout).load().await)
+    }
+
+    /// Use an SDK configuration built by the caller (tests point it at a mock).
+    pub fn new(base: aws_config::SdkConfig) -> Self {
+        Self {
+            base,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The SDK configuration loader with our transport, timeouts and retry policy.
+    pub fn loader(call_timeout: Duration) -> aws_config::ConfigLoader {
+        // One TLS stack for the process: rustls with ring, the same provider kube uses.
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3).min(call_timeout))
+            .operation_attempt_timeout(call_timeout)
+            .operation_timeout(call_timeout)
+            .build();
+        aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(timeouts)
+    }
+
+    fn client(&self, region: &str) -> Client {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients
+            .entry(region.to_string())
+            .or_insert_with(|| {
+                let conf = aws_sdk_ec2::config::Builder::from(&self.base)
+                    .region(Region::new(region.to_string()))
+                    .build();
+                Client::from_conf(conf)
+            })
+            .clone()
+    }
+}
+
+impl TopologySource for AwsTopology {
+    async fn describe(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+    ) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        let client = self.client(region);
+        let mut out = Vec::with_capacity(instance_ids.len());
+        let mut next_token: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never
+            // an unfiltered scan of the region.
+            let page = client
+                .describe_instance_topology()
+                .set_instance_ids(Some(instance_ids.to_vec()))
+                .set_next_token(next_token.take())
+                .send()
+                .await
+                .map_err(classify)?;
+            for item in page.instances() {
+                out.push(believe(item, instance_ids)?);
+            }
+            next_token = page
+                .next_token()
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned);
+            if next_token.is_none() {
+                return Ok(out);
+            }
+        }
+        Err(Ec2Error::BadResponse(format!(
+            "still paginating after {MAX_PAGES} pages for {} instance IDs",
+            instance_ids.len()
+        )))
+    }
+}
+
+/// Accept an item only if it is about an instance we asked for and is complete.
+///
+/// The SDK's XML reader is lenient: a malformed body can parse into items with nonsense IDs, and
+/// a truncated one into an item whose network node list stops early, which would relabel a
+/// node one layer short. EC2 always sends the zone and zone ID after the network nodes, so an
+/// item without them is a broken answer, refused as a whole.
+fn believe(
+    item: &aws_sdk_ec2::types::InstanceTopology,
+    asked: &[String],
+) -> Result<InstanceTopology, Ec2Error> {
+    let shown = || {
+        item.instance_id()
+            .unwrap_or_default()
+            .chars()
+            .take(40)
+            .collect::<String>()
+    };
+    let t = convert(item).ok_or_else(|| {
+        Ec2Error::BadResponse("EC2 described an instance without an instance ID".into())
+    })?;
+    if !asked.contains(&t.instance_id) {
+        return Err(Ec2Error::BadResponse(format!(
+            "EC2 described an instance we did not ask for: {:?}",
+            shown()
+        )));
+    }
+    if t.availability_zone.is_none() || t.zone_id.is_none() {
+        return Err(Ec2Error::BadResponse(format!(
+            "EC2's answer for {} is incomplete (no zone): truncated?",
+            shown()
+        )));
+    }
+    Ok(t)
+}
+
+fn convert(t: &aws_sdk_ec2::types::InstanceTopology) -> Option<InstanceTopology> {
+    let non_empty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+    Some(InstanceTopology {
+        instance_id: non_empty(t.instance_id())?,
+        instance_type: t.instance_type().map(|i| i.to_string()),
+        availability_zone: non_empty(t.availability_zone()),
+        zone_id: non_empty(t.zone_id()),
+        network_nodes: t.network_nodes().to_vec(),
+        group_name: non_empty(t.group_name()),
+        capacity_block_id: non_empty(t.capacity_block_id()),
+    })
+}
+
+fn classify<E, R>(err: SdkError<E, R>) -> Ec2Error
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let context = || DisplayErrorContext(&err).to_string();
+    match &err {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            match e.code() {
+                Some(code) => Ec2Error::from_code(code, e.message().unwrap_or_default()),
+                // An error without an EC2 error code: an HTTP error page, a broken body.
+                None => Ec2Error::Service {
+                    code: "Unknown".into(),
+                    message: context(),
+                },
+            }
+        }
+        SdkError::TimeoutError(_) => Ec2Error::Timeout(context()),
+        SdkError::DispatchFailure(d) if d.is_timeout() => Ec2Error::Timeout(context()),
+        SdkError::DispatchFailure(_) => Ec2Error::Transport(context()),
+        SdkError::ResponseError(_) => Ec2Error::BadResponse(context()),
+        _ => Ec2Error::Transport(context()),
+    }
+}

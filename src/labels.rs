@@ -1,0 +1,617 @@
+//! Pure label logic: from an instance's topology to the labels (and annotation) its node should
+//! carry, and from a node's current labels to the change that gets it there.
+//!
+//! Nothing here does I/O; the reconciler and `plan` call it with what they read.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::topology::InstanceTopology;
+
+/// The layer-key prefix EKS itself writes; `…layer-1` is the top of the hierarchy.
+pub const EKS_LAYER_PREFIX: &str = "topology.k8s.aws/network-node-layer-";
+pub const EKS_ZONE_ID_KEY: &str = "topology.k8s.aws/zone-id";
+pub const CAPACITY_BLOCK_KEY: &str = "ec2-topology-labeler.io/capacity-block-id";
+pub const PLACEMENT_GROUP_KEY: &str = "ec2-topology-labeler.io/placement-group";
+
+/// Deepest hierarchy we label (Kueue allows at most 16 levels).
+pub const MAX_LAYERS: usize = 16;
+
+/// How layer labels are numbered.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerNumbering {
+    /// `…-1` is the top of the hierarchy, `…-<depth>` the switch above the instance (EKS's scheme).
+    #[default]
+    TopFirst,
+    /// `…-1` is the switch above the instance, counting upwards.
+    LeafFirst,
+}
+
+/// Which keys we manage. Switching an extra off (`None`) also stops us touching that key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelScheme {
+    pub layer_prefix: String,
+    pub numbering: LayerNumbering,
+    pub zone_id_key: Option<String>,
+    pub capacity_block_key: Option<String>,
+    /// Used both as a label (sanitised value) and an annotation (raw name).
+    pub placement_group_key: Option<String>,
+}
+
+impl Default for LabelScheme {
+    fn default() -> Self {
+        Self {
+            layer_prefix: EKS_LAYER_PREFIX.into(),
+            numbering: LayerNumbering::TopFirst,
+            zone_id_key: Some(EKS_ZONE_ID_KEY.into()),
+            capacity_block_key: Some(CAPACITY_BLOCK_KEY.into()),
+            placement_group_key: Some(PLACEMENT_GROUP_KEY.into()),
+        }
+    }
+}
+
+impl LabelScheme {
+    /// Check every key this scheme can produce is a valid Kubernetes label key.
+    pub fn validate(&self) -> Result<(), String> {
+        let widest_layer = self.layer_key(MAX_LAYERS);
+        for key in std::iter::once(&widest_layer)
+            .chain(self.zone_id_key.iter())
+            .chain(self.capacity_block_key.iter())
+            .chain(self.placement_group_key.iter())
+        {
+            if !is_valid_label_key(key) {
+                return Err(format!("{key:?} is not a valid label key"));
+            }
+        }
+        let extras: Vec<&String> = self
+            .zone_id_key
+            .iter()
+            .chain(self.capacity_block_key.iter())
+            .chain(self.placement_group_key.iter())
+            .collect();
+        for (i, a) in extras.iter().enumerate() {
+            if self.layer_index(a).is_some() || extras[i + 1..].contains(a) {
+                return Err(format!("label key {a:?} is used twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The key of layer `n` (1-based, in this scheme's numbering).
+    pub fn layer_key(&self, n: usize) -> String {
+        format!("{}{}", self.layer_prefix, n)
+    }
+
+    /// `Some(n)` when `key` is one of our layer keys.
+    pub fn layer_index(&self, key: &str) -> Option<usize> {
+        let n = key.strip_prefix(&self.layer_prefix)?;
+        let parsed: usize = n.parse().ok()?;
+        // Only canonical spellings (`3`, not `03` or `+3`) belong to the family.
+        ((1..=MAX_LAYERS).contains(&parsed) && parsed.to_string() == n).then_some(parsed)
+    }
+
+    /// Whether we manage this label key.
+    pub fn is_family_label(&self, key: &str) -> bool {
+        self.layer_index(key).is_some()
+            || self.zone_id_key.as_deref() == Some(key)
+            || self.capacity_block_key.as_deref() == Some(key)
+            || self.placement_group_key.as_deref() == Some(key)
+    }
+
+    /// Whether we manage this annotation key.
+    pub fn is_family_annotation(&self, key: &str) -> bool {
+        self.placement_group_key.as_deref() == Some(key)
+    }
+}
+
+/// What a node should carry, from one topology answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Desired {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Family keys this answer says nothing about (for example no zone ID in it): left as they are.
+    #[serde(skip)]
+    pub keep: BTreeSet<String>,
+}
+
+/// Why an answer cannot be turned into labels. The node is left untouched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeriveError {
+    #[error("EC2 returned no network nodes")]
+    NoNetworkNodes,
+    #[error("EC2 returned {0} network layers; at most {MAX_LAYERS} are labelled")]
+    TooDeep(usize),
+    #[error("EC2 returned a {what} that is not a valid label value: {value:?}")]
+    InvalidValue { what: &'static str, value: String },
+}
+
+/// The labels and annotation a node should carry for this topology.
+pub fn desired(scheme: &LabelScheme, t: &InstanceTopology) -> Result<Desired, DeriveError> {
+    let depth = t.network_nodes.len();
+    if depth == 0 {
+        return Err(DeriveError::NoNetworkNodes);
+    }
+    if depth > MAX_LAYERS {
+        return Err(DeriveError::TooDeep(depth));
+    }
+    let mut out = Desired::default();
+    for (i, node) in t.network_nodes.iter().enumerate() {
+        if !is_valid_label_value(node) {
+            return Err(invalid("network node ID", node));
+        }
+        let n = match scheme.numbering {
+            LayerNumbering::TopFirst => i + 1,
+            LayerNumbering::LeafFirst => depth - i,
+        };
+        out.labels.insert(scheme.layer_key(n), node.clone());
+    }
+    if let Some(key) = &scheme.zone_id_key {
+        match t.zone_id.as_deref().filter(|z| !z.is_empty()) {
+            Some(z) if is_valid_label_value(z) => {
+                out.labels.insert(key.clone(), z.to_string());
+            }
+            Some(z) => return Err(invalid("zone ID", z)),
+            None => {
+                out.keep.insert(key.clone());
+            }
+        }
+    }
+    if let Some(key) = &scheme.capacity_block_key
+        && let Some(cb) = t.capacity_block_id.as_deref().filter(|c| !c.is_empty())
+    {
+        if !is_valid_label_value(cb) {
+            return Err(invalid("capacity block ID", cb));
+        }
+        out.labels.insert(key.clone(), cb.to_string());
+    }
+    if let Some(key) = &scheme.placement_group_key
+        && let Some(pg) = t.group_name.as_deref().filter(|g| !g.is_empty())
+    {
+        out.labels.insert(key.clone(), sanitize_label_value(pg));
+        out.annotations.insert(key.clone(), pg.to_string());
+    }
+    Ok(out)
+}
+
+fn invalid(what: &'static str, value: &str) -> DeriveError {
+    let shown: String = value.chars().take(80).collect();
+    DeriveError::InvalidValue { what, value: shown }
+}
+
+/// Changes to one map (labels or annotations).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MapDiff {
+    pub add: BTreeMap<String, String>,
+    /// key → (from, to)
+    pub change: BTreeMap<String, (String, String)>,
+    /// key → value being removed
+    pub remove: BTreeMap<String, String>,
+}
+
+impl MapDiff {
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.change.is_empty() && self.remove.is_empty()
+    }
+
+    fn compute<'a>(
+        current: impl Iterator<Item = (&'a String, &'a String)>,
+        desired: &BTreeMap<String, String>,
+        keep: &BTreeSet<String>,
+    ) -> Self {
+        let mut diff = MapDiff::default();
+        let mut seen = BTreeSet::new();
+        for (k, v) in current {
+            seen.insert(k.as_str());
+            match desired.get(k) {
+                Some(want) if want == v => {}
+                Some(want) => {
+                    diff.change.insert(k.clone(), (v.clone(), want.clone()));
+                }
+                None if keep.contains(k) => {}
+                None => {
+                    diff.remove.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        for (k, v) in desired {
+            if !seen.contains(k.as_str()) {
+                diff.add.insert(k.clone(), v.clone());
+            }
+        }
+        diff
+    }
+}
+
+/// What must change on a node to match `desired`. Only family keys are ever considered.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NodeDiff {
+    pub labels: MapDiff,
+    pub annotations: MapDiff,
+}
+
+impl NodeDiff {
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+
+    /// Label keys to remove (stale family keys).
+    pub fn stale_label_keys(&self) -> impl Iterator<Item = &String> {
+        self.labels.remove.keys()
+    }
+
+    /// `k=a→b, k2=+c, k3=-d` for a log line.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        for (k, v) in &self.labels.add {
+            parts.push(format!("{k}: +{v}"));
+        }
+        for (k, (a, b)) in &self.labels.change {
+            parts.push(format!("{k}: {a} -> {b}"));
+        }
+        for (k, v) in &self.labels.remove {
+            parts.push(format!("{k}: -{v}"));
+        }
+        let ann = self.annotations.add.len()
+            + self.annotations.change.len()
+            + self.annotations.remove.len();
+        if ann > 0 {
+            parts.push(format!("{ann} annotation change(s)"));
+        }
+        parts.join(", ")
+    }
+}
+
+pub fn diff(
+    scheme: &LabelScheme,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    desired: &Desired,
+) -> NodeDiff {
+    NodeDiff {
+        labels: MapDiff::compute(
+            labels.iter().filter(|(k, _)| scheme.is_family_label(k)),
+            &desired.labels,
+            &desired.keep,
+        ),
+        annotations: MapDiff::compute(
+            annotations
+                .iter()
+                .filter(|(k, _)| scheme.is_family_annotation(k)),
+            &desired.annotations,
+            &desired.keep,
+        ),
+    }
+}
+
+/// A label value: at most 63 characters, alphanumeric at both ends, `-_.` inside. Empty is valid
+/// for Kubernetes but never something we write.
+pub fn is_valid_label_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// A label key: optional DNS-subdomain prefix (≤ 253) and `/`, then a name that is a valid
+/// non-empty label value.
+pub fn is_valid_label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                let b = part.as_bytes();
+                !b.is_empty()
+                    && b.len() <= 63
+                    && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+                    && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
+                    && b.iter()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            })
+    });
+    prefix_ok && is_valid_label_value(name)
+}
+
+/// A valid label value for any string: the string itself when valid, otherwise a readable,
+/// sanitised form ending in `-` and 8 hex digits of its SHA-256 (stable, and distinct for names
+/// that sanitise alike).
+pub fn sanitize_label_value(raw: &str) -> String {
+    if is_valid_label_value(raw) {
+        return raw.to_string();
+    }
+    const HASH_LEN: usize = 8;
+    let digest = Sha256::digest(raw.as_bytes());
+    let hash: String = digest
+        .iter()
+        .take(HASH_LEN / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut body = String::with_capacity(raw.len().min(63));
+    for c in raw.chars() {
+        let ok = c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let c = if ok { c } else { '-' };
+        // One dash for each run of characters we could not keep.
+        if !(c == '-' && body.ends_with('-')) {
+            body.push(c);
+        }
+        if body.len() >= 63 {
+            break;
+        }
+    }
+    body.truncate(63 - HASH_LEN - 1);
+    let body = body.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if body.is_empty() {
+        hash
+    } else {
+        format!("{body}-{hash}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(nodes: &[&str]) -> InstanceTopology {
+        InstanceTopology {
+            instance_id: "i-0123456789abcdef0".into(),
+            instance_type: Some("p5.48xlarge".into()),
+            availability_zone: Some("us-west-2a".into()),
+            zone_id: Some("usw2-az1".into()),
+            network_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            group_name: None,
+            capacity_block_id: None,
+        }
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn three_layers_top_first_match_eks_keys() {
+        let d = desired(&LabelScheme::default(), &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        assert_eq!(
+            d.labels,
+            map(&[
+                ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+                ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+                ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+                ("topology.k8s.aws/zone-id", "usw2-az1"),
+            ])
+        );
+        assert!(d.annotations.is_empty());
+    }
+
+    #[test]
+    fn four_layers_and_leaf_first_numbering() {
+        let t = topo(&["nn-a", "nn-b", "nn-c", "nn-d"]);
+        let d = desired(&LabelScheme::default(), &t).unwrap();
+        assert_eq!(d.labels["topology.k8s.aws/network-node-layer-4"], "nn-d");
+        let scheme = LabelScheme {
+            layer_prefix: "example.com/tier-".into(),
+            numbering: LayerNumbering::LeafFirst,
+            ..LabelScheme::default()
+        };
+        let d = desired(&scheme, &t).unwrap();
+        assert_eq!(d.labels["example.com/tier-1"], "nn-d", "leaf first");
+        assert_eq!(d.labels["example.com/tier-4"], "nn-a");
+        assert!(
+            !d.labels
+                .contains_key("topology.k8s.aws/network-node-layer-1")
+        );
+    }
+
+    #[test]
+    fn capacity_block_and_placement_group_extras() {
+        let mut t = topo(&["nn-a", "nn-b", "nn-c"]);
+        t.capacity_block_id = Some("cr-0123456789abcdef0".into());
+        t.group_name = Some("training-pg".into());
+        let d = desired(&LabelScheme::default(), &t).unwrap();
+        assert_eq!(d.labels[CAPACITY_BLOCK_KEY], "cr-0123456789abcdef0");
+        assert_eq!(d.labels[PLACEMENT_GROUP_KEY], "training-pg");
+        assert_eq!(d.annotations[PLACEMENT_GROUP_KEY], "training-pg");
+    }
+
+    #[test]
+    fn extras_can_be_switched_off() {
+        let mut t = topo(&["nn-a", "nn-b", "nn-c"]);
+        t.capacity_block_id = Some("cr-1".into());
+        t.group_name = Some("pg".into());
+        let scheme = LabelScheme {
+            zone_id_key: None,
+            capacity_block_key: None,
+            placement_group_key: None,
+            ..LabelScheme::default()
+        };
+        let d = desired(&scheme, &t).unwrap();
+        assert_eq!(d.labels.len(), 3);
+        assert!(d.annotations.is_empty());
+        // A switched-off key is not ours: an existing value is not removed.
+        let current = map(&[
+            (CAPACITY_BLOCK_KEY, "cr-1"),
+            ("topology.k8s.aws/zone-id", "x"),
+        ]);
+        let diff = diff(&scheme, &current, &BTreeMap::new(), &d);
+        assert!(diff.labels.remove.is_empty());
+    }
+
+    #[test]
+    fn hostile_placement_group_names_become_valid_stable_values() {
+        let long = "a".repeat(255);
+        let spaces = "my training group (prod)";
+        let unicode = "训练-группа-🚀";
+        for raw in [
+            long.as_str(),
+            spaces,
+            unicode,
+            "-leading",
+            "trailing.",
+            "",
+            "***",
+        ] {
+            let v = sanitize_label_value(raw);
+            assert!(is_valid_label_value(&v), "{raw:?} -> {v:?}");
+            assert_eq!(v, sanitize_label_value(raw), "stable");
+        }
+        assert_eq!(sanitize_label_value("ok-name_1.2"), "ok-name_1.2");
+        let s = sanitize_label_value(spaces);
+        assert!(s.starts_with("my-training-group-prod-"), "{s}");
+        assert_ne!(
+            sanitize_label_value("a b"),
+            sanitize_label_value("a/b"),
+            "names that sanitise alike stay distinct"
+        );
+        let mut t = topo(&["nn-a"]);
+        t.group_name = Some(unicode.into());
+        let d = desired(&LabelScheme::default(), &t).unwrap();
+        assert_eq!(d.annotations[PLACEMENT_GROUP_KEY], unicode, "raw name kept");
+    }
+
+    #[test]
+    fn invalid_or_missing_answers_are_refused_not_guessed() {
+        let s = LabelScheme::default();
+        assert_eq!(desired(&s, &topo(&[])), Err(DeriveError::NoNetworkNodes));
+        let deep: Vec<String> = (0..17).map(|i| format!("nn-{i}")).collect();
+        let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
+        assert_eq!(desired(&s, &topo(&deep)), Err(DeriveError::TooDeep(17)));
+        let long = "n".repeat(64);
+        assert!(matches!(
+            desired(&s, &topo(&["nn-a", &long])),
+            Err(DeriveError::InvalidValue { .. })
+        ));
+        assert!(matches!(
+            desired(&s, &topo(&["nn-a", "bad value"])),
+            Err(DeriveError::InvalidValue { .. })
+        ));
+        let five = desired(&s, &topo(&["a", "b", "c", "d", "e"])).unwrap();
+        assert_eq!(five.labels["topology.k8s.aws/network-node-layer-5"], "e");
+    }
+
+    #[test]
+    fn diff_adds_changes_and_removes_only_family_keys() {
+        let s = LabelScheme::default();
+        let d = desired(&s, &topo(&["nn-a", "nn-b", "nn-x"])).unwrap();
+        let current = map(&[
+            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+            ("topology.k8s.aws/network-node-layer-4", "nn-d"),
+            ("topology.kubernetes.io/zone", "us-west-2a"),
+            ("kubernetes.io/hostname", "ip-10-0-0-1"),
+            ("topology.k8s.aws/network-node-layer-04", "not ours"),
+        ]);
+        let diff = diff(&s, &current, &BTreeMap::new(), &d);
+        assert_eq!(
+            diff.labels.add,
+            map(&[
+                ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+                ("topology.k8s.aws/zone-id", "usw2-az1")
+            ])
+        );
+        assert_eq!(
+            diff.labels.change["topology.k8s.aws/network-node-layer-3"],
+            ("nn-c".to_string(), "nn-x".to_string())
+        );
+        assert_eq!(
+            diff.labels.remove,
+            map(&[("topology.k8s.aws/network-node-layer-4", "nn-d")]),
+            "stale 4th layer removed; kubelet's and foreign labels untouched"
+        );
+    }
+
+    #[test]
+    fn stale_capacity_block_and_annotation_are_removed() {
+        let s = LabelScheme::default();
+        let d = desired(&s, &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        let labels = map(&[
+            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+            ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+            ("topology.k8s.aws/zone-id", "usw2-az1"),
+            (CAPACITY_BLOCK_KEY, "cr-1"),
+            (PLACEMENT_GROUP_KEY, "pg"),
+        ]);
+        let annotations = map(&[(PLACEMENT_GROUP_KEY, "pg"), ("other/annotation", "x")]);
+        let diff = diff(&s, &labels, &annotations, &d);
+        assert_eq!(
+            diff.stale_label_keys().cloned().collect::<Vec<_>>(),
+            vec![
+                CAPACITY_BLOCK_KEY.to_string(),
+                PLACEMENT_GROUP_KEY.to_string()
+            ]
+        );
+        assert_eq!(diff.annotations.remove, map(&[(PLACEMENT_GROUP_KEY, "pg")]));
+        assert!(diff.labels.add.is_empty() && diff.labels.change.is_empty());
+    }
+
+    #[test]
+    fn matching_labels_give_an_empty_diff() {
+        let s = LabelScheme::default();
+        let d = desired(&s, &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        let mut labels = d.labels.clone();
+        labels.insert("unrelated".into(), "x".into());
+        assert!(diff(&s, &labels, &BTreeMap::new(), &d).is_empty());
+    }
+
+    #[test]
+    fn missing_zone_id_keeps_the_current_one() {
+        let s = LabelScheme::default();
+        let mut t = topo(&["nn-a"]);
+        t.zone_id = None;
+        let d = desired(&s, &t).unwrap();
+        let labels = map(&[
+            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+            ("topology.k8s.aws/zone-id", "usw2-az1"),
+        ]);
+        assert!(diff(&s, &labels, &BTreeMap::new(), &d).is_empty());
+    }
+
+    #[test]
+    fn scheme_validation_catches_bad_keys() {
+        assert!(LabelScheme::default().validate().is_ok());
+        let bad = LabelScheme {
+            layer_prefix: "Bad Prefix/layer-".into(),
+            ..LabelScheme::default()
+        };
+        assert!(bad.validate().is_err());
+        let dup = LabelScheme {
+            capacity_block_key: Some(PLACEMENT_GROUP_KEY.into()),
+            ..LabelScheme::default()
+        };
+        assert!(dup.validate().is_err());
+    }
+
+    #[test]
+    fn label_value_and_key_rules() {
+        assert!(is_valid_label_value("nn-e50490a237cb0f01a"));
+        assert!(!is_valid_label_value(&"a".repeat(64)));
+        assert!(!is_valid_label_value("-a"));
+        assert!(!is_valid_label_value("a b"));
+        assert!(is_valid_label_key("topology.k8s.aws/network-node-layer-1"));
+        assert!(is_valid_label_key("plain-key"));
+        assert!(!is_valid_label_key("UPPER.example/x"));
+        assert!(!is_valid_label_key("example.com/"));
+    }
+}

@@ -1,0 +1,77 @@
+//! ec2-topology-labeler: keeps Kubernetes node labels in step with EC2 network topology.
+//!
+//! Pure logic ([`provider_id`], [`labels`]) is kept apart from I/O ([`ec2`], [`controller`]);
+//! EC2 sits behind [`topology::TopologySource`], reached through the batching cache in
+//! [`lookup`] and the shared [`limiter`].
+
+pub mod config;
+pub mod controller;
+pub mod ec2;
+pub mod http;
+pub mod labels;
+pub mod limiter;
+pub mod lookup;
+pub mod metrics;
+pub mod plan;
+pub mod provider_id;
+pub mod topology;
+
+use topology::Ec2Error;
+
+/// Field manager of every write we make. Never rename it: server-side apply ownership is
+/// recorded under this name, and a new name would strand the labels owned by the old one.
+pub const FIELD_MANAGER: &str = "ec2-topology-labeler";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Ec2(#[from] Ec2Error),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[source] kube::Error),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Kube(e)
+    }
+}
+
+impl Error {
+    /// Stable category, used as a metric label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Ec2(e) => match e {
+                Ec2Error::Throttled { .. } => "ec2_throttled",
+                Ec2Error::Unauthorized { .. } => "ec2_unauthorized",
+                Ec2Error::UnsupportedOperation { .. } => "ec2_unsupported_operation",
+                Ec2Error::InvalidRequest { .. } => "ec2_invalid_request",
+                Ec2Error::Service { .. } => "ec2_service",
+                Ec2Error::Timeout(_) => "ec2_timeout",
+                Ec2Error::Transport(_) => "ec2_transport",
+                Ec2Error::BadResponse(_) => "ec2_bad_response",
+                Ec2Error::NoRegion => "no_region",
+            },
+            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "kube_forbidden",
+            Error::Kube(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => "kube_conflict",
+            Error::Kube(_) => "kube",
+            Error::Config(_) => "config",
+            Error::Io(_) => "io",
+        }
+    }
+
+    /// Errors an operator must fix; retrying soon will not help.
+    pub fn needs_operator(&self) -> bool {
+        match self {
+            Error::Ec2(e) => e.needs_operator(),
+            Error::Kube(kube::Error::Api(s)) => s.code == 403,
+            Error::Config(_) => true,
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,660 @@
+//! Topology lookups: a cache in front of a batcher in front of EC2.
+//!
+//! Every reconcile asks [`Lookup::resolve`] for its instance. Cached answers are returned at once
+//! (keyed by instance ID and the node's boot ID: a new boot means the instance may have moved).
+//! Misses from all reconciles are coalesced by one batcher task into `DescribeInstanceTopology`
+//! calls of at most 100 IDs, sent when 100 are waiting or the batch window has passed, through the
+//! shared [`Limiter`]. Instances EC2 does not describe are retried with capped exponential backoff
+//! and otherwise remembered, so they never cost a call per reconcile.
+
+use std::{
+    collections::{BTreeMap, HashMap, hash_map::Entry},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{StreamExt, stream::FuturesUnordered};
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::Instant,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    limiter::Limiter,
+    metrics::Metrics,
+    topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LookupConfig {
+    /// How long the first waiting ID waits for others to share its call.
+    pub batch_window: Duration,
+    /// IDs per call (EC2 allows at most 100).
+    pub max_batch: usize,
+    /// Answers older than this are refreshed on the next reconcile (normally the periodic resync).
+    pub cache_ttl: Duration,
+    /// First retry after EC2 did not describe an instance; doubles per attempt.
+    pub not_described_retry: Duration,
+    /// Longest wait between asks about an instance EC2 does not describe (unsupported type).
+    pub not_described_ttl: Duration,
+}
+
+impl Default for LookupConfig {
+    fn default() -> Self {
+        Self {
+            batch_window: Duration::from_millis(200),
+            max_batch: MAX_IDS_PER_CALL,
+            cache_ttl: Duration::from_secs(6 * 3600),
+            not_described_retry: Duration::from_secs(15),
+            not_described_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What we know about an instance, as far as the reconciler is concerned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// EC2 described the instance with its network nodes.
+    Topology {
+        topology: Arc<InstanceTopology>,
+        /// A refresh of an older answer failed; this is the older answer.
+        refresh_error: Option<Ec2Error>,
+    },
+    /// EC2 left the instance out or gave it no network nodes (unsupported type, not running
+    /// yet, eventual consistency). Ask again no sooner than `retry_in`.
+    NotDescribed { retry_in: Duration, attempts: u32 },
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Known {
+        topology: Arc<InstanceTopology>,
+        fetched_at: Instant,
+    },
+    NotDescribed {
+        retry_at: Instant,
+        attempts: u32,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct CacheEntry {
+    boot_id: Option<String>,
+    state: State,
+    used_at: Instant,
+}
+
+type Answer = Result<Option<InstanceTopology>, Ec2Error>;
+
+struct Request {
+    region: String,
+    instance_id: String,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Handle to the cache and the batcher. Cheap to clone.
+#[derive(Clone)]
+pub struct Lookup {
+    cfg: LookupConfig,
+    cache: Arc<Mutex<HashMap<String, CacheEntry>>>,
+    requests: mpsc::UnboundedSender<Request>,
+    metrics: Arc<Metrics>,
+}
+
+impl Lookup {
+    /// Start the batcher task for `source` and return the handle.
+    pub fn spawn<S: TopologySource>(
+        source: S,
+        limiter: Arc<Limiter>,
+        cfg: LookupConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batcher = Batcher {
+            source: Arc::new(source),
+            limiter,
+            cfg,
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(batcher.run(rx));
+        Self {
+            cfg,
+            cache: Arc::default(),
+            requests: tx,
+            metrics,
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, CacheEntry>> {
+        // Entries are replaced whole; a panic elsewhere cannot leave one half-written.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The topology of `instance_id` (in `region`) during the boot `boot_id`.
+    pub async fn resolve(
+        &self,
+        region: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+    ) -> Result<Resolved, Ec2Error> {
+        let now = Instant::now();
+        let stale = {
+            let mut cache = self.cache();
+            match cache.get_mut(instance_id) {
+                Some(e) if !rebooted(e.boot_id.as_deref(), boot_id) => {
+                    e.used_at = now;
+                    if e.boot_id.is_none() {
+                        e.boot_id = boot_id.map(str::to_owned);
+                    }
+                    match &e.state {
+                        State::Known {
+                            topology,
+                            fetched_at,
+                        } if now.saturating_duration_since(*fetched_at) < self.cfg.cache_ttl => {
+                            self.metrics.cache_hit();
+                            return Ok(Resolved::Topology {
+                                topology: topology.clone(),
+                                refresh_error: None,
+                            });
+                        }
+                        State::NotDescribed { retry_at, attempts } if now < *retry_at => {
+                            self.metrics.cache_hit();
+                            return Ok(Resolved::NotDescribed {
+                                retry_in: *retry_at - now,
+                                attempts: *attempts,
+                            });
+                        }
+                        _ => Some(e.clone()),
+                    }
+                }
+                _ => None,
+            }
+        };
+        self.metrics.cache_miss();
+
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(Request {
+                region: region.to_string(),
+                instance_id: instance_id.to_string(),
+                reply,
+            })
+            .map_err(|_| Ec2Error::Transport("topology batcher has stopped".into()))?;
+        let answer = answer
+            .await
+            .map_err(|_| Ec2Error::Transport("topology batcher dropped the request".into()))?;
+
+        let now = Instant::now();
+        let previous_topology = match &stale {
+            Some(CacheEntry {
+                state: State::Known { topology, .. },
+                ..
+            }) => Some(topology.clone()),
+            _ => None,
+        };
+        let previous_attempts = match &stale {
+            Some(CacheEntry {
+                state: State::NotDescribed { attempts, .. },
+                ..
+            }) => *attempts,
+            _ => 0,
+        };
+        let (state, resolved) = match answer {
+            Ok(Some(t)) if !t.network_nodes.is_empty() => {
+                let topology = Arc::new(t);
+                (
+                    State::Known {
+                        topology: topology.clone(),
+                        fetched_at: now,
+                    },
+                    Resolved::Topology {
+                        topology,
+                        refresh_error: None,
+                    },
+                )
+            }
+            Ok(_) => match previous_topology {
+                // Described before in this boot, not now: EC2 is lagging or wrong. Keep what we
+                // knew (labels are never stripped on EC2's word alone) and ask again after a TTL.
+                Some(topology) => (
+                    State::Known {
+                        topology: topology.clone(),
+                        fetched_at: now,
+                    },
+                    Resolved::Topology {
+                        topology,
+                        refresh_error: None,
+                    },
+                ),
+                None => {
+                    let attempts = previous_attempts.saturating_add(1);
+                    let retry_in = self.not_described_backoff(attempts);
+                    (
+                        State::NotDescribed {
+                            retry_at: now + retry_in,
+                            attempts,
+                        },
+                        Resolved::NotDescribed { retry_in, attempts },
+                    )
+                }
+            },
+            Err(e) => {
+                return match previous_topology {
+                    Some(topology) => Ok(Resolved::Topology {
+                        topology,
+                        refresh_error: Some(e),
+                    }),
+                    None => Err(e),
+                };
+            }
+        };
+        self.cache().insert(
+            instance_id.to_string(),
+            CacheEntry {
+                boot_id: boot_id.map(str::to_owned),
+                state,
+                used_at: now,
+            },
+        );
+        Ok(resolved)
+    }
+
+    fn not_described_backoff(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(20);
+        self.cfg
+            .not_described_retry
+            .saturating_mul(1u32 << exp)
+            .min(self.cfg.not_described_ttl)
+    }
+
+    /// Drop entries no reconcile has asked about for `unused_for` (deleted nodes).
+    pub fn evict_unused(&self, unused_for: Duration) -> usize {
+        let now = Instant::now();
+        let mut cache = self.cache();
+        let before = cache.len();
+        cache.retain(|_, e| now.saturating_duration_since(e.used_at) < unused_for);
+        before - cache.len()
+    }
+
+    /// Number of cached instances.
+    pub fn cached(&self) -> usize {
+        self.cache().len()
+    }
+}
+
+/// Only a change from one known boot to another counts: a boot ID that appears for the first
+/// time (kubelet reports it shortly after registration) is the same boot we looked up.
+fn rebooted(cached: Option<&str>, now: Option<&str>) -> bool {
+    matches!((cached, now), (Some(a), Some(b)) if a != b)
+}
+
+struct Batcher<S> {
+    source: Arc<S>,
+    limiter: Arc<Limiter>,
+    cfg: LookupConfig,
+    metrics: Arc<Metrics>,
+}
+
+type BatchResult = (String, Vec<String>, Result<Vec<InstanceTopology>, Ec2Error>);
+
+impl<S: TopologySource> Batcher<S> {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>) {
+        // Waiters per (region, instance): queued or in flight. A second ask for an instance that
+        // is already on its way joins the first.
+        let mut waiting: HashMap<(String, String), Vec<oneshot::Sender<Answer>>> = HashMap::new();
+        let mut queued: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut deadline: Option<Instant> = None;
+        let mut in_flight = FuturesUnordered::new();
+        let mut open = true;
+        let max_batch = self.cfg.max_batch.clamp(1, MAX_IDS_PER_CALL);
+
+        while open || !in_flight.is_empty() || !queued.is_empty() {
+            tokio::select! {
+                req = rx.recv(), if open => {
+                    let Some(req) = req else {
+                        open = false;
+                        // Nobody can ask any more: send what is queued now.
+                        deadline = Some(Instant::now());
+                        continue;
+                    };
+                    match waiting.entry((req.region.clone(), req.instance_id.clone())) {
+                        Entry::Occupied(mut e) => e.get_mut().push(req.reply),
+                        Entry::Vacant(e) => {
+                            e.insert(vec![req.reply]);
+                            let ids = queued.entry(req.region.clone()).or_default();
+                            ids.push(req.instance_id);
+                            if ids.len() >= max_batch {
+                                let batch = std::mem::take(ids);
+                                in_flight.push(self.call(req.region, batch));
+                            }
+                            if deadline.is_none() {
+                                deadline = Some(Instant::now() + self.cfg.batch_window);
+                            }
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    deadline = None;
+                    for (region, ids) in std::mem::take(&mut queued) {
+                        for chunk in ids.chunks(max_batch) {
+                            in_flight.push(self.call(region.clone(), chunk.to_vec()));
+                        }
+                    }
+                }
+                Some((region, ids, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    deliver(&mut waiting, &region, &ids, result);
+                }
+            }
+            queued.retain(|_, ids| !ids.is_empty());
+        }
+    }
+
+    fn call(
+        &self,
+        region: String,
+        ids: Vec<String>,
+    ) -> impl std::future::Future<Output = BatchResult> + Send + 'static {
+        let source = self.source.clone();
+        let limiter = self.limiter.clone();
+        let metrics = self.metrics.clone();
+        async move {
+            limiter.acquire().await;
+            let started = std::time::Instant::now();
+            let result = source.describe(&region, &ids).await;
+            metrics.ec2_call(&region, ids.len(), started.elapsed(), result.as_ref().err());
+            match &result {
+                Ok(found) => {
+                    limiter.on_success();
+                    debug!(%region, asked = ids.len(), described = found.len(), "DescribeInstanceTopology");
+                }
+                Err(e) if e.is_throttle() => {
+                    let pause = limiter.on_throttle();
+                    warn!(%region, asked = ids.len(), pause_ms = pause.as_millis() as u64, "EC2 throttled DescribeInstanceTopology; every caller pauses");
+                }
+                Err(e) => {
+                    warn!(%region, asked = ids.len(), error = %e, "DescribeInstanceTopology failed")
+                }
+            }
+            (region, ids, result)
+        }
+    }
+}
+
+fn deliver(
+    waiting: &mut HashMap<(String, String), Vec<oneshot::Sender<Answer>>>,
+    region: &str,
+    ids: &[String],
+    result: Result<Vec<InstanceTopology>, Ec2Error>,
+) {
+    match result {
+        Ok(found) => {
+            let mut by_id: HashMap<String, InstanceTopology> = HashMap::with_capacity(found.len());
+            for t in found {
+                match by_id.entry(t.instance_id.clone()) {
+                    Entry::Vacant(e) => {
+                        e.insert(t);
+                    }
+                    Entry::Occupied(e) if *e.get() != t => {
+                        warn!(instance = %t.instance_id, "EC2 described an instance twice, differently; keeping the first answer");
+                    }
+                    Entry::Occupied(_) => {}
+                }
+            }
+            for id in ids {
+                let answer = by_id.get(id).cloned();
+                for reply in waiting
+                    .remove(&(region.to_string(), id.clone()))
+                    .unwrap_or_default()
+                {
+                    // A reconcile that gave up (node deleted, shutdown) no longer listens.
+                    let _ = reply.send(Ok(answer.clone()));
+                }
+            }
+        }
+        Err(e) => {
+            for id in ids {
+                for reply in waiting
+                    .remove(&(region.to_string(), id.clone()))
+                    .unwrap_or_default()
+                {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::LimiterConfig;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    type CallLog = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+    /// A fake EC2: describes instances with an even number, records each call.
+    #[derive(Clone, Default)]
+    struct Fake {
+        calls: CallLog,
+        fail_next: Arc<AtomicUsize>,
+        layer: Arc<Mutex<String>>,
+    }
+
+    impl Fake {
+        fn calls(&self) -> Vec<(String, Vec<String>)> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl TopologySource for Fake {
+        async fn describe(
+            &self,
+            region: &str,
+            ids: &[String],
+        ) -> Result<Vec<InstanceTopology>, Ec2Error> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((region.to_string(), ids.to_vec()));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if self.fail_next.load(Ordering::SeqCst) > 0 {
+                self.fail_next.fetch_sub(1, Ordering::SeqCst);
+                return Err(Ec2Error::from_code("RequestLimitExceeded", "slow down"));
+            }
+            let layer = self.layer.lock().unwrap().clone();
+            Ok(ids
+                .iter()
+                .filter(|id| u64::from_str_radix(&id[2..], 16).is_ok_and(|n| n % 2 == 0))
+                .map(|id| InstanceTopology {
+                    instance_id: id.clone(),
+                    network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.clone()],
+                    ..InstanceTopology::default()
+                })
+                .collect())
+        }
+    }
+
+    fn id(n: usize) -> String {
+        format!("i-{n:017x}")
+    }
+
+    fn lookup(fake: &Fake) -> Lookup {
+        *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+        Lookup::spawn(
+            fake.clone(),
+            Arc::new(Limiter::new(LimiterConfig {
+                rate: 1000.0,
+                burst: 1000.0,
+                ..LimiterConfig::default()
+            })),
+            LookupConfig::default(),
+            Arc::new(Metrics::default()),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_lookups_are_coalesced_into_calls_of_at_most_100() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let asks = (0..250).map(|n| {
+            let l = l.clone();
+            async move { l.resolve("us-west-2", &id(n * 2), Some("boot")).await }
+        });
+        let answers = futures::future::join_all(asks).await;
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Ok(Resolved::Topology { .. })))
+        );
+        let calls = fake.calls();
+        assert_eq!(calls.len(), 3, "250 lookups cost 3 calls");
+        assert!(calls.iter().all(|(_, ids)| ids.len() <= 100));
+        assert_eq!(calls.iter().map(|(_, ids)| ids.len()).sum::<usize>(), 250);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_lookup_waits_only_the_batch_window() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let start = Instant::now();
+        l.resolve("us-west-2", &id(2), None).await.unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(300),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn regions_are_never_mixed_in_one_call() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let (i2, i4) = (id(2), id(4));
+        let (a, b) = tokio::join!(
+            l.resolve("us-west-2", &i2, None),
+            l.resolve("us-east-1", &i4, None)
+        );
+        assert!(a.is_ok() && b.is_ok());
+        let mut regions: Vec<String> = fake.calls().into_iter().map(|(r, _)| r).collect();
+        regions.sort();
+        assert_eq!(regions, vec!["us-east-1", "us-west-2"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cached_answers_cost_nothing_until_the_boot_id_changes() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+        for _ in 0..5 {
+            l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+        }
+        assert_eq!(fake.calls().len(), 1);
+        *fake.layer.lock().unwrap() = "nn-leaf-2".into();
+        let moved = l.resolve("r", &id(2), Some("boot-2")).await.unwrap();
+        assert_eq!(fake.calls().len(), 2, "a new boot ID forces a new lookup");
+        match moved {
+            Resolved::Topology { topology, .. } => {
+                assert_eq!(topology.network_nodes[2], "nn-leaf-2")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_boot_id_appearing_for_the_first_time_is_not_a_reboot() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), None).await.unwrap();
+        l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+        assert_eq!(fake.calls().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn instances_ec2_does_not_describe_are_not_asked_again_within_their_backoff() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let first = l.resolve("r", &id(1), Some("b")).await.unwrap();
+        let Resolved::NotDescribed { retry_in, attempts } = first else {
+            panic!("{first:?}")
+        };
+        assert_eq!((retry_in, attempts), (Duration::from_secs(15), 1));
+        for _ in 0..10 {
+            assert!(matches!(
+                l.resolve("r", &id(1), Some("b")).await.unwrap(),
+                Resolved::NotDescribed { .. }
+            ));
+        }
+        assert_eq!(fake.calls().len(), 1, "no call per reconcile");
+        tokio::time::advance(Duration::from_secs(16)).await;
+        let second = l.resolve("r", &id(1), Some("b")).await.unwrap();
+        assert_eq!(fake.calls().len(), 2);
+        assert!(
+            matches!(second, Resolved::NotDescribed { attempts: 2, retry_in } if retry_in == Duration::from_secs(30))
+        );
+        // The backoff is capped at the not-described TTL (1h).
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_secs(3601)).await;
+            l.resolve("r", &id(1), Some("b")).await.unwrap();
+        }
+        let last = l.resolve("r", &id(1), Some("b")).await.unwrap();
+        assert!(
+            matches!(last, Resolved::NotDescribed { retry_in, .. } if retry_in <= Duration::from_secs(3600))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_answers_are_refreshed_and_kept_when_the_refresh_fails() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), Some("b")).await.unwrap();
+        tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+        fake.fail_next.store(1, Ordering::SeqCst);
+        let r = l.resolve("r", &id(2), Some("b")).await.unwrap();
+        match r {
+            Resolved::Topology {
+                refresh_error: Some(e),
+                topology,
+            } => {
+                assert!(e.is_throttle());
+                assert_eq!(topology.network_nodes.len(), 3, "the older answer is kept");
+            }
+            other => panic!("{other:?}"),
+        }
+        l.resolve("r", &id(2), Some("b")).await.unwrap();
+        assert_eq!(fake.calls().len(), 3, "refreshed once the failure cleared");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_reach_every_waiter_and_are_not_cached() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        fake.fail_next.store(1, Ordering::SeqCst);
+        let (i2, i4) = (id(2), id(4));
+        let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i4, None));
+        assert!(a.unwrap_err().is_throttle() && b.unwrap_err().is_throttle());
+        assert_eq!(l.cached(), 0);
+        assert!(l.resolve("r", &id(2), None).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_same_instance_asked_twice_at_once_is_sent_once() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let i2 = id(2);
+        let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i2, None));
+        assert!(a.is_ok() && b.is_ok());
+        assert_eq!(fake.calls(), vec![("r".to_string(), vec![id(2)])]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unused_entries_are_evicted() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), None).await.unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        l.resolve("r", &id(4), None).await.unwrap();
+        assert_eq!(l.evict_unused(Duration::from_secs(5)), 1);
+        assert_eq!(l.cached(), 1);
+    }
+}

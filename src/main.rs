@@ -1,0 +1,36 @@
+//! Entry point: parse flags, set up logging and TLS, run the chosen command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ec2_topology_labeler::config::{Cli, Command, LogFormat};
+use tracing_subscriber::{EnvFilter, fmt};
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    // One rustls crypto provider for the whole process (kube and the AWS SDK both use ring);
+    // installed before any client is built. It can only fail if one is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let result = match cli.command {
+        Command::Run(args) => ec2_topology_labeler::controller::run(args).await,
+        Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, category = e.category(), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}

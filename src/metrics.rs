@@ -1,0 +1,322 @@
+//! Prometheus metrics (`prometheus-client`), all prefixed `ec2_topology_labeler_`.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, atomic::AtomicI64},
+    time::Duration,
+};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
+    registry::Registry,
+};
+
+use crate::topology::Ec2Error;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub category: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `apply` (server-side apply of our labels) or `remove` (explicit removal of stale keys
+    /// another manager also owned).
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+/// Where a node stands, for the `nodes{state}` gauge.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum NodeState {
+    /// Labels match EC2's answer.
+    Labelled,
+    /// EC2 does not describe the instance (unsupported type, not running yet).
+    NotDescribed,
+    /// Not an EC2 instance we can look up; the reason is `SkipReason::as_str`.
+    Skipped(&'static str),
+    /// Waiting for its first answer.
+    Pending,
+    /// The last attempt failed.
+    Failing,
+}
+
+impl NodeState {
+    pub fn name(&self) -> String {
+        match self {
+            NodeState::Labelled => "labelled".into(),
+            NodeState::NotDescribed => "not_described".into(),
+            NodeState::Skipped(reason) => format!("skipped_{reason}"),
+            NodeState::Pending => "pending".into(),
+            NodeState::Failing => "failing".into(),
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histogram,
+    ec2_calls: Family<OutcomeLabels, Counter>,
+    ec2_duration: Histogram,
+    ec2_instances_per_call: Histogram,
+    cache_hits: Counter,
+    cache_misses: Counter,
+    label_writes: Family<WriteLabels, Counter>,
+    skips: Family<OutcomeLabels, Counter>,
+    nodes: Family<StateLabels, Gauge>,
+    node_states: Mutex<HashMap<String, NodeState>>,
+    leader: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn ec2_outcome(error: Option<&Ec2Error>) -> String {
+    error.map_or("ok", Ec2Error::category).to_string()
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ec2_topology_labeler");
+        let reconciles = Counter::default();
+        registry.register("reconciles", "Node reconciles run", reconciles.clone());
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Node reconciles that failed, by error category",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration = Histogram::new([
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per node reconcile, including waiting for EC2",
+            reconcile_duration.clone(),
+        );
+        let ec2_calls = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "ec2_calls",
+            "DescribeInstanceTopology calls, by outcome (ok, throttled, or an error category)",
+            ec2_calls.clone(),
+        );
+        let ec2_duration =
+            Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]);
+        registry.register(
+            "ec2_call_duration_seconds",
+            "DescribeInstanceTopology latency",
+            ec2_duration.clone(),
+        );
+        let ec2_instances_per_call =
+            Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 75.0, 99.0, 100.0]);
+        registry.register(
+            "ec2_instances_per_call",
+            "Instance IDs per DescribeInstanceTopology call",
+            ec2_instances_per_call.clone(),
+        );
+        let cache_hits = Counter::default();
+        registry.register(
+            "cache_hits",
+            "Topology lookups answered from the cache",
+            cache_hits.clone(),
+        );
+        let cache_misses = Counter::default();
+        registry.register(
+            "cache_misses",
+            "Topology lookups that needed EC2",
+            cache_misses.clone(),
+        );
+        let label_writes = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "label_writes",
+            "Node PATCH requests sent, by kind",
+            label_writes.clone(),
+        );
+        let skips = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "skipped_nodes",
+            "Times a node was skipped, by reason (counted when the reason changes)",
+            skips.clone(),
+        );
+        let nodes = Family::<StateLabels, Gauge>::default();
+        registry.register("nodes", "Nodes by labelling state", nodes.clone());
+        let leader = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the lease and writes",
+            leader.clone(),
+        );
+        registry.register(
+            "build",
+            "Build information",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            ec2_calls,
+            ec2_duration,
+            ec2_instances_per_call,
+            cache_hits,
+            cache_misses,
+            label_writes,
+            skips,
+            nodes,
+            node_states: Mutex::new(HashMap::new()),
+            leader,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn reconciled(&self, took: Duration) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_failed(&self, category: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                category: category.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn ec2_call(&self, _region: &str, ids: usize, took: Duration, error: Option<&Ec2Error>) {
+        self.ec2_calls
+            .get_or_create(&OutcomeLabels {
+                outcome: ec2_outcome(error),
+            })
+            .inc();
+        self.ec2_duration.observe(took.as_secs_f64());
+        self.ec2_instances_per_call.observe(ids as f64);
+    }
+
+    pub fn cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+
+    pub fn cache_miss(&self) {
+        self.cache_misses.inc();
+    }
+
+    pub fn label_write(&self, kind: &str) {
+        self.label_writes
+            .get_or_create(&WriteLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Record a node's state; returns the previous one (so callers can log transitions once).
+    pub fn set_node_state(&self, node: &str, state: NodeState) -> Option<NodeState> {
+        let mut states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = states.insert(node.to_string(), state.clone());
+        if previous.as_ref() != Some(&state) {
+            if let Some(p) = &previous {
+                self.nodes
+                    .get_or_create(&StateLabels { state: p.name() })
+                    .dec();
+            }
+            self.nodes
+                .get_or_create(&StateLabels {
+                    state: state.name(),
+                })
+                .inc();
+            if let NodeState::Skipped(reason) = state {
+                self.skips
+                    .get_or_create(&OutcomeLabels {
+                        outcome: reason.to_string(),
+                    })
+                    .inc();
+            }
+        }
+        previous
+    }
+
+    /// A node is gone: forget its state.
+    pub fn forget_node(&self, node: &str) {
+        let mut states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = states.remove(node) {
+            self.nodes
+                .get_or_create(&StateLabels { state: p.name() })
+                .dec();
+        }
+    }
+
+    /// Names of nodes we hold a state for.
+    pub fn known_nodes(&self) -> Vec<String> {
+        let states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
+        states.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_state_gauge_follows_transitions() {
+        let m = Metrics::new();
+        m.set_node_state("a", NodeState::Pending);
+        m.set_node_state("b", NodeState::Pending);
+        assert_eq!(
+            m.set_node_state("a", NodeState::Labelled),
+            Some(NodeState::Pending)
+        );
+        m.set_node_state("b", NodeState::Skipped("fargate"));
+        m.set_node_state("b", NodeState::Skipped("fargate"));
+        let text = m.render();
+        assert!(
+            text.contains("ec2_topology_labeler_nodes{state=\"labelled\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("ec2_topology_labeler_nodes{state=\"pending\"} 0"));
+        assert!(text.contains("ec2_topology_labeler_nodes{state=\"skipped_fargate\"} 1"));
+        assert!(text.contains("ec2_topology_labeler_skipped_nodes_total{outcome=\"fargate\"} 1"));
+        m.forget_node("a");
+        assert!(
+            m.render()
+                .contains("ec2_topology_labeler_nodes{state=\"labelled\"} 0")
+        );
+    }
+
+    #[test]
+    fn ec2_calls_are_counted_by_outcome() {
+        let m = Metrics::new();
+        m.ec2_call("r", 100, Duration::from_millis(50), None);
+        let throttled = Ec2Error::from_code("RequestLimitExceeded", "");
+        m.ec2_call("r", 7, Duration::from_millis(50), Some(&throttled));
+        let text = m.render();
+        assert!(text.contains("ec2_topology_labeler_ec2_calls_total{outcome=\"ok\"} 1"));
+        assert!(text.contains("ec2_topology_labeler_ec2_calls_total{outcome=\"throttled\"} 1"));
+        assert!(text.contains("ec2_topology_labeler_ec2_instances_per_call_sum 107.0"));
+    }
+}

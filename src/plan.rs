@@ -1,0 +1,233 @@
+//! `plan`: what `run` would do, without writing anything.
+
+use std::{collections::BTreeMap, io::Write, sync::Arc};
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, ObjectList},
+};
+use serde::Serialize;
+
+use crate::{
+    Error, Result,
+    config::{OutputFormat, PlanArgs},
+    controller::{Assessment, assess, lookup_from, prune},
+    labels::{LabelScheme, MapDiff},
+    lookup::Lookup,
+    metrics::Metrics,
+};
+
+/// One node's line of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlan {
+    pub node: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// `up-to-date`, `change`, `skipped`, `not-described`, `invalid` or `error`.
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "MapDiff::is_empty")]
+    pub labels: MapDiff,
+    #[serde(skip_serializing_if = "MapDiff::is_empty")]
+    pub annotations: MapDiff,
+}
+
+/// Plan every node. Lookups run concurrently so they share batched EC2 calls.
+pub async fn plan_nodes(
+    nodes: &[Node],
+    scheme: &LabelScheme,
+    region: Option<&str>,
+    lookup: &Lookup,
+) -> Vec<NodePlan> {
+    let plans = nodes.iter().map(|node| async move {
+        let mut p = NodePlan {
+            node: node.name_any(),
+            instance_id: None,
+            status: "error",
+            reason: None,
+            labels: MapDiff::default(),
+            annotations: MapDiff::default(),
+        };
+        match assess(node, scheme, region, lookup).await {
+            Ok(Assessment::Skipped(reason)) => {
+                p.status = "skipped";
+                p.reason = Some(reason.to_string());
+            }
+            Ok(Assessment::NotDescribed { instance_id, .. }) => {
+                p.instance_id = Some(instance_id);
+                p.status = "not-described";
+                p.reason = Some(
+                    "EC2 does not describe this instance (unsupported type or not running)".into(),
+                );
+            }
+            Ok(Assessment::Invalid { instance_id, error }) => {
+                p.instance_id = Some(instance_id);
+                p.status = "invalid";
+                p.reason = Some(error.to_string());
+            }
+            Ok(Assessment::Ready {
+                instance_id,
+                diff,
+                refresh_error,
+                ..
+            }) => {
+                p.instance_id = Some(instance_id);
+                p.status = if diff.is_empty() {
+                    "up-to-date"
+                } else {
+                    "change"
+                };
+                p.reason = refresh_error.map(|e| e.to_string());
+                p.labels = diff.labels;
+                p.annotations = diff.annotations;
+            }
+            Err(e) => p.reason = Some(e.to_string()),
+        }
+        p
+    });
+    join_all(plans).await
+}
+
+/// Render the plan as an aligned table.
+pub fn render_table(plans: &[NodePlan]) -> String {
+    let mut rows: Vec<[String; 4]> = vec![[
+        "NODE".into(),
+        "INSTANCE".into(),
+        "STATUS".into(),
+        "CHANGES".into(),
+    ]];
+    for p in plans {
+        let mut changes: Vec<String> = Vec::new();
+        for (k, v) in &p.labels.add {
+            changes.push(format!("+{k}={v}"));
+        }
+        for (k, (from, to)) in &p.labels.change {
+            changes.push(format!("~{k}={from}->{to}"));
+        }
+        for k in p.labels.remove.keys() {
+            changes.push(format!("-{k}"));
+        }
+        let ann = p.annotations.add.len() + p.annotations.change.len() + p.annotations.remove.len();
+        if ann > 0 {
+            changes.push(format!("({ann} annotation change(s))"));
+        }
+        if changes.is_empty()
+            && let Some(r) = &p.reason
+        {
+            changes.push(r.clone());
+        }
+        rows.push([
+            p.node.clone(),
+            p.instance_id.clone().unwrap_or_else(|| "-".into()),
+            p.status.to_string(),
+            changes.join(" "),
+        ]);
+    }
+    let widths: Vec<usize> = (0..3)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        for (c, w) in widths.iter().enumerate() {
+            out.push_str(&r[c]);
+            out.push_str(&" ".repeat(w - r[c].chars().count() + 2));
+        }
+        out.push_str(r[3].trim_end());
+        out.push('\n');
+    }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in plans {
+        *counts.entry(p.status).or_default() += 1;
+    }
+    let summary: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    out.push_str(&format!(
+        "\n{} nodes: {}\n",
+        plans.len(),
+        summary.join(", ")
+    ));
+    out
+}
+
+/// List every node, page by page, keeping only what planning needs.
+pub async fn list_nodes(api: &Api<Node>, scheme: &LabelScheme) -> Result<Vec<Node>> {
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page: ObjectList<Node> = api.list(&params).await?;
+        for mut node in page.items {
+            prune(&mut node, scheme);
+            out.push(node);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+pub async fn run(args: PlanArgs) -> Result<()> {
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let client = Client::try_default().await?;
+    let api: Api<Node> = Api::all(client);
+    let nodes = list_nodes(&api, &scheme).await?;
+    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
+    let plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup).await;
+    let text = match args.output {
+        OutputFormat::Table => render_table(&plans),
+        OutputFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&plans)
+                .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
+            s.push('\n');
+            s
+        }
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_shows_changes_and_reasons() {
+        let mut change = NodePlan {
+            node: "ip-10-0-0-1".into(),
+            instance_id: Some("i-0123456789abcdef0".into()),
+            status: "change",
+            reason: None,
+            labels: MapDiff::default(),
+            annotations: MapDiff::default(),
+        };
+        change.labels.add.insert(
+            "topology.k8s.aws/network-node-layer-1".into(),
+            "nn-a".into(),
+        );
+        change.labels.remove.insert(
+            "topology.k8s.aws/network-node-layer-4".into(),
+            "nn-d".into(),
+        );
+        let skipped = NodePlan {
+            node: "fargate-ip-1".into(),
+            instance_id: None,
+            status: "skipped",
+            reason: Some("fargate".into()),
+            labels: MapDiff::default(),
+            annotations: MapDiff::default(),
+        };
+        let t = render_table(&[change, skipped]);
+        assert!(
+            t.contains("+topology.k8s.aws/network-node-layer-1=nn-a"),
+            "{t}"
+        );
+        assert!(t.contains("-topology.k8s.aws/network-node-layer-4"));
+        assert!(t.lines().any(|l| l.starts_with("fargate-ip-1")
+            && l.contains("skipped")
+            && l.ends_with("fargate")));
+        assert!(t.contains("2 nodes: 1 change, 1 skipped"));
+    }
+}

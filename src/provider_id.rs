@@ -1,0 +1,268 @@
+//! From a Node's `spec.providerID` to the EC2 instance behind it.
+//!
+//! EC2 nodes carry `aws:///<zone>/<instance-id>`; the zone may be empty or a Local Zone. Anything
+//! else (Fargate, EKS Hybrid Nodes, other clouds, an ID not yet set) is skipped with a reason.
+
+use std::fmt;
+
+/// The EC2 instance a node runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRef {
+    pub instance_id: String,
+    /// Availability Zone or Local Zone from the providerID, when it names one.
+    pub zone: Option<String>,
+}
+
+/// Why a node is not an EC2 instance we can look up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// No providerID yet; the cloud controller may set it later (the watch picks that up).
+    Empty,
+    /// An EKS Fargate pod-node.
+    Fargate,
+    /// An EKS Hybrid Node (`eks-hybrid:///…`), not an EC2 instance.
+    Hybrid,
+    /// Another cloud or provider (`gce://`, `azure://`, `kind://`, …).
+    OtherCloud,
+    /// `aws://` but not a well-formed instance reference.
+    Malformed,
+}
+
+impl SkipReason {
+    /// Stable name, used in logs and as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Empty => "empty_provider_id",
+            SkipReason::Fargate => "fargate",
+            SkipReason::Hybrid => "hybrid",
+            SkipReason::OtherCloud => "other_cloud",
+            SkipReason::Malformed => "malformed_provider_id",
+        }
+    }
+
+    pub const ALL: [SkipReason; 5] = [
+        SkipReason::Empty,
+        SkipReason::Fargate,
+        SkipReason::Hybrid,
+        SkipReason::OtherCloud,
+        SkipReason::Malformed,
+    ];
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Longest providerID we look at; anything longer is malformed (and never echoed whole).
+const MAX_LEN: usize = 256;
+
+/// Parse a providerID. Total: every input gives an instance or a reason.
+pub fn parse(provider_id: &str) -> Result<InstanceRef, SkipReason> {
+    let pid = provider_id.trim();
+    if pid.is_empty() {
+        return Err(SkipReason::Empty);
+    }
+    if pid.len() > MAX_LEN {
+        return Err(SkipReason::Malformed);
+    }
+    let Some(rest) = pid.strip_prefix("aws://") else {
+        if pid.starts_with("eks-hybrid://") {
+            return Err(SkipReason::Hybrid);
+        }
+        return Err(SkipReason::OtherCloud);
+    };
+    // `aws:///<zone>/<id>`: the authority is empty, then zone and ID segments. Fargate's form is
+    // `aws:///<zone>/<hash>/fargate-<ip>.<domain>`.
+    let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+    if segments.iter().any(|s| s.starts_with("fargate-")) {
+        return Err(SkipReason::Fargate);
+    }
+    let (zone, id) = match segments.as_slice() {
+        [id] => (None, *id),
+        [zone, id] => (Some(*zone), *id),
+        _ => return Err(SkipReason::Malformed),
+    };
+    if !is_instance_id(id) {
+        return Err(SkipReason::Malformed);
+    }
+    let zone = match zone {
+        None | Some("") => None,
+        Some(z) if is_zone_name(z) => Some(z.to_string()),
+        Some(_) => return Err(SkipReason::Malformed),
+    };
+    Ok(InstanceRef {
+        instance_id: id.to_string(),
+        zone,
+    })
+}
+
+/// `i-` followed by 8 (old style) to 17 lowercase hex digits.
+pub fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| {
+        (8..=17).contains(&hex.len())
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+fn is_zone_name(z: &str) -> bool {
+    z.len() <= 64
+        && z.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && z.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+}
+
+/// The region of an Availability Zone, Local Zone or Wavelength Zone name:
+/// `us-west-2b` → `us-west-2`, `us-west-2-lax-1a` → `us-west-2`, `us-gov-west-1a` → `us-gov-west-1`.
+pub fn region_of_zone(zone: &str) -> Option<String> {
+    let parts: Vec<&str> = zone.split('-').collect();
+    let (i, numbered) = parts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.bytes().next().is_some_and(|b| b.is_ascii_digit()))?;
+    if i < 2 {
+        return None;
+    }
+    let digits: String = numbered.chars().take_while(char::is_ascii_digit).collect();
+    let mut region = parts[..i].join("-");
+    region.push('-');
+    region.push_str(&digits);
+    Some(region)
+}
+
+/// A providerID shortened for a log line: hostile inputs can be kilobytes long.
+pub fn for_log(provider_id: &str) -> String {
+    const SHOW: usize = 80;
+    if provider_id.chars().count() <= SHOW {
+        provider_id.to_string()
+    } else {
+        let head: String = provider_id.chars().take(SHOW).collect();
+        format!("{head}… ({} bytes)", provider_id.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(id: &str, zone: Option<&str>) -> Result<InstanceRef, SkipReason> {
+        Ok(InstanceRef {
+            instance_id: id.into(),
+            zone: zone.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn standard_ec2_provider_ids() {
+        assert_eq!(
+            parse("aws:///us-west-2a/i-0123456789abcdef0"),
+            ok("i-0123456789abcdef0", Some("us-west-2a"))
+        );
+        assert_eq!(
+            parse("aws:///us-east-1b/i-1234abcd"),
+            ok("i-1234abcd", Some("us-east-1b"))
+        );
+    }
+
+    #[test]
+    fn local_zone_and_empty_zone() {
+        assert_eq!(
+            parse("aws:///us-west-2-lax-1a/i-0123456789abcdef0"),
+            ok("i-0123456789abcdef0", Some("us-west-2-lax-1a"))
+        );
+        assert_eq!(
+            parse("aws:////i-0123456789abcdef0"),
+            ok("i-0123456789abcdef0", None)
+        );
+        assert_eq!(
+            parse("aws:///i-0123456789abcdef0"),
+            ok("i-0123456789abcdef0", None)
+        );
+    }
+
+    #[test]
+    fn empty_and_whitespace_are_empty() {
+        assert_eq!(parse(""), Err(SkipReason::Empty));
+        assert_eq!(parse("   "), Err(SkipReason::Empty));
+    }
+
+    #[test]
+    fn fargate_hybrid_and_other_clouds_are_skipped_by_kind() {
+        assert_eq!(
+            parse(
+                "aws:///us-east-1b/0123456789abcdef0123456789abcdef/fargate-ip-192-168-1-2.ec2.internal"
+            ),
+            Err(SkipReason::Fargate)
+        );
+        assert_eq!(
+            parse("aws:///us-east-1b/fargate-ip-10-0-0-1"),
+            Err(SkipReason::Fargate)
+        );
+        assert_eq!(
+            parse("eks-hybrid:///us-west-2/my-cluster/mi-0123456789abcdef0"),
+            Err(SkipReason::Hybrid)
+        );
+        for other in [
+            "gce://project/us-central1-a/vm-1",
+            "azure:///subscriptions/x/resourceGroups/y",
+            "kind://docker/kind/kind-worker",
+            "i-0123456789abcdef0",
+        ] {
+            assert_eq!(parse(other), Err(SkipReason::OtherCloud), "{other}");
+        }
+    }
+
+    #[test]
+    fn malformed_aws_ids() {
+        for bad in [
+            "aws:///",
+            "aws:///us-west-2a/",
+            "aws:///us-west-2a/i-",
+            "aws:///us-west-2a/i-xyz12345",
+            "aws:///us-west-2a/i-0123456789ABCDEF0",
+            "aws:///us-west-2a/i-0123456789abcdef01",
+            "aws:///us-west-2a/i-1234567",
+            "aws:///us-west-2a/extra/i-0123456789abcdef0",
+            "aws:///US WEST/i-0123456789abcdef0",
+            "aws:///us-west-2a/i-0123456789abcdéf0",
+            "aws:///ünïcödé/i-0123456789abcdef0",
+        ] {
+            assert_eq!(parse(bad), Err(SkipReason::Malformed), "{bad}");
+        }
+        let huge = format!("aws:///us-west-2a/i-{}", "a".repeat(10_000));
+        assert_eq!(parse(&huge), Err(SkipReason::Malformed));
+    }
+
+    #[test]
+    fn regions_from_zones() {
+        assert_eq!(region_of_zone("us-west-2b").as_deref(), Some("us-west-2"));
+        assert_eq!(
+            region_of_zone("us-west-2-lax-1a").as_deref(),
+            Some("us-west-2")
+        );
+        assert_eq!(
+            region_of_zone("us-gov-west-1a").as_deref(),
+            Some("us-gov-west-1")
+        );
+        assert_eq!(
+            region_of_zone("ap-northeast-1d").as_deref(),
+            Some("ap-northeast-1")
+        );
+        assert_eq!(
+            region_of_zone("us-east-1-wl1-bos-wlz-1").as_deref(),
+            Some("us-east-1")
+        );
+        assert_eq!(region_of_zone("zone"), None);
+        assert_eq!(region_of_zone("1a"), None);
+    }
+
+    #[test]
+    fn log_form_is_bounded() {
+        let huge = "x".repeat(10_000);
+        assert!(for_log(&huge).len() < 120);
+        assert_eq!(for_log("aws:///a/i-1"), "aws:///a/i-1");
+    }
+}

@@ -1,0 +1,218 @@
+//! The real EC2 client (AWS SDK) against mock-ec2, a real HTTP server speaking EC2's query
+//! protocol: answers, pagination, throttling, error XML, broken bodies, timeouts, no server.
+
+use std::{sync::Arc, time::Duration};
+
+use aws_sdk_ec2::config::{Credentials, Region};
+use ec2_topology_labeler::{
+    ec2::AwsTopology,
+    limiter::{Limiter, LimiterConfig},
+    lookup::{Lookup, LookupConfig, Resolved},
+    metrics::Metrics,
+    topology::{Ec2Error, TopologySource},
+};
+use mock_ec2::{Faults, Instance, MockEc2, Scenario};
+
+fn instance(n: usize, nodes: &[&str]) -> Instance {
+    Instance {
+        instance_id: format!("i-{n:017x}"),
+        instance_type: "p5.48xlarge".into(),
+        availability_zone: "us-west-2a".into(),
+        zone_id: "usw2-az1".into(),
+        network_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+        group_name: None,
+        capacity_block_id: None,
+        state: "running".into(),
+    }
+}
+
+fn id(n: usize) -> String {
+    format!("i-{n:017x}")
+}
+
+async fn client_for(url: &str, timeout: Duration) -> AwsTopology {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let conf = AwsTopology::loader(timeout)
+        .endpoint_url(url)
+        .region(Region::new("us-west-2"))
+        .credentials_provider(Credentials::new(
+            "AKIDEXAMPLE",
+            "secret",
+            None,
+            None,
+            "test",
+        ))
+        .load()
+        .await;
+    AwsTopology::new(conf)
+}
+
+async fn start(instances: Vec<Instance>) -> (MockEc2, AwsTopology) {
+    let mock = MockEc2::new(Scenario { instances });
+    let url = mock_ec2::spawn(mock.clone())
+        .await
+        .expect("mock-ec2 starts");
+    let client = client_for(&url, Duration::from_secs(5)).await;
+    (mock, client)
+}
+
+#[tokio::test]
+async fn describes_three_and_four_layers_capacity_blocks_and_groups() {
+    let mut ultra = instance(3, &["nn-a", "nn-b", "nn-c", "nn-d"]);
+    ultra.instance_type = "p6e-gb200.36xlarge".into();
+    ultra.capacity_block_id = Some("cr-0123456789abcdef0".into());
+    ultra.group_name = Some("my group".into());
+    let (mock, ec2) = start(vec![instance(1, &["nn-a", "nn-b", "nn-c"]), ultra]).await;
+
+    let found = ec2
+        .describe("us-west-2", &[id(1), id(3), id(9)])
+        .await
+        .expect("described");
+    assert_eq!(found.len(), 2, "an unknown instance is simply absent");
+    let three = found.iter().find(|t| t.instance_id == id(1)).unwrap();
+    assert_eq!(three.network_nodes, vec!["nn-a", "nn-b", "nn-c"]);
+    assert_eq!(three.zone_id.as_deref(), Some("usw2-az1"));
+    assert_eq!(three.instance_type.as_deref(), Some("p5.48xlarge"));
+    let four = found.iter().find(|t| t.instance_id == id(3)).unwrap();
+    assert_eq!(four.network_nodes.len(), 4);
+    assert_eq!(
+        four.capacity_block_id.as_deref(),
+        Some("cr-0123456789abcdef0")
+    );
+    assert_eq!(four.group_name.as_deref(), Some("my group"));
+    assert_eq!(mock.stats().ids_per_call, vec![3]);
+}
+
+#[tokio::test]
+async fn follows_next_token_pages() {
+    let instances: Vec<Instance> = (0..7).map(|n| instance(n, &["a", "b", "c"])).collect();
+    let (mock, ec2) = start(instances).await;
+    mock.set_faults(Faults {
+        page_size: Some(3),
+        ..Faults::default()
+    });
+    let ids: Vec<String> = (0..7).map(id).collect();
+    let found = ec2.describe("us-west-2", &ids).await.expect("described");
+    assert_eq!(found.len(), 7);
+    assert_eq!(mock.stats().calls, 3, "three pages of at most 3");
+}
+
+#[tokio::test]
+async fn throttling_is_classified_as_throttled() {
+    let (mock, ec2) = start(vec![instance(1, &["a"])]).await;
+    mock.set_faults(Faults {
+        throttle_fraction: 1.0,
+        ..Faults::default()
+    });
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(err.is_throttle(), "{err:?}");
+    assert_eq!(
+        mock.stats().calls,
+        1,
+        "the SDK does not retry behind our back"
+    );
+}
+
+#[tokio::test]
+async fn unauthorized_names_the_missing_permission() {
+    let (mock, ec2) = start(vec![]).await;
+    mock.set_faults(Faults {
+        unauthorized: true,
+        ..Faults::default()
+    });
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(matches!(err, Ec2Error::Unauthorized { .. }), "{err:?}");
+    assert!(err.to_string().contains("ec2:DescribeInstanceTopology"));
+    assert!(err.needs_operator());
+}
+
+#[tokio::test]
+async fn server_errors_and_rejected_requests_are_told_apart() {
+    let (mock, ec2) = start(vec![]).await;
+    mock.set_faults(Faults {
+        error_5xx_fraction: 1.0,
+        ..Faults::default()
+    });
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(
+        matches!(err, Ec2Error::Service { ref code, .. } if code == "InternalError"),
+        "{err:?}"
+    );
+    mock.set_faults(Faults::default());
+    let too_many: Vec<String> = (0..101).map(id).collect();
+    let err = ec2.describe("us-west-2", &too_many).await.unwrap_err();
+    assert!(matches!(err, Ec2Error::InvalidRequest { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn malformed_and_truncated_xml_are_errors_not_empty_answers() {
+    let (mock, ec2) = start(vec![instance(1, &["a", "b", "c"])]).await;
+    for faults in [
+        Faults {
+            malformed_fraction: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            truncated_fraction: 1.0,
+            ..Faults::default()
+        },
+    ] {
+        mock.set_faults(faults.clone());
+        let result = ec2.describe("us-west-2", &[id(1)]).await;
+        assert!(result.is_err(), "{faults:?} gave {result:?}");
+    }
+}
+
+#[tokio::test]
+async fn slow_answers_time_out() {
+    let mock = MockEc2::new(Scenario::default());
+    mock.set_faults(Faults {
+        timeout_fraction: 1.0,
+        timeout_hold_ms: 3_000,
+        ..Faults::default()
+    });
+    let url = mock_ec2::spawn(mock).await.unwrap();
+    let ec2 = client_for(&url, Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(matches!(err, Ec2Error::Timeout(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn no_server_is_a_transport_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let ec2 = client_for(&url, Duration::from_secs(2)).await;
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(
+        matches!(err, Ec2Error::Transport(_) | Ec2Error::Timeout(_)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_lookup_stack_batches_250_instances_into_3_calls() {
+    let instances: Vec<Instance> = (0..250).map(|n| instance(n, &["a", "b", "c"])).collect();
+    let (mock, ec2) = start(instances).await;
+    let lookup = Lookup::spawn(
+        ec2,
+        Arc::new(Limiter::new(LimiterConfig::default())),
+        LookupConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let asks = (0..250).map(|n| {
+        let lookup = lookup.clone();
+        async move { lookup.resolve("us-west-2", &id(n), Some("boot")).await }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Resolved::Topology { .. })))
+    );
+    let stats = mock.stats();
+    assert_eq!(stats.calls, 3);
+    assert!(stats.ids_per_call.iter().all(|n| *n <= 100));
+}

@@ -1,0 +1,328 @@
+//! The reconciler against a mocked API server (`tower-test`): the exact requests it sends —
+//! method, URI with field manager, content type, body — and that a no-op sends nothing.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use ec2_topology_labeler::{
+    controller::{Context, reconcile},
+    labels::LabelScheme,
+    limiter::{Limiter, LimiterConfig},
+    lookup::{Lookup, LookupConfig},
+    metrics::Metrics,
+    topology::{Ec2Error, InstanceTopology, TopologySource},
+};
+use http::{Method, Request, Response};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
+use kube::{Api, Client, client::Body, runtime::controller::Action};
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const ID: &str = "i-0123456789abcdef0";
+const L: &str = "topology.k8s.aws/network-node-layer-";
+
+#[derive(Default)]
+struct FakeState {
+    answers: Mutex<HashMap<String, InstanceTopology>>,
+    down: AtomicBool,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<FakeState>);
+
+impl TopologySource for Fake {
+    async fn describe(&self, _: &str, ids: &[String]) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        if self.0.down.load(Ordering::SeqCst) {
+            return Err(Ec2Error::Transport("connection refused".into()));
+        }
+        let answers = self.0.answers.lock().unwrap();
+        Ok(ids.iter().filter_map(|i| answers.get(i).cloned()).collect())
+    }
+}
+
+impl Fake {
+    fn set(&self, nodes: &[&str]) {
+        self.0.answers.lock().unwrap().insert(
+            ID.into(),
+            InstanceTopology {
+                instance_id: ID.into(),
+                zone_id: Some("usw2-az1".into()),
+                network_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+                ..InstanceTopology::default()
+            },
+        );
+    }
+}
+
+fn node(labels: &[(&str, &str)]) -> Node {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ip-10-0-0-1.us-west-2.compute.internal".into()),
+            uid: Some("5c3e1c0e-0000-4000-8000-000000000001".into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(format!("aws:///us-west-2a/{ID}")),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            node_info: Some(NodeSystemInfo {
+                boot_id: "boot-1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let metrics = Arc::new(Metrics::new());
+    let lookup = Lookup::spawn(
+        fake.clone(),
+        Arc::new(Limiter::new(LimiterConfig::default())),
+        LookupConfig {
+            batch_window: Duration::from_millis(1),
+            ..LookupConfig::default()
+        },
+        metrics.clone(),
+    );
+    let ctx = Context::new(
+        Api::all(client),
+        lookup,
+        LabelScheme::default(),
+        None,
+        Duration::from_secs(3600),
+        metrics,
+    );
+    (Arc::new(ctx), handle)
+}
+
+struct Seen {
+    method: Method,
+    uri: String,
+    content_type: String,
+    body: Value,
+}
+
+/// Take the next request, answer it with `reply`, and return what was asked.
+async fn answer(handle: &mut Handle, reply: Value) -> Seen {
+    let (request, send) = handle.next_request().await.expect("a request");
+    let method = request.method().clone();
+    let uri = request.uri().to_string();
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap(),
+    );
+    Seen {
+        method,
+        uri,
+        content_type,
+        body,
+    }
+}
+
+/// After the context (the only client) is gone, the mock API server must have seen nothing more.
+async fn assert_no_more_requests(ctx: Arc<Context>, mut handle: Handle) {
+    drop(ctx);
+    let next = tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await;
+    assert!(matches!(next, Ok(None)), "no further request may be sent");
+}
+
+fn node_json(labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": "ip-10-0-0-1.us-west-2.compute.internal", "labels": labels }
+    })
+}
+
+#[tokio::test]
+async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let n = Arc::new(node(&[("kubernetes.io/hostname", "ip-10-0-0-1")]));
+    let expected = json!({
+        format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
+        "topology.k8s.aws/zone-id": "usw2-az1"
+    });
+    let reply = node_json(expected.clone());
+    let (result, seen) = tokio::join!(reconcile(n, ctx.clone()), answer(&mut handle, reply));
+    assert!(matches!(result, Ok(a) if a != Action::await_change()));
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(
+        seen.uri,
+        "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal?&force=true&fieldManager=ec2-topology-labeler"
+    );
+    assert_eq!(seen.content_type, "application/apply-patch+yaml");
+    assert_eq!(
+        seen.body,
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": "ip-10-0-0-1.us-west-2.compute.internal",
+                "uid": "5c3e1c0e-0000-4000-8000-000000000001",
+                "labels": expected
+            }
+        }),
+        "only our family, never kubelet's labels"
+    );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_node_already_right_costs_no_request() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, handle) = setup(&fake);
+    let n = Arc::new(node(&[
+        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+        ("topology.k8s.aws/zone-id", "usw2-az1"),
+    ]));
+    for _ in 0..3 {
+        let action = reconcile(n.clone(), ctx.clone()).await.expect("no-op");
+        assert_ne!(
+            action,
+            Action::await_change(),
+            "requeued for the periodic resync"
+        );
+    }
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_stale_fourth_layer_co_owned_elsewhere_is_removed_explicitly() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let n = Arc::new(node(&[
+        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+        ("topology.k8s.aws/network-node-layer-4", "nn-d"),
+        ("topology.k8s.aws/zone-id", "usw2-az1"),
+    ]));
+    // The apply leaves layer-4 in place: another manager (EKS) owns it too.
+    let after_apply = node_json(json!({
+        format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
+        format!("{L}4"): "nn-d", "topology.k8s.aws/zone-id": "usw2-az1"
+    }));
+    let verify = async {
+        let apply = answer(&mut handle, after_apply).await;
+        assert!(
+            apply.body["metadata"]["labels"]
+                .get(format!("{L}4"))
+                .is_none()
+        );
+        let removal = answer(&mut handle, node_json(json!({}))).await;
+        (apply, removal)
+    };
+    let (result, (_, removal)) = tokio::join!(reconcile(n, ctx.clone()), verify);
+    result.expect("reconciled");
+    assert_eq!(removal.method, Method::PATCH);
+    assert_eq!(
+        removal.uri,
+        "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal?&fieldManager=ec2-topology-labeler"
+    );
+    assert_eq!(removal.content_type, "application/merge-patch+json");
+    assert_eq!(
+        removal.body,
+        json!({"metadata": {"labels": {format!("{L}4"): null}}}),
+        "exactly the stale key, nothing else"
+    );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_stale_key_we_solely_owned_goes_with_the_apply_alone() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let n = Arc::new(node(&[
+        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+        ("topology.k8s.aws/network-node-layer-4", "nn-d"),
+    ]));
+    let after_apply = node_json(json!({
+        format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
+        "topology.k8s.aws/zone-id": "usw2-az1"
+    }));
+    let (result, _) = tokio::join!(reconcile(n, ctx.clone()), answer(&mut handle, after_apply));
+    result.expect("reconciled");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn ec2_down_is_an_error_and_nothing_is_written() {
+    let fake = Fake::default();
+    fake.0.down.store(true, Ordering::SeqCst);
+    let (ctx, handle) = setup(&fake);
+    let n = Arc::new(node(&[("topology.k8s.aws/network-node-layer-1", "nn-a")]));
+    let err = reconcile(n, ctx.clone()).await.unwrap_err();
+    assert_eq!(err.category(), "ec2_transport");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn an_instance_ec2_does_not_describe_keeps_its_labels() {
+    let fake = Fake::default();
+    let (ctx, handle) = setup(&fake);
+    let n = Arc::new(node(&[("topology.k8s.aws/network-node-layer-1", "nn-a")]));
+    let action = reconcile(n, ctx.clone()).await.expect("not an error");
+    assert_ne!(action, Action::await_change(), "asked again later");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_follower_computes_but_never_writes() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, handle) = setup(&fake);
+    ctx.writes_enabled.store(false, Ordering::SeqCst);
+    reconcile(Arc::new(node(&[])), ctx.clone())
+        .await
+        .expect("ok");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn nodes_that_are_not_ec2_instances_wait_for_a_change() {
+    let fake = Fake::default();
+    let (ctx, handle) = setup(&fake);
+    for pid in [
+        "",
+        "aws:///us-east-1b/0123/fargate-ip-10-0-0-1.ec2.internal",
+        "eks-hybrid:///us-west-2/c/mi-1",
+        "gce://p/z/vm",
+    ] {
+        let mut n = node(&[]);
+        n.spec.as_mut().unwrap().provider_id = Some(pid.into());
+        let action = reconcile(Arc::new(n), ctx.clone()).await.expect("skipped");
+        assert_eq!(action, Action::await_change(), "{pid}");
+    }
+    assert_no_more_requests(ctx, handle).await;
+}

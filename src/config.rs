@@ -113,16 +113,19 @@ pub struct LabelArgs {
     /// Write the zone ID label.
     #[arg(long, env = "LABELER_ZONE_ID_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub zone_id_label: bool,
+    /// Key of the zone ID label.
     #[arg(long, env = "LABELER_ZONE_ID_LABEL_KEY", default_value = EKS_ZONE_ID_KEY)]
     pub zone_id_label_key: String,
     /// Write the capacity block (UltraServer domain) label when EC2 reports one.
     #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub capacity_block_label: bool,
+    /// Key of the capacity block label.
     #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL_KEY", default_value = CAPACITY_BLOCK_KEY)]
     pub capacity_block_label_key: String,
     /// Write the placement group label (sanitised) and annotation (raw name).
     #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub placement_group_label: bool,
+    /// Key of the placement group label and annotation.
     #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL_KEY", default_value = PLACEMENT_GROUP_KEY)]
     pub placement_group_label_key: String,
 }
@@ -183,10 +186,13 @@ impl Ec2Args {
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LookupArgs {
-    /// How long the first instance waiting for topology waits for others to share its call
-    /// (a call also goes out as soon as 100 are waiting).
+    /// A DescribeInstanceTopology call goes out once no new instance has joined the waiting
+    /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
     #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
     pub batch_window: HumanDuration,
+    /// Longest an instance waits for its call to fill while others keep arriving.
+    #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
+    pub batch_max_wait: HumanDuration,
     /// Answers older than this are refreshed (in batches) when their node is next reconciled.
     #[arg(long, env = "LABELER_CACHE_TTL", default_value = "6h")]
     pub cache_ttl: HumanDuration,
@@ -203,6 +209,7 @@ impl LookupArgs {
     pub fn lookup(&self) -> LookupConfig {
         LookupConfig {
             batch_window: self.batch_window.0,
+            batch_max_wait: self.batch_max_wait.0,
             cache_ttl: self.cache_ttl.0,
             not_described_retry: self.not_described_retry.0,
             not_described_ttl: self.not_described_ttl.0,
@@ -286,13 +293,25 @@ mod tests {
                     arg.get_id()
                 );
                 assert!(
-                    arg.get_help().is_some()
-                        || arg.get_long_help().is_some()
-                        || arg.get_id().as_str().ends_with("_key"),
+                    arg.get_help().is_some() || arg.get_long_help().is_some(),
                     "{} --{} has no help",
                     sub.get_name(),
                     arg.get_id()
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn readme_documents_every_flag_and_env_var() {
+        let readme = include_str!("../README.md");
+        for sub in Cli::command().get_subcommands() {
+            for arg in sub.get_arguments() {
+                if let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) {
+                    assert!(readme.contains(&format!("`--{long}`")), "README lacks --{long}");
+                    let env = env.to_string_lossy();
+                    assert!(readme.contains(&format!("`{env}`")), "README lacks {env}");
+                }
             }
         }
     }

@@ -511,9 +511,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 async fn mark_ready_when_synced(reader: Store<Node>, ready: Arc<AtomicBool>) {
-    if reader.wait_until_ready().await.is_ok() {
-        info!(nodes = reader.len(), "node cache synced");
-        ready.store(true, Ordering::Relaxed);
+    // The store's readiness signal wakes only its most recent waiter (the controller also
+    // waits on it), so ask again every 250 ms rather than waiting once.
+    loop {
+        match tokio::time::timeout(Duration::from_millis(250), reader.wait_until_ready()).await {
+            Ok(Ok(())) => {
+                info!(nodes = reader.len(), "node cache synced");
+                ready.store(true, Ordering::Relaxed);
+                return;
+            }
+            Ok(Err(_)) => return,
+            Err(_) => {}
+        }
     }
 }
 

@@ -69,24 +69,27 @@ impl Limiter {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Take a token if a call may be made now; otherwise say how long until one may.
+    pub fn try_acquire(&self) -> Result<(), Duration> {
+        let mut s = self.lock();
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(s.refilled_at).as_secs_f64();
+        s.tokens = (s.tokens + elapsed * self.cfg.rate).min(self.cfg.burst);
+        s.refilled_at = now;
+        if now < s.paused_until {
+            Err(s.paused_until - now)
+        } else if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - s.tokens) / self.cfg.rate)
+                .max(Duration::from_millis(1)))
+        }
+    }
+
     /// Wait until a call may be made, and take its token.
     pub async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut s = self.lock();
-                let now = Instant::now();
-                let elapsed = now.saturating_duration_since(s.refilled_at).as_secs_f64();
-                s.tokens = (s.tokens + elapsed * self.cfg.rate).min(self.cfg.burst);
-                s.refilled_at = now;
-                if now < s.paused_until {
-                    s.paused_until - now
-                } else if s.tokens >= 1.0 {
-                    s.tokens -= 1.0;
-                    return;
-                } else {
-                    Duration::from_secs_f64((1.0 - s.tokens) / self.cfg.rate)
-                }
-            };
+        while let Err(wait) = self.try_acquire() {
             tokio::time::sleep(wait).await;
         }
     }

@@ -28,8 +28,11 @@ use crate::{
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LookupConfig {
-    /// How long the first waiting ID waits for others to share its call.
+    /// A call goes out once no new ID has joined the waiting ones for this long (a burst keeps
+    /// filling one call), or as soon as `max_batch` are waiting.
     pub batch_window: Duration,
+    /// Longest any ID waits for its call to fill, however steadily others keep arriving.
+    pub batch_max_wait: Duration,
     /// IDs per call (EC2 allows at most 100).
     pub max_batch: usize,
     /// Answers older than this are refreshed on the next reconcile (normally the periodic resync).
@@ -44,6 +47,7 @@ impl Default for LookupConfig {
     fn default() -> Self {
         Self {
             batch_window: Duration::from_millis(200),
+            batch_max_wait: Duration::from_secs(2),
             max_batch: MAX_IDS_PER_CALL,
             cache_ttl: Duration::from_secs(6 * 3600),
             not_described_retry: Duration::from_secs(15),
@@ -298,55 +302,107 @@ struct Batcher<S> {
 
 type BatchResult = (String, Vec<String>, Result<Vec<InstanceTopology>, Ec2Error>);
 
+/// IDs of one region waiting for a call.
+struct Waiting {
+    ids: Vec<String>,
+    first_at: Instant,
+    last_at: Instant,
+}
+
+impl Waiting {
+    /// When this queue should be sent: at once when full, else after a quiet `window` since the
+    /// last arrival, but never later than `max_wait` after the first.
+    fn due(&self, cfg: &LookupConfig, max_batch: usize) -> Instant {
+        if self.ids.len() >= max_batch {
+            self.first_at
+        } else {
+            (self.last_at + cfg.batch_window).min(self.first_at + cfg.batch_max_wait)
+        }
+    }
+}
+
 impl<S: TopologySource> Batcher<S> {
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>) {
         // Waiters per (region, instance): queued or in flight. A second ask for an instance that
         // is already on its way joins the first.
         let mut waiting: HashMap<(String, String), Vec<oneshot::Sender<Answer>>> = HashMap::new();
-        let mut queued: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut deadline: Option<Instant> = None;
+        let mut queued: BTreeMap<String, Waiting> = BTreeMap::new();
+        // The shared limiter has no token before this: IDs keep joining the queue meanwhile, so a
+        // throttled or rate-limited period produces fuller calls rather than more of them.
+        let mut blocked_until: Option<Instant> = None;
         let mut in_flight = FuturesUnordered::new();
         let mut open = true;
         let max_batch = self.cfg.max_batch.clamp(1, MAX_IDS_PER_CALL);
 
-        while open || !in_flight.is_empty() || !queued.is_empty() {
+        loop {
+            let now = Instant::now();
+            if blocked_until.is_none_or(|b| now >= b) {
+                blocked_until = None;
+                loop {
+                    // Send the longest-waiting queue that is due (all are due once closing).
+                    let next = queued
+                        .iter()
+                        .filter(|(_, w)| !open || w.due(&self.cfg, max_batch) <= now)
+                        .min_by_key(|(_, w)| w.first_at)
+                        .map(|(region, _)| region.clone());
+                    let Some(region) = next else { break };
+                    if let Err(wait) = self.limiter.try_acquire() {
+                        blocked_until = Some(now + wait);
+                        break;
+                    }
+                    let Some(w) = queued.get_mut(&region) else {
+                        break;
+                    };
+                    let take = w.ids.len().min(max_batch);
+                    let batch: Vec<String> = w.ids.drain(..take).collect();
+                    if w.ids.is_empty() {
+                        queued.remove(&region);
+                    }
+                    in_flight.push(self.call(region, batch));
+                }
+            }
+            if !open && queued.is_empty() && in_flight.is_empty() {
+                return;
+            }
+            let wake = blocked_until.or_else(|| {
+                queued
+                    .values()
+                    .map(|w| {
+                        if open {
+                            w.due(&self.cfg, max_batch)
+                        } else {
+                            now
+                        }
+                    })
+                    .min()
+            });
             tokio::select! {
                 req = rx.recv(), if open => {
                     let Some(req) = req else {
+                        // Nobody can ask any more: send what is queued, then stop.
                         open = false;
-                        // Nobody can ask any more: send what is queued now.
-                        deadline = Some(Instant::now());
                         continue;
                     };
                     match waiting.entry((req.region.clone(), req.instance_id.clone())) {
                         Entry::Occupied(mut e) => e.get_mut().push(req.reply),
                         Entry::Vacant(e) => {
                             e.insert(vec![req.reply]);
-                            let ids = queued.entry(req.region.clone()).or_default();
-                            ids.push(req.instance_id);
-                            if ids.len() >= max_batch {
-                                let batch = std::mem::take(ids);
-                                in_flight.push(self.call(req.region, batch));
-                            }
-                            if deadline.is_none() {
-                                deadline = Some(Instant::now() + self.cfg.batch_window);
-                            }
+                            let now = Instant::now();
+                            let w = queued.entry(req.region).or_insert_with(|| Waiting {
+                                ids: Vec::new(),
+                                first_at: now,
+                                last_at: now,
+                            });
+                            w.ids.push(req.instance_id);
+                            w.last_at = now;
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    deadline = None;
-                    for (region, ids) in std::mem::take(&mut queued) {
-                        for chunk in ids.chunks(max_batch) {
-                            in_flight.push(self.call(region.clone(), chunk.to_vec()));
-                        }
-                    }
-                }
+                _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
                 Some((region, ids, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     deliver(&mut waiting, &region, &ids, result);
                 }
             }
-            queued.retain(|_, ids| !ids.is_empty());
         }
     }
 
@@ -359,7 +415,6 @@ impl<S: TopologySource> Batcher<S> {
         let limiter = self.limiter.clone();
         let metrics = self.metrics.clone();
         async move {
-            limiter.acquire().await;
             let started = std::time::Instant::now();
             let result = source.describe(&region, &ids).await;
             metrics.ec2_call(&region, ids.len(), started.elapsed(), result.as_ref().err());
@@ -524,6 +579,84 @@ mod tests {
             took >= Duration::from_millis(250) && took < Duration::from_millis(300),
             "{took:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_of_arrivals_fills_calls_instead_of_sending_many_small_ones() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        // 150 nodes arriving 10 ms apart (1.5 s): each arrival restarts the quiet window.
+        let asks = (0..150).map(|n| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(10 * n as u64)).await;
+                l.resolve("r", &id(n * 2), None).await
+            }
+        });
+        let answers = futures::future::join_all(asks).await;
+        assert!(answers.iter().all(Result::is_ok));
+        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        assert_eq!(sizes, vec![100, 50]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_trickle_waits_at_most_the_max_wait() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        // One arrival every 150 ms for 3 s never leaves a 200 ms quiet gap.
+        let asks = (0..20).map(|n| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
+                let asked = Instant::now();
+                l.resolve("r", &id(n * 2), None)
+                    .await
+                    .map(|_| asked.elapsed())
+            }
+        });
+        let waits: Vec<Duration> = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            waits.iter().all(|w| *w <= Duration::from_millis(2050 + 10)),
+            "{waits:?}"
+        );
+        assert_eq!(fake.calls().len(), 2, "two calls for 20 instances over 3 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_limiter_has_no_token_calls_keep_filling() {
+        let fake = Fake::default();
+        let l = Lookup::spawn(
+            fake.clone(),
+            Arc::new(Limiter::new(LimiterConfig {
+                rate: 1.0,
+                burst: 1.0,
+                ..LimiterConfig::default()
+            })),
+            LookupConfig::default(),
+            Arc::new(Metrics::default()),
+        );
+        // Ten arrivals 300 ms apart: the first call takes the only token; the other nine wait
+        // for the next token (1/s) and share calls.
+        let asks = (0..10).map(|n| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(300 * n as u64)).await;
+                l.resolve("r", &id(n * 2), None).await
+            }
+        });
+        assert!(
+            futures::future::join_all(asks)
+                .await
+                .iter()
+                .all(Result::is_ok)
+        );
+        let calls = fake.calls();
+        assert!(calls.len() <= 4, "{} calls: {calls:?}", calls.len());
+        assert_eq!(calls.iter().map(|(_, ids)| ids.len()).sum::<usize>(), 10);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,60 @@
+# ec2-topology-labeler: one profile (dev, tuned in Cargo.toml) serves tests, e2e and the demo.
+# Caches live outside the checkout so CI runs on a fresh clone reuse them.
+EC2TL_CACHE ?= $(HOME)/.cache/ec2-topology-labeler
+export EC2TL_CACHE
+export CARGO_TARGET_DIR ?= $(EC2TL_CACHE)/target
+BIN := $(CARGO_TARGET_DIR)/debug
+CHART := charts/ec2-topology-labeler
+NAMESPACE := ec2-topology-labeler
+
+.PHONY: all build controlplane tools demo test unit e2e lint fmt manifests check-manifests ci clean-cache
+
+all: build
+
+## build: compile every crate and test once (the one profile CI uses)
+build:
+	cargo build --workspace --all-targets --locked
+
+## controlplane: build the pinned kube-apiserver + etcd from the Go module proxy (cached)
+controlplane:
+	@e2e/controlplane/build.sh >/dev/null
+
+## tools: build the pinned Helm from the Go module proxy (cached)
+tools:
+	@e2e/tools/build.sh >/dev/null
+
+## demo: control plane + mock EC2 + the controller, a sample fleet labelled and printed
+demo: build controlplane
+	$(BIN)/e2e-cluster demo
+
+## test: unit + integration tests, then e2e against a real kube-apiserver (README command 2)
+test: build controlplane check-manifests
+	cargo test --workspace --locked
+
+## e2e: only the end-to-end suite
+e2e: build controlplane
+	cargo test -p e2e --locked --test e2e
+
+## lint: formatting, clippy (warnings are errors), helm lint
+lint: tools
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+	$$(e2e/tools/build.sh)/helm lint $(CHART)
+
+fmt:
+	cargo fmt --all
+
+## manifests: render the chart into deploy/ (plain manifests for kubectl apply -f deploy/)
+manifests: tools
+	$$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) > deploy/ec2-topology-labeler.yaml
+
+## check-manifests: fail when deploy/ differs from what the chart renders
+check-manifests: tools
+	@$$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) | diff -u deploy/ec2-topology-labeler.yaml - \
+	  || { echo "deploy/ is stale: run make manifests"; exit 1; }
+
+## ci: what .ci/run does
+ci: lint test
+
+clean-cache:
+	rm -rf $(EC2TL_CACHE)

@@ -1,0 +1,149 @@
+//! The controller binary as a process, as the tests and the demo run it.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+
+use crate::{
+    mock::MockAdmin,
+    process::{Proc, free_port},
+};
+
+pub struct Labeler {
+    pub metrics_url: String,
+    pub log: PathBuf,
+    proc: Proc,
+}
+
+/// How to run it.
+pub struct LabelerOptions<'a> {
+    pub kubeconfig: &'a Path,
+    pub ec2_url: &'a str,
+    pub dir: &'a Path,
+    /// Extra flags (`--resync-period=5s`, …).
+    pub args: Vec<String>,
+    /// `RUST_LOG`.
+    pub log_filter: &'a str,
+    /// Log file name inside `dir`.
+    pub log_name: &'a str,
+}
+
+impl Labeler {
+    pub fn start(opts: LabelerOptions<'_>) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let bin = crate::bin_dir().join("ec2-topology-labeler");
+        if !bin.exists() {
+            bail!(
+                "{} is missing: run cargo build --workspace --bins first",
+                bin.display()
+            );
+        }
+        let mut cmd = Command::new(bin);
+        cmd.arg("run")
+            .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+            .args(&opts.args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("KUBECONFIG", opts.kubeconfig)
+            .env("RUST_LOG", opts.log_filter)
+            // The SDK's standard endpoint override, as a user would point it at any EC2 endpoint.
+            .env("AWS_ENDPOINT_URL_EC2", opts.ec2_url)
+            .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+            .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_CONFIG_FILE", "/dev/null")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null");
+        let log = opts.dir.join(opts.log_name);
+        let proc = Proc::spawn("ec2-topology-labeler", cmd, &log)?;
+        Ok(Self {
+            metrics_url: format!("http://127.0.0.1:{port}"),
+            log,
+            proc,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.proc.alive()
+    }
+
+    /// Wait until `/readyz` says the node cache synced.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let admin = MockAdmin::new(&self.metrics_url);
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if !self.alive() {
+                bail!("controller exited; log:\n{}", self.log_tail(40));
+            }
+            if get_text(&admin, "/readyz")
+                .await
+                .is_ok_and(|b| b.trim() == "ok")
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!(
+            "controller not ready after {timeout:?}; log:\n{}",
+            self.log_tail(40)
+        )
+    }
+
+    /// The controller's own `/metrics`.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        get_text(&MockAdmin::new(&self.metrics_url), "/metrics").await
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn stop(&mut self) {
+        self.proc.stop(Duration::from_secs(10));
+    }
+
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+}
+
+async fn get_text(client: &MockAdmin, path: &str) -> anyhow::Result<String> {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<Bytes>>();
+    let resp = http.get(format!("{}{path}", client.url).parse()?).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        bail!("{path}: {status}");
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Sum of a Prometheus counter family in a text exposition, over series whose labels contain
+/// every `label="value"` given.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

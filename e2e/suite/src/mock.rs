@@ -1,0 +1,183 @@
+//! mock-ec2 as a process, and a client for its admin API (the same client drives the in-cluster
+//! mock on kind).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
+use mock_ec2::{Faults, Instance, Scenario, Stats};
+
+use crate::process::{Proc, free_port};
+
+/// The admin API of a running mock-ec2.
+#[derive(Clone)]
+pub struct MockAdmin {
+    pub url: String,
+    http: HttpClient<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+impl MockAdmin {
+    pub fn new(url: &str) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_string(),
+            http: HttpClient::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<Bytes> {
+        let req = http::Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let resp = self
+            .http
+            .request(req)
+            .await
+            .with_context(|| format!("{method} {path} on mock-ec2"))?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!(
+                "{method} {path} on mock-ec2: {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+        Ok(bytes)
+    }
+
+    pub async fn stats(&self) -> anyhow::Result<Stats> {
+        Ok(serde_json::from_slice(
+            &self.call(http::Method::GET, "/_admin/stats", None).await?,
+        )?)
+    }
+
+    pub async fn reset_stats(&self) -> anyhow::Result<()> {
+        self.call(http::Method::POST, "/_admin/stats/reset", None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn set_faults(&self, faults: &Faults) -> anyhow::Result<()> {
+        self.call(
+            http::Method::PUT,
+            "/_admin/faults",
+            Some(serde_json::to_vec(faults)?),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn upsert(&self, instance: &Instance) -> anyhow::Result<()> {
+        let path = format!("/_admin/instances/{}", instance.instance_id);
+        self.call(
+            http::Method::PUT,
+            &path,
+            Some(serde_json::to_vec(instance)?),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn upsert_all(&self, instances: &[Instance]) -> anyhow::Result<()> {
+        let mut scenario = self.scenario().await?;
+        for i in instances {
+            scenario
+                .instances
+                .retain(|x| x.instance_id != i.instance_id);
+            scenario.instances.push(i.clone());
+        }
+        self.call(
+            http::Method::PUT,
+            "/_admin/instances",
+            Some(serde_json::to_vec(&scenario)?),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn scenario(&self) -> anyhow::Result<Scenario> {
+        Ok(serde_json::from_slice(
+            &self
+                .call(http::Method::GET, "/_admin/instances", None)
+                .await?,
+        )?)
+    }
+}
+
+/// mock-ec2 running as a process on a fixed loopback port (so it can be stopped and started
+/// again at the same address, as EC2 going down and coming back).
+pub struct MockProcess {
+    pub admin: MockAdmin,
+    pub port: u16,
+    dir: PathBuf,
+    proc: Option<Proc>,
+}
+
+impl MockProcess {
+    pub async fn start(dir: &Path, scenario: &Scenario) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let port = free_port()?;
+        let mut m = Self {
+            admin: MockAdmin::new(&format!("http://127.0.0.1:{port}")),
+            port,
+            dir: dir.to_path_buf(),
+            proc: None,
+        };
+        m.launch(scenario).await?;
+        Ok(m)
+    }
+
+    pub fn url(&self) -> &str {
+        &self.admin.url
+    }
+
+    async fn launch(&mut self, scenario: &Scenario) -> anyhow::Result<()> {
+        let file = self.dir.join("scenario.json");
+        std::fs::write(&file, serde_json::to_vec_pretty(scenario)?)?;
+        let mut cmd = Command::new(crate::bin_dir().join("mock-ec2"));
+        cmd.arg(format!("--listen=127.0.0.1:{}", self.port))
+            .arg(format!("--scenario={}", file.display()));
+        self.proc = Some(Proc::spawn(
+            "mock-ec2",
+            cmd,
+            &self.dir.join("mock-ec2.log"),
+        )?);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.admin.stats().await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "mock-ec2 did not start; see {}",
+            self.dir.join("mock-ec2.log").display()
+        )
+    }
+
+    /// EC2 goes away: connections are refused until [`MockProcess::up`].
+    pub async fn down(&mut self) -> anyhow::Result<Scenario> {
+        let scenario = self.admin.scenario().await?;
+        if let Some(mut p) = self.proc.take() {
+            p.stop(Duration::from_secs(5));
+        }
+        Ok(scenario)
+    }
+
+    /// EC2 comes back at the same address with `scenario`.
+    pub async fn up(&mut self, scenario: &Scenario) -> anyhow::Result<()> {
+        self.launch(scenario).await
+    }
+}

@@ -1,0 +1,644 @@
+//! End-to-end: the controller binary, running as its ServiceAccount under the chart's RBAC,
+//! against a real kube-apiserver + etcd and mock-ec2.
+//!
+//! Locally (CI) the harness starts everything itself. Against another cluster (kind):
+//! `E2E_KUBECONFIG` (admin), `E2E_MOCK_EC2_URL` (mock-ec2's address as the test reaches it) and
+//! the chart already installed; scenarios that stop processes are skipped there.
+//!
+//! Scenarios run one at a time, in order (some inject faults into the shared EC2 mock).
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, ensure};
+use e2e::{
+    cluster::{Cluster, NAMESPACE},
+    fixtures::NodeSpec,
+    kube_util::{self, eventually, wait_for_topology},
+    labeler::{Labeler, LabelerOptions, metric_sum},
+    mock::{MockAdmin, MockProcess},
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use mock_ec2::{Faults, Instance, Scenario};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+const WAIT: Duration = Duration::from_secs(30);
+const RESYNC: Duration = Duration::from_secs(5);
+const L: &str = "topology.k8s.aws/network-node-layer-";
+
+/// Fields drop in order: the controller stops first, then mock-ec2, then the control plane.
+struct Env {
+    labeler: Mutex<Option<Labeler>>,
+    /// Local runs only: the mock process the harness owns.
+    mock: Mutex<Option<MockProcess>>,
+    mock_admin: MockAdmin,
+    cluster: Cluster,
+    dir: PathBuf,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Env {
+    fn local(&self) -> bool {
+        self.cluster.local.is_some()
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    async fn admin(&self) -> anyhow::Result<Client> {
+        self.cluster.admin().await
+    }
+
+    fn labeler_log(&self) -> String {
+        self.labeler
+            .try_lock()
+            .map(|l| l.as_ref().map(|l| l.log_tail(30)).unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+fn expected(nodes: &[&str], extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut m: BTreeMap<String, String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("{L}{}", i + 1), n.to_string()))
+        .collect();
+    m.insert("topology.k8s.aws/zone-id".into(), "usw2-az1".into());
+    for (k, v) in extra {
+        m.insert(k.to_string(), v.to_string());
+    }
+    m
+}
+
+/// Create nodes for `specs` with instances in the mock, and wait for `want` on each.
+async fn label_and_wait(
+    env: &Env,
+    client: &Client,
+    pairs: &[(NodeSpec, Instance)],
+) -> anyhow::Result<()> {
+    env.mock_admin
+        .upsert_all(&pairs.iter().map(|(_, i)| i.clone()).collect::<Vec<_>>())
+        .await?;
+    kube_util::create_nodes(client, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
+    for (spec, inst) in pairs {
+        let want = expected(
+            &inst
+                .network_nodes
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &[],
+        );
+        let mut want = want;
+        if let Some(cb) = &inst.capacity_block_id {
+            want.insert(
+                "ec2-topology-labeler.io/capacity-block-id".into(),
+                cb.clone(),
+            );
+        }
+        wait_for_topology(client, &spec.name, &want, WAIT).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+async fn three_layer_node(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x101, 1, "p5.48xlarge");
+    let i = s.instance(&["nn-spine-a", "nn-agg-a1", "nn-leaf-a11"]);
+    label_and_wait(env, &c, &[(s.clone(), i)]).await?;
+    let labels = kube_util::labels(&c, &s.name).await?;
+    ensure!(
+        labels.contains_key("kubernetes.io/hostname")
+            && labels
+                .get("eks.amazonaws.com/nodegroup")
+                .map(String::as_str)
+                == Some("gpu-training"),
+        "other labels are untouched: {labels:?}"
+    );
+    Ok(())
+}
+
+async fn four_layer_node(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x102, 1, "p6-b200.48xlarge");
+    let i = s.instance(&["nn-spine-b", "nn-agg-b1", "nn-rack-b11", "nn-leaf-b111"]);
+    label_and_wait(env, &c, &[(s, i)]).await
+}
+
+async fn ultraserver_capacity_block(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x103, 1, "p6e-gb200.36xlarge");
+    let mut i = s.instance(&["nn-spine-u", "nn-agg-u1", "nn-leaf-u11"]);
+    i.capacity_block_id = Some("cr-0a1b2c3d4e5f60718".into());
+    label_and_wait(env, &c, &[(s, i)]).await
+}
+
+async fn odd_placement_group_name(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x104, 1, "p5en.48xlarge");
+    let mut i = s.instance(&["nn-spine-p", "nn-agg-p1", "nn-leaf-p11"]);
+    let raw = format!("Training Group ✨ (prod) {}", "x".repeat(200));
+    i.group_name = Some(raw.clone());
+    env.mock_admin.upsert(&i).await?;
+    kube_util::create_nodes(&c, vec![s.node()]).await?;
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    let (label, annotation) = eventually("placement group label", WAIT, || async {
+        let n = api.get(&s.name).await?;
+        let l = n
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("ec2-topology-labeler.io/placement-group").cloned());
+        let a = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("ec2-topology-labeler.io/placement-group").cloned());
+        Ok(l.zip(a))
+    })
+    .await?;
+    ensure!(
+        label.len() <= 63 && label.starts_with("Training-Group-prod-x"),
+        "{label}"
+    );
+    ensure!(annotation == raw, "the raw name is kept in the annotation");
+    Ok(())
+}
+
+async fn not_ec2_nodes_are_skipped(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let before = env.mock_admin.stats().await?.ids_requested;
+    let specs = [
+        NodeSpec::ec2(0x105, 1, "p5.48xlarge")
+            .with_provider_id("aws:///us-west-2a/0123456789abcdef0123456789abcdef/fargate-ip-10-1-2-3.us-west-2.compute.internal"),
+        NodeSpec::ec2(0x105, 2, "p5.48xlarge")
+            .with_provider_id("eks-hybrid:///us-west-2/my-cluster/mi-0123456789abcdef0"),
+        NodeSpec::ec2(0x105, 3, "p5.48xlarge")
+            .with_provider_id("gce://my-project/us-central1-a/gpu-node-1"),
+    ];
+    kube_util::create_nodes(&c, specs.iter().map(NodeSpec::node).collect()).await?;
+    tokio::time::sleep(RESYNC + Duration::from_secs(1)).await;
+    for s in &specs {
+        let t = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
+        ensure!(t.is_empty(), "{} got labels {t:?}", s.name);
+    }
+    let after = env.mock_admin.stats().await?.ids_requested;
+    ensure!(
+        after == before,
+        "no EC2 lookups for non-EC2 nodes ({before} -> {after})"
+    );
+    Ok(())
+}
+
+async fn unsupported_instance_type(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    // One instance EC2 returns without network nodes, one it leaves out entirely.
+    let empty = NodeSpec::ec2(0x106, 1, "m7i.large");
+    let absent = NodeSpec::ec2(0x106, 2, "c7i.large");
+    env.mock_admin.upsert(&empty.instance(&[])).await?;
+    let calls_before = env.mock_admin.stats().await?.calls;
+    kube_util::create_nodes(&c, vec![empty.node(), absent.node()]).await?;
+    // Several resync periods: the answer is remembered and retried with backoff, not per reconcile.
+    tokio::time::sleep(RESYNC * 3).await;
+    for s in [&empty, &absent] {
+        let t = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
+        ensure!(t.is_empty(), "{} got labels {t:?}", s.name);
+    }
+    let calls = env.mock_admin.stats().await?.calls - calls_before;
+    // Backoff 2s, 4s, 8s, 10s (cap) over 15s: at most 4 lookups, coalesced for both nodes.
+    ensure!(
+        calls <= 5,
+        "{calls} EC2 calls for two unsupported nodes in 15s"
+    );
+    for s in [&empty, &absent] {
+        kube_util::delete_node(&c, &s.name).await?;
+    }
+    Ok(())
+}
+
+async fn provider_id_set_later(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x107, 1, "trn2.48xlarge");
+    let real_pid = s.provider_id.clone();
+    env.mock_admin
+        .upsert(&s.instance(&["nn-spine-t", "nn-agg-t1", "nn-leaf-t11"]))
+        .await?;
+    kube_util::create_nodes(&c, vec![s.clone().with_provider_id("").node()]).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?).is_empty());
+    kube_util::set_provider_id(&c, &s.name, &real_pid).await?;
+    wait_for_topology(
+        &c,
+        &s.name,
+        &expected(&["nn-spine-t", "nn-agg-t1", "nn-leaf-t11"], &[]),
+        WAIT,
+    )
+    .await
+}
+
+async fn reboot_and_move(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x108, 1, "p5.48xlarge");
+    label_and_wait(
+        env,
+        &c,
+        &[(s.clone(), s.instance(&["nn-s1", "nn-a1", "nn-l1"]))],
+    )
+    .await?;
+    // Stop/start: EC2 places the instance elsewhere and the kubelet reports a new boot ID.
+    env.mock_admin
+        .upsert(&s.instance(&["nn-s1", "nn-a2", "nn-l7"]))
+        .await?;
+    kube_util::set_boot_id(&c, &s.name, &e2e::fixtures::boot_id(99)).await?;
+    wait_for_topology(
+        &c,
+        &s.name,
+        &expected(&["nn-s1", "nn-a2", "nn-l7"], &[]),
+        WAIT,
+    )
+    .await
+}
+
+async fn four_to_three_layers(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    // (a) We labelled 4 layers, another manager (EKS's cloud controller) co-owns layer-4.
+    let a = NodeSpec::ec2(0x109, 1, "p6-b200.48xlarge");
+    let four = ["nn-s", "nn-a", "nn-r", "nn-l"];
+    label_and_wait(env, &c, &[(a.clone(), a.instance(&four))]).await?;
+    let ccm = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": a.name, "labels": {format!("{L}4"): "nn-l"}}});
+    api.patch(
+        &a.name,
+        &PatchParams::apply("cloud-controller-manager").force(),
+        &Patch::Apply(ccm),
+    )
+    .await?;
+    // (b) EKS labelled 4 layers at registration; we never owned layer-4.
+    let b = NodeSpec::ec2(0x109, 2, "p6-b200.48xlarge");
+    let mut node_b = b.node();
+    let labels = node_b.metadata.labels.get_or_insert_default();
+    for (n, v) in four.iter().enumerate() {
+        labels.insert(format!("{L}{}", n + 1), v.to_string());
+    }
+    env.mock_admin
+        .upsert(&b.instance(&["nn-s", "nn-a", "nn-l"]))
+        .await?;
+    kube_util::create_nodes(&c, vec![node_b]).await?;
+
+    env.mock_admin
+        .upsert(&a.instance(&["nn-s", "nn-a", "nn-l"]))
+        .await?;
+    kube_util::set_boot_id(&c, &a.name, &e2e::fixtures::boot_id(77)).await?;
+    let three = expected(&["nn-s", "nn-a", "nn-l"], &[]);
+    wait_for_topology(&c, &a.name, &three, WAIT)
+        .await
+        .context("co-owned layer-4")?;
+    wait_for_topology(&c, &b.name, &three, WAIT)
+        .await
+        .context("foreign layer-4")?;
+    Ok(())
+}
+
+async fn burst_is_batched(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let n = 250u32;
+    let pairs: Vec<(NodeSpec, Instance)> = (0..n)
+        .map(|k| {
+            let s = NodeSpec::ec2(0x10a, k, "p5.48xlarge");
+            let i = s.instance(&[
+                "nn-spine-z",
+                &format!("nn-agg-z{}", k / 50),
+                &format!("nn-leaf-z{}", k / 10),
+            ]);
+            (s, i)
+        })
+        .collect();
+    env.mock_admin
+        .upsert_all(&pairs.iter().map(|(_, i)| i.clone()).collect::<Vec<_>>())
+        .await?;
+    env.mock_admin.reset_stats().await?;
+    let started = Instant::now();
+    kube_util::create_nodes(&c, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
+    for (s, i) in &pairs {
+        let want = expected(
+            &i.network_nodes
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &[],
+        );
+        wait_for_topology(&c, &s.name, &want, WAIT).await?;
+    }
+    let stats = env.mock_admin.stats().await?;
+    let bound = n.div_ceil(100) as u64 + stats.throttled;
+    eprintln!(
+        "    {n} nodes labelled in {:.1}s with {} EC2 calls (IDs per call {:?})",
+        started.elapsed().as_secs_f64(),
+        stats.calls,
+        stats.ids_per_call
+    );
+    ensure!(
+        stats.calls <= bound,
+        "{} calls for {n} new nodes; at most {bound} allowed",
+        stats.calls
+    );
+    ensure!(stats.ids_per_call.iter().all(|k| *k <= 100));
+    Ok(())
+}
+
+async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    // Let anything in flight settle, then watch two full resync periods.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes_before = kube_util::node_writes(&c).await?;
+    let calls_before = env.mock_admin.stats().await?.calls;
+    tokio::time::sleep(RESYNC * 2 + Duration::from_secs(2)).await;
+    let writes = kube_util::node_writes(&c).await? - writes_before;
+    let calls = env.mock_admin.stats().await?.calls - calls_before;
+    eprintln!(
+        "    steady state over {}s: {writes} node writes, {calls} EC2 calls",
+        (RESYNC * 2).as_secs() + 2
+    );
+    ensure!(
+        writes == 0.0,
+        "{writes} node PATCH/APPLY requests at steady state (API server's count)"
+    );
+    ensure!(calls == 0, "{calls} EC2 calls at steady state");
+    if let Some(l) = env.labeler.lock().await.as_ref() {
+        let m = l.metrics().await?;
+        let reconciles = metric_sum(&m, "ec2_topology_labeler_reconciles_total", &[]);
+        ensure!(
+            reconciles > 0.0,
+            "the controller kept reconciling (resyncs) meanwhile"
+        );
+    }
+    Ok(())
+}
+
+async fn throttled_half_the_time(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    env.mock_admin
+        .set_faults(&Faults {
+            throttle_fraction: 0.5,
+            ..Faults::default()
+        })
+        .await?;
+    let pairs: Vec<(NodeSpec, Instance)> = (0..150)
+        .map(|k| {
+            let s = NodeSpec::ec2(0x10b, k, "p5.48xlarge");
+            let i = s.instance(&["nn-spine-q", "nn-agg-q", &format!("nn-leaf-q{}", k / 16)]);
+            (s, i)
+        })
+        .collect();
+    let started = Instant::now();
+    let result = label_and_wait(env, &c, &pairs).await;
+    let stats = env.mock_admin.stats().await?;
+    env.mock_admin.set_faults(&Faults::default()).await?;
+    result?;
+    eprintln!(
+        "    converged in {:.1}s under 50% throttling ({} throttled answers)",
+        started.elapsed().as_secs_f64(),
+        stats.throttled
+    );
+    Ok(())
+}
+
+async fn ec2_down_removes_nothing(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let a = NodeSpec::ec2(0x10c, 1, "p5.48xlarge");
+    let b = NodeSpec::ec2(0x10c, 2, "p5.48xlarge");
+    let old = ["nn-s-d", "nn-a-d", "nn-l-d"];
+    label_and_wait(
+        env,
+        &c,
+        &[(a.clone(), a.instance(&old)), (b.clone(), b.instance(&old))],
+    )
+    .await?;
+
+    let mut guard = env.mock.lock().await;
+    let mock = guard.as_mut().context("local mock")?;
+    let mut scenario = mock.down().await?;
+    // EC2 is unreachable. A reboot forces a fresh lookup for node a; node b just resyncs.
+    kube_util::set_boot_id(&c, &a.name, &e2e::fixtures::boot_id(55)).await?;
+    tokio::time::sleep(RESYNC * 2).await;
+    for s in [&a, &b] {
+        let t = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
+        ensure!(
+            t == expected(&old, &[]),
+            "{} lost or changed labels while EC2 was down: {t:?}",
+            s.name
+        );
+    }
+    // EC2 returns; node a had moved meanwhile.
+    let moved = a.instance(&["nn-s-d", "nn-a-d", "nn-l-new"]);
+    scenario
+        .instances
+        .retain(|i| i.instance_id != moved.instance_id);
+    scenario.instances.push(moved);
+    mock.up(&scenario).await?;
+    drop(guard);
+    let started = Instant::now();
+    wait_for_topology(
+        &c,
+        &a.name,
+        &expected(&["nn-s-d", "nn-a-d", "nn-l-new"], &[]),
+        Duration::from_secs(60),
+    )
+    .await?;
+    eprintln!(
+        "    converged {:.1}s after EC2 came back",
+        started.elapsed().as_secs_f64()
+    );
+    wait_for_topology(&c, &b.name, &expected(&old, &[]), WAIT).await
+}
+
+async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
+    let mut guard = env.labeler.lock().await;
+    let Some(l) = guard.as_mut() else {
+        return Ok(());
+    };
+    ensure!(l.alive(), "controller still running");
+    let log = l.log_text();
+    ensure!(!log.contains("panicked"), "no panic in the controller log");
+    ensure!(
+        !log.contains("AKIDEXAMPLE") && !log.contains("e2e-not-a-secret"),
+        "no credentials in logs"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+type ScenarioFn = for<'a> fn(
+    &'a Env,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
+>;
+
+macro_rules! scenario {
+    ($f:ident, $local_only:expr) => {
+        (
+            stringify!($f),
+            (|env| Box::pin($f(env))) as ScenarioFn,
+            $local_only,
+        )
+    };
+}
+
+fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
+    vec![
+        scenario!(three_layer_node, false),
+        scenario!(four_layer_node, false),
+        scenario!(ultraserver_capacity_block, false),
+        scenario!(odd_placement_group_name, false),
+        scenario!(not_ec2_nodes_are_skipped, false),
+        scenario!(unsupported_instance_type, false),
+        scenario!(provider_id_set_later, false),
+        scenario!(reboot_and_move, false),
+        scenario!(four_to_three_layers, false),
+        scenario!(burst_is_batched, false),
+        scenario!(throttled_half_the_time, false),
+        scenario!(ec2_down_removes_nothing, true),
+        scenario!(steady_state_is_silent, false),
+        scenario!(controller_is_healthy, false),
+    ]
+}
+
+fn setup() -> anyhow::Result<Env> {
+    e2e::init_tls();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let dir = e2e::work_dir("ec2tl-e2e")?;
+    let (cluster, mock, mock_admin, labeler) = rt.block_on(async {
+        let cluster = Cluster::from_env(&dir.join("cluster")).await?;
+        let c = cluster.admin().await?;
+        kube_util::ensure_namespace(&c, NAMESPACE).await?;
+        if cluster.local.is_some() {
+            // The chart's own RBAC, as rendered into deploy/ from charts/.
+            let applied = kube_util::apply_yaml(&c, &chart_rbac()?, "e2e").await?;
+            eprintln!("applied the chart's RBAC: {applied:?}");
+        }
+        let (mock, mock_admin, ec2_url) = match std::env::var("E2E_MOCK_EC2_URL") {
+            Ok(url) => (None, MockAdmin::new(&url), url),
+            Err(_) => {
+                let m = MockProcess::start(&dir.join("mock"), &Scenario::default()).await?;
+                let (admin, url) = (m.admin.clone(), m.url().to_string());
+                (Some(m), admin, url)
+            }
+        };
+        let labeler = match &cluster.controller_kubeconfig {
+            Some(kc) => {
+                let mut l = Labeler::start(LabelerOptions {
+                    kubeconfig: kc,
+                    ec2_url: &ec2_url,
+                    dir: &dir,
+                    args: vec![
+                        format!("--resync-period={}s", RESYNC.as_secs()),
+                        "--not-described-retry=2s".into(),
+                        "--not-described-ttl=10s".into(),
+                        "--ec2-rate=50".into(),
+                        "--ec2-burst=100".into(),
+                        "--ec2-throttle-backoff-max=2s".into(),
+                    ],
+                    log_filter: "info,ec2_topology_labeler=debug",
+                    log_name: "controller.log",
+                })?;
+                l.wait_ready(Duration::from_secs(30)).await?;
+                Some(l)
+            }
+            None => None,
+        };
+        anyhow::Ok((cluster, mock, mock_admin, labeler))
+    })?;
+    Ok(Env {
+        rt,
+        dir,
+        cluster,
+        mock_admin,
+        mock: Mutex::new(mock),
+        labeler: Mutex::new(labeler),
+    })
+}
+
+/// ServiceAccount, ClusterRole(Binding), Role(Binding) from the rendered chart.
+fn chart_rbac() -> anyhow::Result<String> {
+    let manifests =
+        std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
+    Ok(manifests
+        .split("\n---")
+        .filter(|d| {
+            [
+                "kind: ServiceAccount",
+                "kind: ClusterRole",
+                "kind: Role",
+                "kind: RoleBinding",
+            ]
+            .iter()
+            .any(|k| d.contains(k))
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n"))
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let names: Vec<(&str, bool)> = scenarios().iter().map(|(n, _, l)| (*n, *l)).collect();
+    if args.list {
+        let trials = names
+            .iter()
+            .map(|(n, _)| Trial::test(*n, || Ok(())))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let env = match setup() {
+        Ok(env) => Arc::new(env),
+        Err(e) => {
+            eprintln!("e2e setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    eprintln!("e2e working directory: {}", env.dir.display());
+    let trials: Vec<Trial> = scenarios()
+        .into_iter()
+        .map(|(name, f, local_only)| {
+            let ignored = local_only && !env.local();
+            let env = env.clone();
+            Trial::test(name, move || {
+                let started = Instant::now();
+                let result = env.block_on(f(&env));
+                eprintln!("    {name}: {:.1}s", started.elapsed().as_secs_f64());
+                result.map_err(|e| {
+                    Failed::from(format!(
+                        "{e:#}\ncontroller log tail:\n{}",
+                        env.labeler_log()
+                    ))
+                })
+            })
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    // Stop the controller, mock-ec2, kube-apiserver and etcd (by PID) before exiting.
+    match Arc::try_unwrap(env) {
+        Ok(env) => drop(env),
+        Err(_) => eprintln!("environment still shared at exit; processes stop on exit"),
+    }
+    conclusion.exit();
+}

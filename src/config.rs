@@ -228,10 +228,51 @@ pub struct ControllerArgs {
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
     #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
+    /// Record Kubernetes Events on a Node when its labels change or it cannot be labelled.
+    #[arg(long, env = "LABELER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
     /// Address of the HTTP server for /metrics, /livez and /readyz.
     #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     #[schemars(with = "String")]
     pub metrics_addr: SocketAddr,
+}
+
+/// Leader election, for running more than one replica.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderArgs {
+    /// Elect a leader on a Lease; only the leader looks up EC2 and writes. Needed with more than
+    /// one replica.
+    #[arg(long, env = "LABELER_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Namespace of the Lease (default: the namespace the controller runs in).
+    #[arg(long, env = "LABELER_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_LEASE_NAME",
+        default_value = "ec2-topology-labeler"
+    )]
+    pub leader_election_lease_name: String,
+    /// How long a leader's lease lasts without renewal: the longest a failover takes.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_LEASE_DURATION",
+        default_value = "15s"
+    )]
+    pub leader_election_lease_duration: HumanDuration,
+    /// The leader renews this long before its lease would expire.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_RENEW_GRACE",
+        default_value = "5s"
+    )]
+    pub leader_election_renew_grace: HumanDuration,
+    /// This replica's identity in the election (the chart passes the Pod name).
+    #[arg(long, env = "POD_NAME")]
+    #[serde(skip)]
+    pub identity: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -244,6 +285,8 @@ pub struct RunArgs {
     pub lookup: LookupArgs,
     #[command(flatten)]
     pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -308,7 +351,10 @@ mod tests {
         for sub in Cli::command().get_subcommands() {
             for arg in sub.get_arguments() {
                 if let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) {
-                    assert!(readme.contains(&format!("`--{long}`")), "README lacks --{long}");
+                    assert!(
+                        readme.contains(&format!("`--{long}`")),
+                        "README lacks --{long}"
+                    );
                     let env = env.to_string_lossy();
                     assert!(readme.contains(&format!("`{env}`")), "README lacks {env}");
                 }

@@ -17,11 +17,12 @@ use std::{
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{
         Controller, PredicateConfig, WatchStreamExt,
         controller::{self, Action},
+        events::{Event, EventType, Recorder, Reporter},
         reflector::{self, Store},
         watcher,
     },
@@ -50,8 +51,11 @@ pub struct Context {
     pub region: Option<String>,
     pub resync: Duration,
     pub metrics: Arc<Metrics>,
-    /// Cleared while this replica is not the leader: it then computes but never writes.
-    pub writes_enabled: Arc<AtomicBool>,
+    /// Set while this replica leads (always, without leader election). A follower neither asks
+    /// EC2 nor writes.
+    pub leader: Arc<AtomicBool>,
+    /// Kubernetes Events on Nodes, when enabled.
+    pub recorder: Option<Recorder>,
     failures: Mutex<HashMap<String, u32>>,
     operator_error_logged_at: AtomicU64,
 }
@@ -72,7 +76,8 @@ impl Context {
             region,
             resync,
             metrics,
-            writes_enabled: Arc::new(AtomicBool::new(true)),
+            leader: Arc::new(AtomicBool::new(true)),
+            recorder: None,
             failures: Mutex::new(HashMap::new()),
             operator_error_logged_at: AtomicU64::new(0),
         }
@@ -180,10 +185,17 @@ fn jittered(d: Duration) -> Duration {
 }
 
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.leader.load(Ordering::SeqCst) {
+        // Followers keep their node cache warm and stay ready; the leader does the work. Every
+        // node is re-checked when this replica is elected.
+        return Ok(Action::await_change());
+    }
     let name = node.name_any();
     let span = info_span!("reconcile", node = %name, instance = tracing::field::Empty);
     let started = Instant::now();
-    let result = reconcile_node(&node, &name, &ctx).instrument(span).await;
+    let result = reconcile_node(&node, &name, &ctx)
+        .instrument(span.clone())
+        .await;
     ctx.metrics.reconciled(started.elapsed());
     match &result {
         Ok(_) => {
@@ -194,10 +206,42 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         }
         Err(e) => {
             ctx.metrics.reconcile_failed(e.category());
-            ctx.metrics.set_node_state(&name, NodeState::Failing);
+            if ctx.metrics.set_node_state(&name, NodeState::Failing) != Some(NodeState::Failing) {
+                let note = format!(
+                    "cannot look up or write this node's topology labels; they are left as they are: {e}"
+                );
+                publish(
+                    &ctx,
+                    &node,
+                    EventType::Warning,
+                    "TopologyLabelingFailed",
+                    note,
+                )
+                .instrument(span)
+                .await;
+            }
         }
     }
     result
+}
+
+/// Record an Event on the node. Events are informative: failing to record one is only logged.
+async fn publish(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+    let Some(recorder) = &ctx.recorder else {
+        return;
+    };
+    // The Events API caps notes at 1 kB.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "LabelTopology".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
+        debug!(error = %e, "could not record an event");
+    }
 }
 
 async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action> {
@@ -233,8 +277,13 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
         Assessment::Invalid { instance_id, error } => {
             tracing::Span::current().record("instance", instance_id.as_str());
             warn!(%error, "cannot label from EC2's answer; leaving the node's labels alone");
-            ctx.metrics.set_node_state(name, NodeState::Failing);
             ctx.metrics.reconcile_failed("invalid_topology");
+            if ctx.metrics.set_node_state(name, NodeState::Failing) != Some(NodeState::Failing) {
+                let note = format!(
+                    "EC2's topology answer cannot be turned into labels; they are left as they are: {error}"
+                );
+                publish(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
+            }
             Ok(Action::requeue(jittered(ctx.resync)))
         }
         Assessment::Ready {
@@ -251,14 +300,22 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
                 ctx.metrics.set_node_state(name, NodeState::Labelled);
                 return Ok(Action::requeue(jittered(ctx.resync)));
             }
-            if !ctx.writes_enabled.load(Ordering::Relaxed) {
-                debug!(changes = %diff.summary(), "not the leader; not writing");
-                ctx.metrics.set_node_state(name, NodeState::Pending);
-                return Ok(Action::requeue(jittered(Duration::from_secs(30))));
+            if !ctx.leader.load(Ordering::SeqCst) {
+                // Leadership was lost while we looked EC2 up.
+                return Ok(Action::await_change());
             }
             write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
-            info!(changes = %diff.summary(), "node labels updated");
+            let summary = diff.summary();
+            info!(changes = %summary, "node labels updated");
             ctx.metrics.set_node_state(name, NodeState::Labelled);
+            publish(
+                ctx,
+                node,
+                EventType::Normal,
+                "TopologyLabelsUpdated",
+                summary,
+            )
+            .await;
             Ok(Action::requeue(jittered(ctx.resync)))
         }
     }
@@ -458,15 +515,46 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let resync = args.controller.resync_period.0;
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         nodes.clone(),
         lookup.clone(),
         scheme.clone(),
         args.ec2.region.clone(),
         resync,
         metrics.clone(),
-    ));
-    metrics.set_leader(true);
+    );
+    let identity = args
+        .leader
+        .identity
+        .clone()
+        .unwrap_or_else(default_identity);
+    if args.controller.events {
+        ctx.recorder = Some(Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity.clone()),
+            },
+        ));
+    }
+    let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
+    let election = if args.leader.leader_election {
+        Some(
+            crate::leader::Election::start(
+                client.clone(),
+                &args.leader,
+                identity,
+                ctx.leader.clone(),
+                metrics.clone(),
+                elected_tx,
+            )
+            .await?,
+        )
+    } else {
+        metrics.set_leader(true);
+        None
+    };
+    let ctx = Arc::new(ctx);
 
     let (reader, writer) = reflector::store();
     let prune_scheme = scheme.clone();
@@ -494,6 +582,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!(resync_s = resync.as_secs(), "controller starting");
     Controller::for_stream(triggers, reader)
         .with_config(controller::Config::default().concurrency(args.controller.concurrency))
+        .reconcile_all_on(elected_rx)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -506,8 +595,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         })
         .await;
+    if let Some(election) = election {
+        election.stop().await;
+    }
     info!("controller stopped");
     Ok(())
+}
+
+/// Hostname and PID: unique enough among replicas when no Pod name is given.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ec2-topology-labeler".into());
+    format!("{host}-{}", std::process::id())
 }
 
 async fn mark_ready_when_synced(reader: Store<Node>, ready: Arc<AtomicBool>) {

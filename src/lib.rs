@@ -9,6 +9,7 @@ pub mod controller;
 pub mod ec2;
 pub mod http;
 pub mod labels;
+pub mod leader;
 pub mod limiter;
 pub mod lookup;
 pub mod metrics;

@@ -298,14 +298,15 @@ async fn an_instance_ec2_does_not_describe_keeps_its_labels() {
 }
 
 #[tokio::test]
-async fn a_follower_computes_but_never_writes() {
+async fn a_follower_neither_asks_ec2_nor_writes() {
     let fake = Fake::default();
-    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    fake.0.down.store(true, Ordering::SeqCst);
     let (ctx, handle) = setup(&fake);
-    ctx.writes_enabled.store(false, Ordering::SeqCst);
-    reconcile(Arc::new(node(&[])), ctx.clone())
+    ctx.leader.store(false, Ordering::SeqCst);
+    let action = reconcile(Arc::new(node(&[])), ctx.clone())
         .await
-        .expect("ok");
+        .expect("no EC2 call, so no EC2 error");
+    assert_eq!(action, Action::await_change(), "re-checked when elected");
     assert_no_more_requests(ctx, handle).await;
 }
 

@@ -77,7 +77,8 @@ pub struct TokenBucket {
     pub rate: f64,
 }
 
-/// Faults to inject. Fractions are probabilities in 0..=1, drawn per call.
+/// Faults to inject. A fraction `p` in 0..=1 hits exactly that share of calls, spread evenly
+/// (with 0.5, every second call), so tests that inject faults are deterministic.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct Faults {
@@ -128,10 +129,35 @@ struct Bucket {
     at: Instant,
 }
 
+/// Evenly spread hits for each fractional fault.
+#[derive(Default)]
+struct Spread {
+    throttle: f64,
+    timeout: f64,
+    error_5xx: f64,
+    malformed: f64,
+    truncated: f64,
+}
+
+/// Add `p` to the accumulator; a hit each time it reaches 1.
+fn hit(acc: &mut f64, p: f64) -> bool {
+    if p <= 0.0 {
+        return false;
+    }
+    *acc += p.min(1.0);
+    if *acc >= 1.0 - 1e-9 {
+        *acc -= 1.0;
+        true
+    } else {
+        false
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     instances: BTreeMap<String, Instance>,
     faults: Faults,
+    spread: Spread,
     stats: Stats,
     bucket: Option<Bucket>,
     request_seq: u64,
@@ -185,6 +211,7 @@ impl MockEc2 {
             at: Instant::now(),
         });
         inner.faults = faults;
+        inner.spread = Spread::default();
     }
 
     pub fn faults(&self) -> Faults {
@@ -246,7 +273,7 @@ impl MockEc2 {
             }
             _ => false,
         };
-        if throttled_by_bucket || chance(faults.throttle_fraction) {
+        if throttled_by_bucket || hit(&mut inner.spread.throttle, faults.throttle_fraction) {
             inner.stats.throttled += 1;
             return Outcome::Error(
                 ApiError::new(
@@ -258,7 +285,7 @@ impl MockEc2 {
             )
             .after(latency);
         }
-        if chance(faults.timeout_fraction) {
+        if hit(&mut inner.spread.timeout, faults.timeout_fraction) {
             inner.stats.failed += 1;
             return Outcome::Error(
                 ApiError::new(
@@ -270,7 +297,7 @@ impl MockEc2 {
             )
             .after(latency + Duration::from_millis(faults.timeout_hold_ms.max(1)));
         }
-        if chance(faults.error_5xx_fraction) {
+        if hit(&mut inner.spread.error_5xx, faults.error_5xx_fraction) {
             inner.stats.failed += 1;
             return Outcome::Error(
                 ApiError::new(
@@ -282,7 +309,7 @@ impl MockEc2 {
             )
             .after(latency);
         }
-        if chance(faults.malformed_fraction) {
+        if hit(&mut inner.spread.malformed, faults.malformed_fraction) {
             inner.stats.failed += 1;
             return Outcome::Raw(
                 "<DescribeInstanceTopologyResponse><instanceSet><item><instanceId>i-<<&&>>"
@@ -313,7 +340,7 @@ impl MockEc2 {
             items = items.iter().flat_map(|i| [*i, *i]).collect();
         }
         let body = response_xml(&request_id, &items, next_token.as_deref());
-        if chance(faults.truncated_fraction) {
+        if hit(&mut inner.spread.truncated, faults.truncated_fraction) {
             inner.stats.failed += 1;
             let cut = body.len() / 2;
             let mut cut_at = cut;
@@ -324,10 +351,6 @@ impl MockEc2 {
         }
         Outcome::Raw(body, latency)
     }
-}
-
-fn chance(p: f64) -> bool {
-    p > 0.0 && fastrand::f64() < p
 }
 
 enum Outcome {
@@ -874,6 +897,22 @@ mod tests {
         assert_eq!(outs[2], "ERROR RequestLimitExceeded");
         assert_eq!(m.stats().throttled, 1);
         assert_eq!(m.stats().calls, 3);
+    }
+
+    #[test]
+    fn fractional_faults_hit_exactly_their_share() {
+        let m = MockEc2::new(Scenario::default());
+        m.set_faults(Faults {
+            throttle_fraction: 0.5,
+            ..Faults::default()
+        });
+        let outs: Vec<String> = (0..10).map(|_| body(m.handle(&params(&[])))).collect();
+        let throttled = outs
+            .iter()
+            .filter(|o| *o == "ERROR RequestLimitExceeded")
+            .count();
+        assert_eq!(throttled, 5);
+        assert_eq!(outs[1], "ERROR RequestLimitExceeded", "every second call");
     }
 
     #[test]

@@ -19,10 +19,32 @@ use serde_json::json;
 
 /// Server-side apply every document of a multi-document YAML manifest.
 pub async fn apply_yaml(client: &Client, yaml: &str, manager: &str) -> anyhow::Result<Vec<String>> {
+    apply_kinds(client, yaml, None, manager).await
+}
+
+/// The RBAC objects of the rendered chart (`deploy/`): what the controller may do.
+pub const RBAC_KINDS: &[&str] = &[
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// Server-side apply the documents of a manifest whose `kind` is in `kinds` (all when `None`).
+pub async fn apply_kinds(
+    client: &Client,
+    yaml: &str,
+    kinds: Option<&[&str]>,
+    manager: &str,
+) -> anyhow::Result<Vec<String>> {
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(yaml).context("parsing manifests")?;
     let mut applied = Vec::new();
-    for doc in docs.into_iter().filter(|d| d.is_object()) {
+    let wanted = |d: &serde_json::Value| {
+        kinds.is_none_or(|ks| d["kind"].as_str().is_some_and(|k| ks.contains(&k)))
+    };
+    for doc in docs.into_iter().filter(|d| d.is_object() && wanted(d)) {
         let obj: DynamicObject = serde_json::from_value(doc.clone())?;
         let types = obj
             .types

@@ -30,6 +30,8 @@ pub struct LabelerOptions<'a> {
     pub log_filter: &'a str,
     /// Log file name inside `dir`.
     pub log_name: &'a str,
+    /// Extra environment (`POD_NAME`, …).
+    pub env: Vec<(String, String)>,
 }
 
 impl Labeler {
@@ -56,7 +58,8 @@ impl Labeler {
             .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", "/dev/null")
-            .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null");
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)));
         let log = opts.dir.join(opts.log_name);
         let proc = Proc::spawn("ec2-topology-labeler", cmd, &log)?;
         Ok(Self {

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod fixtures;
+pub mod helm;
 pub mod kube_util;
 pub mod labeler;
 pub mod mock;

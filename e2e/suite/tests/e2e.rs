@@ -18,6 +18,7 @@ use anyhow::{Context, ensure};
 use e2e::{
     cluster::{Cluster, NAMESPACE},
     fixtures::NodeSpec,
+    helm,
     kube_util::{self, eventually, wait_for_topology},
     labeler::{Labeler, LabelerOptions, metric_sum},
     mock::{MockAdmin, MockProcess},
@@ -41,6 +42,7 @@ struct Env {
     /// Local runs only: the mock process the harness owns.
     mock: Mutex<Option<MockProcess>>,
     mock_admin: MockAdmin,
+    ec2_url: String,
     cluster: Cluster,
     dir: PathBuf,
     rt: tokio::runtime::Runtime,
@@ -396,22 +398,35 @@ async fn throttled_half_the_time(env: &Env) -> anyhow::Result<()> {
             ..Faults::default()
         })
         .await?;
-    let pairs: Vec<(NodeSpec, Instance)> = (0..150)
-        .map(|k| {
-            let s = NodeSpec::ec2(0x10b, k, "p5.48xlarge");
-            let i = s.instance(&["nn-spine-q", "nn-agg-q", &format!("nn-leaf-q{}", k / 16)]);
-            (s, i)
-        })
-        .collect();
+    let before = env.mock_admin.stats().await?;
     let started = Instant::now();
-    let result = label_and_wait(env, &c, &pairs).await;
+    // Three waves of 50 new nodes: several calls, every second one refused.
+    let mut result = Ok(());
+    for wave in 0..3u32 {
+        let pairs: Vec<(NodeSpec, Instance)> = (0..50)
+            .map(|k| {
+                let s = NodeSpec::ec2(0x10b, wave * 50 + k, "p5.48xlarge");
+                let i = s.instance(&["nn-spine-q", "nn-agg-q", &format!("nn-leaf-q{wave}")]);
+                (s, i)
+            })
+            .collect();
+        result = label_and_wait(env, &c, &pairs).await;
+        if result.is_err() {
+            break;
+        }
+    }
     let stats = env.mock_admin.stats().await?;
     env.mock_admin.set_faults(&Faults::default()).await?;
     result?;
+    let throttled = stats.throttled - before.throttled;
     eprintln!(
-        "    converged in {:.1}s under 50% throttling ({} throttled answers)",
+        "    150 nodes converged in {:.1}s under 50% throttling: {} calls, {throttled} throttled",
         started.elapsed().as_secs_f64(),
-        stats.throttled
+        stats.calls - before.calls
+    );
+    ensure!(
+        throttled >= 1,
+        "the scenario must actually have been throttled"
     );
     Ok(())
 }
@@ -465,6 +480,188 @@ async fn ec2_down_removes_nothing(env: &Env) -> anyhow::Result<()> {
     wait_for_topology(&c, &b.name, &expected(&old, &[]), WAIT).await
 }
 
+async fn metrics_match_what_happened(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let guard = env.labeler.lock().await;
+    let l = guard.as_ref().context("local controller")?;
+    let calls = |m: &str| metric_sum(m, "ec2_topology_labeler_ec2_calls_total", &[]);
+    let writes = |m: &str| metric_sum(m, "ec2_topology_labeler_label_writes_total", &[]);
+    let (m0, s0, w0) = (
+        l.metrics().await?,
+        env.mock_admin.stats().await?,
+        kube_util::node_writes(&c).await?,
+    );
+    let pairs: Vec<(NodeSpec, Instance)> = (0..30)
+        .map(|k| {
+            let s = NodeSpec::ec2(0x10d, k, "p5.48xlarge");
+            let i = s.instance(&["nn-s-m", "nn-a-m", &format!("nn-l-m{}", k / 8)]);
+            (s, i)
+        })
+        .collect();
+    label_and_wait(env, &c, &pairs).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (m1, s1, w1) = (
+        l.metrics().await?,
+        env.mock_admin.stats().await?,
+        kube_util::node_writes(&c).await?,
+    );
+    let (ours, mocks) = (calls(&m1) - calls(&m0), (s1.calls - s0.calls) as f64);
+    ensure!(
+        ours == mocks && ours >= 1.0,
+        "controller counted {ours} EC2 calls, mock-ec2 saw {mocks}"
+    );
+    let (ours, apiserver) = (writes(&m1) - writes(&m0), w1 - w0);
+    ensure!(
+        ours == apiserver && ours >= 30.0,
+        "controller counted {ours} writes, the API server served {apiserver}"
+    );
+    for series in [
+        "ec2_topology_labeler_reconcile_duration_seconds_bucket",
+        "ec2_topology_labeler_ec2_call_duration_seconds_bucket",
+        "ec2_topology_labeler_ec2_instances_per_call_bucket",
+        "ec2_topology_labeler_cache_hits_total",
+        "ec2_topology_labeler_cache_misses_total",
+        "ec2_topology_labeler_nodes{state=\"labelled\"}",
+        "ec2_topology_labeler_skipped_nodes_total{outcome=\"fargate\"}",
+        "ec2_topology_labeler_leader 1",
+        "ec2_topology_labeler_build_info",
+    ] {
+        ensure!(m1.contains(series), "/metrics lacks {series}");
+    }
+    eprintln!(
+        "    EC2 calls: controller {} = mock {}; writes: controller {} = API server {}",
+        calls(&m1) - calls(&m0),
+        s1.calls - s0.calls,
+        writes(&m1) - writes(&m0),
+        w1 - w0
+    );
+    Ok(())
+}
+
+async fn missing_rbac_verb_fails_clearly(env: &Env) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let c = env.admin().await?;
+    let roles: Api<ClusterRole> = Api::all(c.clone());
+    let original = roles.get("ec2-topology-labeler").await?;
+    let mut cut = original.clone();
+    for rule in cut.rules.iter_mut().flatten() {
+        if rule.resources.iter().flatten().any(|r| r == "nodes") {
+            rule.verbs.retain(|v| v != "patch");
+        }
+    }
+    cut.metadata.managed_fields = None;
+    roles
+        .replace("ec2-topology-labeler", &Default::default(), &cut)
+        .await?;
+    let s = NodeSpec::ec2(0x10e, 1, "p5.48xlarge");
+    let inst = s.instance(&["nn-s-r", "nn-a-r", "nn-l-r"]);
+    env.mock_admin.upsert(&inst).await?;
+    kube_util::create_nodes(&c, vec![s.node()]).await?;
+    let guard = env.labeler.lock().await;
+    let l = guard.as_ref().context("local controller")?;
+    let found = eventually("a forbidden error in the controller log", WAIT, || async {
+        Ok(l.log_text()
+            .lines()
+            .find(|line| line.contains("cannot patch resource \"nodes\"") && line.contains(&s.name))
+            .map(str::to_string))
+    })
+    .await;
+    // Put the role back whatever happened, then the node gets its labels.
+    let mut restore = roles.get("ec2-topology-labeler").await?;
+    restore.rules = original.rules.clone();
+    roles
+        .replace("ec2-topology-labeler", &Default::default(), &restore)
+        .await?;
+    let line = found?;
+    ensure!(
+        line.contains("ERROR") && line.contains("forbidden"),
+        "clear error line: {line}"
+    );
+    eprintln!(
+        "    controller log: {}",
+        line.chars().take(300).collect::<String>()
+    );
+    drop(guard);
+    wait_for_topology(
+        &c,
+        &s.name,
+        &expected(&["nn-s-r", "nn-a-r", "nn-l-r"], &[]),
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+async fn leader_failover(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let kc = env
+        .cluster
+        .controller_kubeconfig
+        .clone()
+        .context("local control plane")?;
+    let mut follower = start_labeler(&kc, &env.ec2_url, &env.dir, "controller-2")?;
+    follower.wait_ready(Duration::from_secs(30)).await?;
+    wait_leader(&follower, false).await?;
+    let writes = |m: &str| metric_sum(m, "ec2_topology_labeler_label_writes_total", &[]);
+    let mut guard = env.labeler.lock().await;
+    let leader = guard.as_mut().context("local controller")?;
+    // While both run, only the leader writes: the API server's count equals the leader's own.
+    let (lw0, fw0, aw0) = (
+        writes(&leader.metrics().await?),
+        writes(&follower.metrics().await?),
+        kube_util::node_writes(&c).await?,
+    );
+    let a = NodeSpec::ec2(0x10f, 1, "p5.48xlarge");
+    label_and_wait(
+        env,
+        &c,
+        &[(a.clone(), a.instance(&["nn-s-f", "nn-a-f", "nn-l-f1"]))],
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (lw1, fw1, aw1) = (
+        writes(&leader.metrics().await?),
+        writes(&follower.metrics().await?),
+        kube_util::node_writes(&c).await?,
+    );
+    ensure!(
+        fw1 == fw0 && fw1 == 0.0,
+        "the follower wrote ({fw0} -> {fw1})"
+    );
+    ensure!(
+        aw1 - aw0 == lw1 - lw0,
+        "API server served {} writes, the leader made {}",
+        aw1 - aw0,
+        lw1 - lw0
+    );
+    // The leader dies without releasing its lease.
+    leader.kill();
+    let killed = Instant::now();
+    let b = NodeSpec::ec2(0x10f, 2, "p5.48xlarge");
+    let inst = b.instance(&["nn-s-f", "nn-a-f", "nn-l-f2"]);
+    env.mock_admin.upsert(&inst).await?;
+    kube_util::create_nodes(&c, vec![b.node()]).await?;
+    let bound = LEASE + Duration::from_secs(5);
+    wait_for_topology(
+        &c,
+        &b.name,
+        &expected(&["nn-s-f", "nn-a-f", "nn-l-f2"], &[]),
+        bound,
+    )
+    .await
+    .with_context(|| {
+        format!("the follower did not label a new node within lease duration + 5s = {bound:?}")
+    })?;
+    eprintln!(
+        "    new leader labelled a new node {:.1}s after the old leader was killed (lease {}s)",
+        killed.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    wait_leader(&follower, true).await?;
+    // The new leader carries on for the remaining scenarios.
+    *guard = Some(follower);
+    Ok(())
+}
+
 async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
     let mut guard = env.labeler.lock().await;
     let Some(l) = guard.as_mut() else {
@@ -513,9 +710,54 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(burst_is_batched, false),
         scenario!(throttled_half_the_time, false),
         scenario!(ec2_down_removes_nothing, true),
+        scenario!(metrics_match_what_happened, true),
+        scenario!(missing_rbac_verb_fails_clearly, true),
+        scenario!(leader_failover, true),
         scenario!(steady_state_is_silent, false),
         scenario!(controller_is_healthy, false),
     ]
+}
+
+const LEASE: Duration = Duration::from_secs(6);
+
+/// The controller as the e2e runs it: its ServiceAccount identity, leader election on, short
+/// periods so scenarios take seconds.
+fn start_labeler(
+    kubeconfig: &std::path::Path,
+    ec2_url: &str,
+    dir: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<Labeler> {
+    Labeler::start(LabelerOptions {
+        kubeconfig,
+        ec2_url,
+        dir,
+        args: vec![
+            format!("--resync-period={}s", RESYNC.as_secs()),
+            "--not-described-retry=2s".into(),
+            "--not-described-ttl=10s".into(),
+            "--ec2-rate=50".into(),
+            "--ec2-burst=100".into(),
+            "--ec2-throttle-backoff-max=2s".into(),
+            "--leader-election=true".into(),
+            format!("--leader-election-namespace={NAMESPACE}"),
+            format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
+            "--leader-election-renew-grace=2s".into(),
+        ],
+        log_filter: "info,ec2_topology_labeler=debug",
+        log_name: &format!("{name}.log"),
+        env: vec![("POD_NAME".into(), name.into())],
+    })
+}
+
+/// Wait until the controller's own `leader` gauge says `leader`.
+async fn wait_leader(l: &Labeler, leader: bool) -> anyhow::Result<()> {
+    let want = if leader { 1.0 } else { 0.0 };
+    eventually(&format!("leader gauge {want}"), LEASE * 3, || async {
+        let m = l.metrics().await?;
+        Ok((metric_sum(&m, "ec2_topology_labeler_leader", &[]) == want).then_some(()))
+    })
+    .await
 }
 
 fn setup() -> anyhow::Result<Env> {
@@ -525,14 +767,28 @@ fn setup() -> anyhow::Result<Env> {
         .enable_all()
         .build()?;
     let dir = e2e::work_dir("ec2tl-e2e")?;
-    let (cluster, mock, mock_admin, labeler) = rt.block_on(async {
+    let (cluster, mock, mock_admin, ec2_url, labeler) = rt.block_on(async {
         let cluster = Cluster::from_env(&dir.join("cluster")).await?;
         let c = cluster.admin().await?;
         kube_util::ensure_namespace(&c, NAMESPACE).await?;
         if cluster.local.is_some() {
-            // The chart's own RBAC, as rendered into deploy/ from charts/.
-            let applied = kube_util::apply_yaml(&c, &chart_rbac()?, "e2e").await?;
-            eprintln!("applied the chart's RBAC: {applied:?}");
+            // The chart itself, installed with Helm: the controller runs under its RBAC. (No
+            // kubelet runs here, so its Deployment's Pods stay Pending; the controller runs as a
+            // process with the ServiceAccount's identity instead.)
+            let chart = helm::chart();
+            let chart = chart.to_str().unwrap_or_default();
+            helm::helm(None, &["lint", chart])?;
+            helm::helm(
+                Some(&cluster.admin_kubeconfig),
+                &[
+                    "install",
+                    "ec2-topology-labeler",
+                    chart,
+                    "--namespace",
+                    NAMESPACE,
+                ],
+            )?;
+            eprintln!("helm install of the chart succeeded");
         }
         let (mock, mock_admin, ec2_url) = match std::env::var("E2E_MOCK_EC2_URL") {
             Ok(url) => (None, MockAdmin::new(&url), url),
@@ -544,56 +800,24 @@ fn setup() -> anyhow::Result<Env> {
         };
         let labeler = match &cluster.controller_kubeconfig {
             Some(kc) => {
-                let mut l = Labeler::start(LabelerOptions {
-                    kubeconfig: kc,
-                    ec2_url: &ec2_url,
-                    dir: &dir,
-                    args: vec![
-                        format!("--resync-period={}s", RESYNC.as_secs()),
-                        "--not-described-retry=2s".into(),
-                        "--not-described-ttl=10s".into(),
-                        "--ec2-rate=50".into(),
-                        "--ec2-burst=100".into(),
-                        "--ec2-throttle-backoff-max=2s".into(),
-                    ],
-                    log_filter: "info,ec2_topology_labeler=debug",
-                    log_name: "controller.log",
-                })?;
+                let mut l = start_labeler(kc, &ec2_url, &dir, "controller-1")?;
                 l.wait_ready(Duration::from_secs(30)).await?;
+                wait_leader(&l, true).await?;
                 Some(l)
             }
             None => None,
         };
-        anyhow::Ok((cluster, mock, mock_admin, labeler))
+        anyhow::Ok((cluster, mock, mock_admin, ec2_url, labeler))
     })?;
     Ok(Env {
         rt,
         dir,
         cluster,
         mock_admin,
+        ec2_url,
         mock: Mutex::new(mock),
         labeler: Mutex::new(labeler),
     })
-}
-
-/// ServiceAccount, ClusterRole(Binding), Role(Binding) from the rendered chart.
-fn chart_rbac() -> anyhow::Result<String> {
-    let manifests =
-        std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
-    Ok(manifests
-        .split("\n---")
-        .filter(|d| {
-            [
-                "kind: ServiceAccount",
-                "kind: ClusterRole",
-                "kind: Role",
-                "kind: RoleBinding",
-            ]
-            .iter()
-            .any(|k| d.contains(k))
-        })
-        .collect::<Vec<_>>()
-        .join("\n---\n"))
 }
 
 fn main() {

@@ -115,15 +115,13 @@ async fn main() -> anyhow::Result<()> {
     kube_util::ensure_namespace(&client, NAMESPACE).await?;
     let manifests =
         std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
-    let rbac: Vec<&str> = manifests
-        .split("\n---")
-        .filter(|d| {
-            ["kind: ServiceAccount", "kind: ClusterRole", "kind: Role"]
-                .iter()
-                .any(|k| d.contains(k))
-        })
-        .collect();
-    kube_util::apply_yaml(&client, &rbac.join("\n---\n"), "e2e-cluster").await?;
+    kube_util::apply_kinds(
+        &client,
+        &manifests,
+        Some(kube_util::RBAC_KINDS),
+        "e2e-cluster",
+    )
+    .await?;
 
     let fleet = fleet();
     let scenario = Scenario {
@@ -162,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
             args: vec![],
             log_filter: "info",
             log_name: "controller.log",
+            env: vec![],
         })?;
         l.wait_ready(Duration::from_secs(30)).await?;
         let labelled = fleet

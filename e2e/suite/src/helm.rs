@@ -1,0 +1,46 @@
+//! Helm, built from the Go module proxy by `e2e/tools/build.sh` (or `E2E_HELM`).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, bail};
+
+pub fn helm_bin() -> anyhow::Result<PathBuf> {
+    if let Ok(h) = std::env::var("E2E_HELM") {
+        return Ok(PathBuf::from(h));
+    }
+    let script = crate::repo_root().join("e2e/tools/build.sh");
+    let out = Command::new(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed", script.display());
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("helm"))
+}
+
+/// Run helm with `args` (and `--kubeconfig` when given); returns stdout, fails with stderr.
+pub fn helm(kubeconfig: Option<&Path>, args: &[&str]) -> anyhow::Result<String> {
+    let mut cmd = Command::new(helm_bin()?);
+    cmd.args(args);
+    if let Some(kc) = kubeconfig {
+        cmd.arg("--kubeconfig").arg(kc);
+    }
+    let out = cmd.output().context("running helm")?;
+    if !out.status.success() {
+        bail!(
+            "helm {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The chart directory.
+pub fn chart() -> PathBuf {
+    crate::repo_root().join("charts/ec2-topology-labeler")
+}

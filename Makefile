@@ -7,7 +7,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: all build controlplane tools demo test unit e2e lint fmt manifests check-manifests ci clean-cache
+.PHONY: all build controlplane tools demo test e2e lint fmt schema kind manifests check-manifests ci clean-cache
 
 all: build
 
@@ -35,11 +35,22 @@ test: build controlplane check-manifests
 e2e: build controlplane
 	cargo test -p e2e --locked --test e2e
 
-## lint: formatting, clippy (warnings are errors), helm lint
+SHELL_SCRIPTS := .ci/run e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh
+
+## lint: formatting, clippy (warnings are errors), helm lint, shellcheck (when installed)
 lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	$$(e2e/tools/build.sh)/helm lint $(CHART)
+	$$(e2e/tools/build.sh)/helm lint --strict $(CHART)
+	@if command -v shellcheck >/dev/null; then shellcheck $(SHELL_SCRIPTS); else echo "shellcheck not installed (apt-get install shellcheck): skipped"; fi
+
+## schema: regenerate the chart's values.schema.json from the binary's flags
+schema:
+	UPDATE_CHART_SCHEMA=1 cargo test --lib --locked chart
+
+## kind: the e2e suite on a kind cluster (needs Docker and kind; not run in CI)
+kind:
+	e2e/kind/run.sh
 
 fmt:
 	cargo fmt --all

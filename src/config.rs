@@ -55,7 +55,7 @@ impl JsonSchema for HumanDuration {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "type": "string",
-            "pattern": "^([0-9]+(ns|us|ms|s|m|h|d))+$",
+            "pattern": "^ *[0-9]+ *[a-zµ]+( *[0-9]+ *[a-zµ]+)* *$",
             "description": "A duration such as 200ms, 15s, 1h or 1h30m"
         })
     }
@@ -228,18 +228,21 @@ pub struct ControllerArgs {
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
     #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
+}
+
+/// What the deployment sets itself (the chart owns these flags).
+#[derive(Debug, Clone, Args, PartialEq)]
+pub struct ServeArgs {
     /// Record Kubernetes Events on a Node when its labels change or it cannot be labelled.
     #[arg(long, env = "LABELER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
     /// Address of the HTTP server for /metrics, /livez and /readyz.
     #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    #[schemars(with = "String")]
     pub metrics_addr: SocketAddr,
 }
 
-/// Leader election, for running more than one replica.
-#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
+/// Leader election, for running more than one replica (the chart sets these).
+#[derive(Debug, Clone, Args, PartialEq)]
 pub struct LeaderArgs {
     /// Elect a leader on a Lease; only the leader looks up EC2 and writes. Needed with more than
     /// one replica.
@@ -271,7 +274,6 @@ pub struct LeaderArgs {
     pub leader_election_renew_grace: HumanDuration,
     /// This replica's identity in the election (the chart passes the Pod name).
     #[arg(long, env = "POD_NAME")]
-    #[serde(skip)]
     pub identity: Option<String>,
 }
 
@@ -285,6 +287,8 @@ pub struct RunArgs {
     pub lookup: LookupArgs,
     #[command(flatten)]
     pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     #[command(flatten)]
     pub leader: LeaderArgs,
 }

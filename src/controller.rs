@@ -528,7 +528,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .identity
         .clone()
         .unwrap_or_else(default_identity);
-    if args.controller.events {
+    if args.serve.events {
         ctx.recorder = Some(Recorder::new(
             client.clone(),
             Reporter {
@@ -569,7 +569,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
 
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind(args.controller.metrics_addr).await?;
+    let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
     tokio::spawn(crate::http::serve(listener, metrics.clone(), ready.clone()));
     tokio::spawn(mark_ready_when_synced(reader.clone(), ready));
     tokio::spawn(housekeeping(

@@ -4,6 +4,7 @@
 //! EC2 sits behind [`topology::TopologySource`], reached through the batching cache in
 //! [`lookup`] and the shared [`limiter`].
 
+pub mod chart;
 pub mod config;
 pub mod controller;
 pub mod ec2;

@@ -308,6 +308,55 @@ mod tests {
         );
     }
 
+    /// Series names a scrape can show, from the TYPE lines of the exposition.
+    fn series_names(text: &str) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            if (parts.next(), parts.next()) != (Some("#"), Some("TYPE")) {
+                continue;
+            }
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                "info" => &["_info"],
+                _ => &[""],
+            };
+            for s in suffixes {
+                out.insert(format!("{name}{s}"));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_grafana_dashboard_only_uses_series_we_export() {
+        let dashboard = include_str!("../deploy/grafana-dashboard.json");
+        // Families appear in a scrape once they have a series: give each one.
+        let m = Metrics::new();
+        m.set_node_state("n", NodeState::Skipped("fargate"));
+        m.reconcile_failed("ec2_throttled");
+        m.ec2_call("r", 1, Duration::from_millis(1), None);
+        m.label_write("apply");
+        let exported = series_names(&m.render());
+        let mut used = 0;
+        for (i, _) in dashboard.match_indices("ec2_topology_labeler_") {
+            let name: String = dashboard[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                exported.contains(&name),
+                "dashboard uses {name}, not exported ({exported:?})"
+            );
+            used += 1;
+        }
+        assert!(used >= 10);
+    }
+
     #[test]
     fn ec2_calls_are_counted_by_outcome() {
         let m = Metrics::new();

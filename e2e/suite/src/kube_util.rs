@@ -206,3 +206,16 @@ pub async fn node_writes(client: &Client) -> anyhow::Result<f64> {
     };
     Ok(count("PATCH") + count("APPLY"))
 }
+
+/// The latest time any Node's managed fields record a write by `manager` (1 s resolution).
+pub async fn last_write_by(client: &Client, manager: &str) -> anyhow::Result<Option<String>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let nodes = api.list(&Default::default()).await?;
+    Ok(nodes
+        .items
+        .iter()
+        .flat_map(|n| n.metadata.managed_fields.iter().flatten())
+        .filter(|m| m.manager.as_deref() == Some(manager))
+        .filter_map(|m| m.time.as_ref().map(|t| t.0.to_string()))
+        .max())
+}

@@ -1,0 +1,224 @@
+//! The Helm chart: lint, render with default and all-features values, and check what it renders
+//! against the binary itself — every `config:` key becomes a flag the binary accepts, RBAC is
+//! exactly what the code uses, the Pod runs locked down.
+
+use std::collections::BTreeMap;
+
+use clap::Parser;
+use e2e::helm::{chart, helm};
+use ec2_topology_labeler::{chart::config_schema, config::Cli};
+use serde_json::Value;
+
+fn render(sets: &[String]) -> Vec<Value> {
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "ec2-topology-labeler",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ec2-topology-labeler",
+    ];
+    for s in sets {
+        args.push("--set");
+        args.push(s);
+    }
+    let out = helm(None, &args).expect("helm template");
+    serde_saphyr::from_multiple::<Value>(&out)
+        .expect("rendered YAML parses")
+        .into_iter()
+        .filter(Value::is_object)
+        .collect()
+}
+
+fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn container(docs: &[Value]) -> Value {
+    kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+fn args_of(docs: &[Value]) -> Vec<String> {
+    container(docs)["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+#[test]
+fn chart_lints() {
+    let chart = chart();
+    helm(None, &["lint", chart.to_str().unwrap(), "--strict"]).expect("helm lint --strict");
+}
+
+#[test]
+fn default_render_is_accepted_by_the_binary() {
+    let docs = render(&[]);
+    let args = args_of(&docs);
+    let cli = Cli::try_parse_from(
+        std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
+    );
+    assert!(cli.is_ok(), "{args:?}: {:?}", cli.err());
+    assert_eq!(kind(&docs, "Deployment")[0]["spec"]["replicas"], 2);
+    assert!(args.contains(&"--leader-election=true".to_string()));
+}
+
+/// A value of the right shape for each property of the generated schema.
+fn example(key: &str, schema: &Value) -> String {
+    if let Some(one_of) = schema["oneOf"].as_array() {
+        return one_of
+            .last()
+            .and_then(|v| v["const"].as_str())
+            .unwrap_or_default()
+            .to_string();
+    }
+    match (schema["type"].as_str(), schema["type"].as_array()) {
+        (Some("boolean"), _) => "false".into(),
+        (Some("integer"), _) => "7".into(),
+        (Some("number"), _) => "4".into(),
+        _ if schema.get("pattern").is_some() => "90s".into(),
+        _ if key.ends_with("Key") => format!("example.com/{}", key.to_lowercase()),
+        _ if key == "layerLabelPrefix" => "example.com/tier-".into(),
+        _ => "us-east-2".into(),
+    }
+}
+
+#[test]
+fn every_config_key_becomes_a_flag_the_binary_accepts() {
+    let schema = config_schema();
+    let props = schema["properties"].as_object().expect("properties");
+    let sets: Vec<String> = props
+        .iter()
+        .map(|(k, v)| format!("config.{k}={}", example(k, v)))
+        .collect();
+    let docs = render(&sets);
+    let args = args_of(&docs);
+    let cli = Cli::try_parse_from(
+        std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
+    );
+    assert!(cli.is_ok(), "{args:?}: {:?}", cli.err());
+    for key in props.keys() {
+        let kebab: String = key
+            .chars()
+            .flat_map(|c| {
+                if c.is_ascii_uppercase() {
+                    vec!['-', c.to_ascii_lowercase()]
+                } else {
+                    vec![c]
+                }
+            })
+            .collect();
+        assert!(
+            args.iter().any(|a| a.starts_with(&format!("--{kebab}="))),
+            "config.{key} gave no --{kebab}: {args:?}"
+        );
+    }
+    let Ok(Cli {
+        command: ec2_topology_labeler::config::Command::Run(run),
+        ..
+    }) = cli
+    else {
+        panic!("run")
+    };
+    assert_eq!(run.ec2.ec2_rate, 4.0, "values arrive as given");
+    assert_eq!(run.lookup.batch_window.0.as_secs(), 90);
+}
+
+#[test]
+fn schema_refuses_unknown_config_keys_and_bad_durations() {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    for bad in ["config.batchWindw=1s", "config.batchWindow=soon"] {
+        let r = helm(None, &["template", "x", chart, "--set", bad]);
+        assert!(r.is_err(), "{bad} was accepted");
+    }
+}
+
+#[test]
+fn rbac_is_exactly_what_the_code_uses() {
+    let docs = render(&[]);
+    let rules = &kind(&docs, "ClusterRole")[0]["rules"];
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in rules.as_array().unwrap() {
+        for res in r["resources"].as_array().unwrap() {
+            let verbs = r["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            seen.insert(res.as_str().unwrap().to_string(), verbs);
+        }
+    }
+    assert_eq!(seen["nodes"], ["get", "list", "watch", "patch"]);
+    assert_eq!(seen["events"], ["create", "patch"]);
+    assert_eq!(seen.len(), 2, "nothing else cluster-wide: {seen:?}");
+    let lease_rules = &kind(&docs, "Role")[0]["rules"];
+    let verbs: Vec<&str> = lease_rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            r["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(verbs, ["create", "get", "patch"]);
+    // With events off, and one replica without leader election, those rules are gone.
+    let docs = render(&[
+        "events.enabled=false".into(),
+        "leaderElection.enabled=false".into(),
+        "replicaCount=1".into(),
+    ]);
+    assert!(kind(&docs, "Role").is_empty());
+    assert!(kind(&docs, "PodDisruptionBudget").is_empty());
+    assert_eq!(
+        kind(&docs, "ClusterRole")[0]["rules"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn the_pod_runs_locked_down() {
+    let docs = render(&[]);
+    let pod = &kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let c = container(&docs);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        c["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
+    );
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+}
+
+#[test]
+fn all_features_render() {
+    let docs = render(&[
+        "metrics.serviceMonitor.enabled=true".into(),
+        "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/labeler".into(),
+        "priorityClassName=system-cluster-critical".into(),
+        "config.region=us-west-2".into(),
+    ]);
+    assert_eq!(kind(&docs, "ServiceMonitor").len(), 1);
+    assert_eq!(kind(&docs, "PodDisruptionBudget").len(), 1);
+    assert_eq!(
+        kind(&docs, "ServiceAccount")[0]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::111122223333:role/labeler"
+    );
+    assert!(args_of(&docs).contains(&"--region=us-west-2".to_string()));
+}

@@ -7,7 +7,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: all build controlplane tools demo test e2e lint fmt schema kind manifests check-manifests ci clean-cache
+.PHONY: all build controlplane schedulers tools demo test e2e lint fmt schema kind manifests check-manifests ci clean-cache
 
 all: build
 
@@ -19,6 +19,10 @@ build:
 controlplane:
 	@e2e/controlplane/build.sh >/dev/null
 
+## schedulers: build the pinned Kueue manager and the Kueue/Volcano CRDs (cached)
+schedulers:
+	@e2e/schedulers/build.sh >/dev/null
+
 ## tools: build the pinned Helm from the Go module proxy (cached)
 tools:
 	@e2e/tools/build.sh >/dev/null
@@ -28,14 +32,14 @@ demo: build controlplane
 	$(BIN)/e2e-cluster demo
 
 ## test: unit + integration tests, then e2e against a real kube-apiserver (README command 2)
-test: build controlplane check-manifests
+test: build controlplane schedulers check-manifests
 	cargo test --workspace --locked
 
 ## e2e: only the end-to-end suite
-e2e: build controlplane
+e2e: build controlplane schedulers
 	cargo test -p e2e --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh
+SHELL_SCRIPTS := .ci/run e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
 ## lint: formatting, clippy (warnings are errors), helm lint, shellcheck (when installed)
 lint: tools

@@ -6,7 +6,7 @@ use schemars::{JsonSchema, generate::SchemaSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::config::{ControllerArgs, Ec2Args, LabelArgs, LookupArgs};
+use crate::config::{ControllerArgs, Ec2Args, LabelArgs, LookupArgs, PublishArgs};
 
 /// The `config:` block: every user-facing flag of `run`, camelCase (the chart passes each as
 /// `--kebab-case=value`).
@@ -20,6 +20,8 @@ struct ChartConfig {
     lookup: LookupArgs,
     #[serde(flatten)]
     controller: ControllerArgs,
+    #[serde(flatten)]
+    publish: PublishArgs,
 }
 
 /// JSON Schema (draft-07, what Helm validates) of the `config:` block. Every key is optional;

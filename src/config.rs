@@ -89,6 +89,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start-up: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controller: watch Nodes and keep their topology labels right.
@@ -96,6 +98,24 @@ pub enum Command {
     /// Read the cluster and EC2, write nothing, and print per node the labels that would be
     /// added, changed and removed.
     Plan(PlanArgs),
+    /// Print the cluster's network topology as its labels describe it: layer → … → nodes, with
+    /// counts, readiness, and nodes missing labels.
+    Tree(TreeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TreeArgs {
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
 }
 
 /// Which labels to write.
@@ -230,6 +250,50 @@ pub struct ControllerArgs {
     pub concurrency: u16,
 }
 
+/// What to publish for schedulers beyond labels.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishArgs {
+    /// Create a Kueue Topology whose levels are our layer labels (never changes an existing
+    /// one: Kueue's levels are immutable; a mismatch is reported).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kueue_topology: bool,
+    /// Name of that Topology (ResourceFlavors refer to it by `topologyName`).
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_NAME",
+        default_value = "aws-network"
+    )]
+    pub kueue_topology_name: String,
+    /// Also create a Topology with four layers, for 4-layer instance types (p6-b200, p6-b300).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kueue_topology_four_layer: bool,
+    /// Name of the 4-layer Topology.
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER_NAME",
+        default_value = "aws-network-4-layer"
+    )]
+    pub kueue_topology_four_layer_name: String,
+    /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kueue_topology_hostname_level: bool,
+    /// Keep a Volcano HyperNode tree in step with the labelled nodes.
+    #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub volcano_hypernodes: bool,
+    /// Prefix of the HyperNode names we own.
+    #[arg(
+        long,
+        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
+        default_value = "ec2tl"
+    )]
+    pub volcano_hypernode_prefix: String,
+    /// How often publishers compare what they publish with the labels (nothing is sent when
+    /// nothing changed).
+    #[arg(long, env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
+    pub publish_interval: HumanDuration,
+}
+
 /// What the deployment sets itself (the chart owns these flags).
 #[derive(Debug, Clone, Args, PartialEq)]
 pub struct ServeArgs {
@@ -287,6 +351,8 @@ pub struct RunArgs {
     pub lookup: LookupArgs,
     #[command(flatten)]
     pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub publish: PublishArgs,
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]

@@ -558,20 +558,49 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let (reader, writer) = reflector::store();
     let prune_scheme = scheme.clone();
+    // Ready once the first list is in the cache. Read from the stream itself: the store's own
+    // readiness signal wakes a single waiter, and the controller is already waiting on it.
+    let synced = Arc::new(AtomicBool::new(false));
+    let mark_synced = synced.clone();
     let triggers = watcher(nodes, watcher::Config::default())
         .default_backoff()
         .modify(move |node| prune(node, &prune_scheme))
         .reflect(writer)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone))
+                && !mark_synced.swap(true, Ordering::SeqCst)
+            {
+                info!("node cache synced");
+            }
+        })
         .touched_objects()
         .predicate_filter(
             relevant,
             PredicateConfig::default().ttl(resync.saturating_mul(3)),
         );
 
-    let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
-    tokio::spawn(crate::http::serve(listener, metrics.clone(), ready.clone()));
-    tokio::spawn(mark_ready_when_synced(reader.clone(), ready));
+    tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        synced.clone(),
+    ));
+    if crate::publish::Publishers::enabled(&args.publish) {
+        tokio::spawn(
+            crate::publish::Publishers {
+                client: client.clone(),
+                args: args.publish.clone(),
+                scheme: scheme.clone(),
+                reader: reader.clone(),
+                leader: ctx.leader.clone(),
+                synced: synced.clone(),
+                metrics: metrics.clone(),
+                recorder: ctx.recorder.clone(),
+                last_error: Default::default(),
+            }
+            .run(),
+        );
+    }
     tokio::spawn(housekeeping(
         reader.clone(),
         lookup,
@@ -608,22 +637,6 @@ fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "ec2-topology-labeler".into());
     format!("{host}-{}", std::process::id())
-}
-
-async fn mark_ready_when_synced(reader: Store<Node>, ready: Arc<AtomicBool>) {
-    // The store's readiness signal wakes only its most recent waiter (the controller also
-    // waits on it), so ask again every 250 ms rather than waiting once.
-    loop {
-        match tokio::time::timeout(Duration::from_millis(250), reader.wait_until_ready()).await {
-            Ok(Ok(())) => {
-                info!(nodes = reader.len(), "node cache synced");
-                ready.store(true, Ordering::Relaxed);
-                return;
-            }
-            Ok(Err(_)) => return,
-            Err(_) => {}
-        }
-    }
 }
 
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.

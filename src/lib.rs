@@ -9,6 +9,7 @@ pub mod config;
 pub mod controller;
 pub mod ec2;
 pub mod http;
+pub mod kueue;
 pub mod labels;
 pub mod leader;
 pub mod limiter;
@@ -16,7 +17,11 @@ pub mod lookup;
 pub mod metrics;
 pub mod plan;
 pub mod provider_id;
+pub mod publish;
 pub mod topology;
+pub mod tree;
+pub mod tree_cmd;
+pub mod volcano;
 
 use topology::Ec2Error;
 

@@ -28,6 +28,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => ec2_topology_labeler::controller::run(args).await,
         Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
+        Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -78,6 +78,21 @@ pub struct Metrics {
     nodes: Family<StateLabels, Gauge>,
     node_states: Mutex<HashMap<String, NodeState>>,
     leader: Gauge<i64, AtomicI64>,
+    publish_errors: Family<PublisherLabels, Counter>,
+    hypernodes: Gauge<i64, AtomicI64>,
+    hypernode_writes: Family<WriteLabels, Counter>,
+    hypernode_conflicts: Gauge<i64, AtomicI64>,
+    kueue_mismatch: Family<TopologyLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PublisherLabels {
+    pub publisher: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopologyLabels {
+    pub topology: String,
 }
 
 impl Default for Metrics {
@@ -161,6 +176,36 @@ impl Metrics {
             "1 while this replica holds the lease and writes",
             leader.clone(),
         );
+        let publish_errors = Family::<PublisherLabels, Counter>::default();
+        registry.register(
+            "publish_errors",
+            "Failed publisher runs (kueue, volcano)",
+            publish_errors.clone(),
+        );
+        let hypernodes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "hypernodes",
+            "Volcano HyperNodes we publish",
+            hypernodes.clone(),
+        );
+        let hypernode_writes = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "hypernode_writes",
+            "HyperNode writes, by kind (apply, delete)",
+            hypernode_writes.clone(),
+        );
+        let hypernode_conflicts = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "hypernode_conflicts",
+            "Network nodes seen under more than one parent (HyperNodes are not published then)",
+            hypernode_conflicts.clone(),
+        );
+        let kueue_mismatch = Family::<TopologyLabels, Gauge>::default();
+        registry.register(
+            "kueue_topology_mismatch",
+            "1 when a Kueue Topology of our name exists with other levels (left alone)",
+            kueue_mismatch.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -181,6 +226,11 @@ impl Metrics {
             nodes,
             node_states: Mutex::new(HashMap::new()),
             leader,
+            publish_errors,
+            hypernodes,
+            hypernode_writes,
+            hypernode_conflicts,
+            kueue_mismatch,
         }
     }
 
@@ -229,6 +279,37 @@ impl Metrics {
                 kind: kind.to_string(),
             })
             .inc();
+    }
+
+    pub fn publish_failed(&self, publisher: &str) {
+        self.publish_errors
+            .get_or_create(&PublisherLabels {
+                publisher: publisher.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn hypernodes(&self, total: usize, applied: usize, deleted: usize) {
+        self.hypernodes.set(total as i64);
+        for (kind, n) in [("apply", applied), ("delete", deleted)] {
+            if n > 0 {
+                self.hypernode_writes
+                    .get_or_create(&WriteLabels { kind: kind.into() })
+                    .inc_by(n as u64);
+            }
+        }
+    }
+
+    pub fn hypernode_conflicts(&self, n: usize) {
+        self.hypernode_conflicts.set(n as i64);
+    }
+
+    pub fn kueue_topology_mismatch(&self, topology: &str, mismatch: bool) {
+        self.kueue_mismatch
+            .get_or_create(&TopologyLabels {
+                topology: topology.to_string(),
+            })
+            .set(i64::from(mismatch));
     }
 
     pub fn set_leader(&self, leader: bool) {

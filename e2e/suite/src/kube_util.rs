@@ -189,6 +189,22 @@ pub async fn apiserver_metrics(client: &Client) -> anyhow::Result<String> {
     Ok(client.request_text(req).await?)
 }
 
+/// Writes (PATCH, APPLY, CREATE, UPDATE, DELETE) the API server has served for `resource`.
+pub async fn writes_to(client: &Client, resource: &str) -> anyhow::Result<f64> {
+    let text = apiserver_metrics(client).await?;
+    let res = format!("resource=\"{resource}\"");
+    Ok(["PATCH", "APPLY", "CREATE", "UPDATE", "DELETE"]
+        .iter()
+        .map(|verb| {
+            crate::labeler::metric_sum(
+                &text,
+                "apiserver_request_total",
+                &[&res, &format!("verb=\"{verb}\"")],
+            )
+        })
+        .sum())
+}
+
 /// Node label writes the API server has served: `apiserver_request_total` for `nodes` (not the
 /// status subresource) with verb PATCH (merge/strategic patches) or APPLY (server-side apply).
 pub async fn node_writes(client: &Client) -> anyhow::Result<f64> {

@@ -85,7 +85,8 @@ impl Labeler {
             if !self.alive() {
                 bail!("controller exited; log:\n{}", self.log_tail(40));
             }
-            if get_text(&admin, "/readyz")
+            if admin
+                .get_text("/readyz")
                 .await
                 .is_ok_and(|b| b.trim() == "ok")
             {
@@ -101,7 +102,7 @@ impl Labeler {
 
     /// The controller's own `/metrics`.
     pub async fn metrics(&self) -> anyhow::Result<String> {
-        get_text(&MockAdmin::new(&self.metrics_url), "/metrics").await
+        MockAdmin::new(&self.metrics_url).get_text("/metrics").await
     }
 
     pub fn log_text(&self) -> String {
@@ -121,20 +122,6 @@ impl Labeler {
     pub fn kill(&mut self) {
         self.proc.kill();
     }
-}
-
-async fn get_text(client: &MockAdmin, path: &str) -> anyhow::Result<String> {
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Empty};
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Empty<Bytes>>();
-    let resp = http.get(format!("{}{path}", client.url).parse()?).await?;
-    let status = resp.status();
-    let body = resp.into_body().collect().await?.to_bytes();
-    if !status.is_success() {
-        bail!("{path}: {status}");
-    }
-    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Sum of a Prometheus counter family in a text exposition, over series whose labels contain

@@ -14,6 +14,7 @@ pub mod kube_util;
 pub mod labeler;
 pub mod mock;
 pub mod process;
+pub mod schedulers;
 
 use std::path::PathBuf;
 

@@ -57,6 +57,12 @@ impl MockAdmin {
         Ok(bytes)
     }
 
+    /// GET `path` as text (also used for other plain-HTTP endpoints: metrics, probes).
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let bytes = self.call(http::Method::GET, path, None).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     pub async fn stats(&self) -> anyhow::Result<Stats> {
         Ok(serde_json::from_slice(
             &self.call(http::Method::GET, "/_admin/stats", None).await?,

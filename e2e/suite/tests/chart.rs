@@ -169,6 +169,34 @@ fn rbac_is_exactly_what_the_code_uses() {
         })
         .collect();
     assert_eq!(verbs, ["create", "get", "patch"]);
+    // Publishers add exactly their own rules.
+    let docs = render(&[
+        "config.kueueTopology=true".into(),
+        "config.volcanoHypernodes=true".into(),
+    ]);
+    let rules = kind(&docs, "ClusterRole")[0]["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let verbs_for = |res: &str| -> Vec<String> {
+        rules
+            .iter()
+            .find(|r| r["resources"][0] == res)
+            .map(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(verbs_for("topologies"), ["get", "create", "patch"]);
+    assert_eq!(
+        verbs_for("hypernodes"),
+        ["list", "create", "patch", "delete"]
+    );
     // With events off, and one replica without leader election, those rules are gone.
     let docs = render(&[
         "events.enabled=false".into(),

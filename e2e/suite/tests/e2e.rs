@@ -369,12 +369,24 @@ async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
     let calls_before = env.mock_admin.stats().await?.calls;
     if env.local() {
         // Nothing else writes Nodes here: the API server's own request count is exact.
+        let published = || async {
+            anyhow::Ok(
+                kube_util::writes_to(&c, "hypernodes").await?
+                    + kube_util::writes_to(&c, "topologies").await?,
+            )
+        };
         let writes_before = kube_util::node_writes(&c).await?;
+        let published_before = published().await?;
         tokio::time::sleep(window).await;
         let writes = kube_util::node_writes(&c).await? - writes_before;
+        let published = published().await? - published_before;
         eprintln!(
-            "    steady state over {}s: {writes} node writes (API server count)",
+            "    steady state over {}s: {writes} node writes, {published} HyperNode/Topology writes (API server count)",
             window.as_secs()
+        );
+        ensure!(
+            published == 0.0,
+            "{published} HyperNode/Topology writes at steady state"
         );
         ensure!(
             writes == 0.0,
@@ -736,6 +748,406 @@ async fn leader_failover(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn hypernodes_api(c: &Client) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("topology.volcano.sh", "v1alpha1", "HyperNode"),
+        "hypernodes",
+    );
+    Api::all_with(c.clone(), &ar)
+}
+
+/// HyperNode name → (tier, member names or label selectors as text).
+async fn hypernodes(c: &Client) -> anyhow::Result<BTreeMap<String, (i64, Vec<String>)>> {
+    Ok(hypernodes_api(c)
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|h| {
+            let spec = &h.data["spec"];
+            let members = spec["members"]
+                .as_array()
+                .map(|ms| {
+                    ms.iter()
+                        .map(|m| match m["selector"]["exactMatch"]["name"].as_str() {
+                            Some(n) => n.to_string(),
+                            None => m["selector"]["labelMatch"]["matchLabels"].to_string(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                h.metadata.name.clone().unwrap_or_default(),
+                (spec["tier"].as_i64().unwrap_or(0), members),
+            )
+        })
+        .collect())
+}
+
+async fn hypernodes_follow_nodes(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let specs: Vec<NodeSpec> = (0..3)
+        .map(|k| NodeSpec::ec2(0x110, k, "p5.48xlarge"))
+        .collect();
+    let paths = [
+        ["nn-hs", "nn-ha", "nn-hl1"],
+        ["nn-hs", "nn-ha", "nn-hl1"],
+        ["nn-hs", "nn-ha", "nn-hl2"],
+    ];
+    let pairs: Vec<(NodeSpec, Instance)> = specs
+        .iter()
+        .zip(paths)
+        .map(|(s, p)| (s.clone(), s.instance(&p)))
+        .collect();
+    label_and_wait(env, &c, &pairs).await?;
+    let want = |hn: &BTreeMap<String, (i64, Vec<String>)>| {
+        hn.get("ec2tl-t1-nn-hl1")
+            .is_some_and(|(t, m)| *t == 1 && m[0].contains("nn-hl1"))
+            && hn.get("ec2tl-t1-nn-hl2").is_some_and(|(t, _)| *t == 1)
+            && hn
+                .get("ec2tl-t2-nn-ha")
+                .is_some_and(|(t, m)| *t == 2 && m == &["ec2tl-t1-nn-hl1", "ec2tl-t1-nn-hl2"])
+            && hn
+                .get("ec2tl-t3-nn-hs")
+                .is_some_and(|(t, m)| *t == 3 && m == &["ec2tl-t2-nn-ha"])
+    };
+    eventually("the HyperNode tree for three nodes", WAIT, || async {
+        Ok(want(&hypernodes(&c).await?).then_some(()))
+    })
+    .await?;
+    // The node under nn-hl2 moves under a new leaf: nn-hl2 empties and is collected.
+    env.mock_admin
+        .upsert(&specs[2].instance(&["nn-hs", "nn-ha", "nn-hl3"]))
+        .await?;
+    kube_util::set_boot_id(&c, &specs[2].name, &e2e::fixtures::boot_id(33)).await?;
+    eventually("nn-hl3 in, nn-hl2 collected", WAIT, || async {
+        let hn = hypernodes(&c).await?;
+        Ok((hn.contains_key("ec2tl-t1-nn-hl3")
+            && !hn.contains_key("ec2tl-t1-nn-hl2")
+            && hn["ec2tl-t2-nn-ha"].1 == ["ec2tl-t1-nn-hl1", "ec2tl-t1-nn-hl3"])
+        .then_some(()))
+    })
+    .await?;
+    // A node whose labels put nn-hl1 under another parent: nothing is published meanwhile.
+    let rogue = NodeSpec::ec2(0x110, 9, "p5.48xlarge").with_provider_id("gce://p/z/rogue");
+    let mut node = rogue.node();
+    let labels = node.metadata.labels.get_or_insert_default();
+    for (i, v) in ["nn-hs", "nn-hb", "nn-hl1"].iter().enumerate() {
+        labels.insert(format!("{L}{}", i + 1), v.to_string());
+    }
+    let before = hypernodes(&c).await?;
+    kube_util::create_nodes(&c, vec![node]).await?;
+    // Meanwhile a real change that would otherwise be published.
+    kube_util::delete_node(&c, &specs[2].name).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    ensure!(
+        hypernodes(&c).await? == before,
+        "HyperNodes changed while the labels conflicted"
+    );
+    if let Some(l) = env.labeler.lock().await.as_ref() {
+        let m = l.metrics().await?;
+        ensure!(
+            metric_sum(&m, "ec2_topology_labeler_hypernode_conflicts", &[]) == 1.0,
+            "conflict counted"
+        );
+    }
+    kube_util::delete_node(&c, &rogue.name).await?;
+    eventually("conflict cleared, nn-hl3 collected", WAIT, || async {
+        let hn = hypernodes(&c).await?;
+        Ok(
+            (!hn.contains_key("ec2tl-t1-nn-hl3") && hn["ec2tl-t2-nn-ha"].1 == ["ec2tl-t1-nn-hl1"])
+                .then_some(()),
+        )
+    })
+    .await?;
+    let all = hypernodes(&c).await?;
+    eprintln!(
+        "    {} HyperNodes for the cluster; tiers 1-4 present: {:?}",
+        all.len(),
+        all.values()
+            .map(|(t, _)| *t)
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    Ok(())
+}
+
+fn topology_api(c: &Client) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Topology"),
+        "topologies",
+    );
+    Api::all_with(c.clone(), &ar)
+}
+
+fn levels(t: &kube::api::DynamicObject) -> Vec<String> {
+    t.data["spec"]["levels"]
+        .as_array()
+        .map(|ls| {
+            ls.iter()
+                .filter_map(|l| l["nodeLabel"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn kueue_topology_published_and_never_changed(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let api = topology_api(&c);
+    let three = eventually("Topology aws-network", WAIT, || async {
+        Ok(api.get_opt("aws-network").await?)
+    })
+    .await?;
+    ensure!(
+        levels(&three)
+            == [
+                format!("{L}1"),
+                format!("{L}2"),
+                format!("{L}3"),
+                "kubernetes.io/hostname".into()
+            ],
+        "{:?}",
+        levels(&three)
+    );
+    let four = eventually("Topology aws-network-4-layer", WAIT, || async {
+        Ok(api.get_opt("aws-network-4-layer").await?)
+    })
+    .await?;
+    ensure!(levels(&four).len() == 5);
+    // Someone recreates it with other levels: we leave it and report the mismatch.
+    api.delete("aws-network-4-layer", &Default::default())
+        .await?;
+    let theirs = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "metadata": {"name": "aws-network-4-layer"},
+        "spec": {"levels": [{"nodeLabel": "example.com/block"}, {"nodeLabel": "kubernetes.io/hostname"}]}});
+    eventually("recreated by hand", WAIT, || async {
+        Ok(api
+            .patch(
+                "aws-network-4-layer",
+                &PatchParams::apply("someone-else"),
+                &Patch::Apply(&theirs),
+            )
+            .await
+            .ok())
+    })
+    .await?;
+    let guard = env.labeler.lock().await;
+    let l = guard.as_ref().context("local controller")?;
+    eventually("the mismatch reported", WAIT, || async {
+        let m = l.metrics().await?;
+        Ok((metric_sum(
+            &m,
+            "ec2_topology_labeler_kueue_topology_mismatch",
+            &["topology=\"aws-network-4-layer\""],
+        ) == 1.0)
+            .then_some(()))
+    })
+    .await?;
+    let still = api.get("aws-network-4-layer").await?;
+    ensure!(
+        levels(&still) == ["example.com/block", "kubernetes.io/hostname"],
+        "never changed: {:?}",
+        levels(&still)
+    );
+    ensure!(
+        l.log_text().contains("levels are immutable"),
+        "a log line says why"
+    );
+    Ok(())
+}
+
+async fn kueue_admits_into_one_layer3_domain(env: &Env) -> anyhow::Result<()> {
+    use e2e::schedulers::Kueue;
+    let c = env.admin().await?;
+    let artifacts = e2e::schedulers::artifacts()?;
+    let mut kueue = Kueue::start(
+        &artifacts.join("kueue"),
+        &env.cluster.admin_kubeconfig,
+        &env.dir.join("kueue"),
+        &c,
+    )
+    .await?;
+    // Three nodes of their own instance type: two under leaf nn-kl1, one under nn-kl2. Each fits
+    // one pod of 100 CPUs.
+    let specs: Vec<NodeSpec> = (0..3)
+        .map(|k| NodeSpec::ec2(0x111, k, "p5e-e2e.48xlarge"))
+        .collect();
+    let leaves = ["nn-kl1", "nn-kl1", "nn-kl2"];
+    let pairs: Vec<(NodeSpec, Instance)> = specs
+        .iter()
+        .zip(leaves)
+        .map(|(s, l)| (s.clone(), s.instance(&["nn-ks", "nn-ka", l])))
+        .collect();
+    label_and_wait(env, &c, &pairs).await?;
+    // No controller-manager or kubelet here: clear the taint the API server put on new Nodes.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    for s in &specs {
+        nodes
+            .patch(
+                &s.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await?;
+    }
+    kube_util::ensure_namespace(&c, "ml").await?;
+    let objects = r#"
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: { name: p5e-e2e }
+spec:
+  nodeLabels: { node.kubernetes.io/instance-type: p5e-e2e.48xlarge }
+  topologyName: aws-network
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: { name: training }
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+    - coveredResources: ["cpu"]
+      flavors:
+        - name: p5e-e2e
+          resources: [{ name: cpu, nominalQuota: 1000 }]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: { name: training, namespace: ml }
+spec: { clusterQueue: training }
+"#;
+    kube_util::apply_yaml(&c, objects, "e2e").await?;
+    let workload = |name: &str, count: u32, layer: u32| {
+        format!(
+            "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {{ name: {name}, namespace: ml }}\nspec:\n  queueName: training\n  podSets:\n    - name: workers\n      count: {count}\n      topologyRequest:\n        required: {L}{layer}\n      template:\n        spec:\n          restartPolicy: Never\n          containers:\n            - name: w\n              image: registry.k8s.io/pause:3.10\n              resources: {{ requests: {{ cpu: \"100\" }} }}\n"
+        )
+    };
+    let wl_ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    );
+    let workloads: Api<kube::api::DynamicObject> = Api::namespaced_with(c.clone(), "ml", &wl_ar);
+    kube_util::apply_yaml(&c, &workload("fits-one-leaf", 2, 3), "e2e").await?;
+    let admitted = eventually(
+        "Kueue admits the 2-pod workload",
+        Duration::from_secs(60),
+        || async {
+            let w = workloads.get("fits-one-leaf").await?;
+            let assigned =
+                w.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+                    .is_object();
+            Ok(assigned.then_some(w))
+        },
+    )
+    .await;
+    let admitted = match admitted {
+        Ok(w) => w,
+        Err(e) => {
+            kueue.stop();
+            let tail: Vec<String> = std::fs::read_to_string(&kueue.log)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(15)
+                .map(String::from)
+                .collect();
+            anyhow::bail!(
+                "{e:#}\nkueue log tail:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    };
+    let ta = &admitted.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"];
+    // Decode the v1beta2 assignment (levels + slices of compressed per-level values) into the
+    // assigned hostnames, and map each back to its node's layer-3 label: all must be nn-kl1.
+    let hosts = decode_assignment(ta);
+    let by_host: BTreeMap<String, &str> = specs
+        .iter()
+        .zip(leaves)
+        .map(|(s, l)| (s.name.split('.').next().unwrap_or_default().to_string(), l))
+        .collect();
+    let leaves_used: std::collections::BTreeSet<&str> = hosts
+        .iter()
+        .filter_map(|h| by_host.get(h).copied())
+        .collect();
+    ensure!(hosts.len() == 2, "two hosts assigned: {hosts:?} from {ta}");
+    ensure!(
+        leaves_used.len() == 1 && leaves_used.contains("nn-kl1"),
+        "assigned to {leaves_used:?} ({hosts:?}): {ta}"
+    );
+    eprintln!("    Kueue admitted 2 pods into layer-3 domain nn-kl1: {ta}");
+    // Free the two nodes again: three pods now fit the cluster's free capacity (three nodes,
+    // all under spine nn-ks) but no single layer-3 domain (two nodes under nn-kl1, one under
+    // nn-kl2).
+    workloads
+        .delete("fits-one-leaf", &Default::default())
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kube_util::apply_yaml(&c, &workload("fits-no-leaf", 3, 3), "e2e").await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let w = workloads.get("fits-no-leaf").await?;
+    let not_admitted = w.data["status"]["admission"].is_null();
+    let reason = w.data["status"]["conditions"].to_string();
+    // The same three pods asking only for one layer-1 domain are admitted: capacity was never
+    // the obstacle, the layer-3 constraint was.
+    kube_util::apply_yaml(&c, &workload("fits-one-spine", 3, 1), "e2e").await?;
+    let spine = eventually(
+        "Kueue admits 3 pods under one spine",
+        Duration::from_secs(30),
+        || async {
+            let w = workloads.get("fits-one-spine").await?;
+            let ta =
+                w.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"].clone();
+            Ok(ta.is_object().then_some(ta))
+        },
+    )
+    .await;
+    kueue.stop();
+    ensure!(
+        not_admitted,
+        "a workload that fits no single layer-3 domain was admitted: {}",
+        w.data["status"]
+    );
+    ensure!(
+        reason.contains("topology"),
+        "pending because of the topology: {reason}"
+    );
+    let spine = spine?;
+    ensure!(
+        decode_assignment(&spine).len() == 3,
+        "3 hosts under one spine: {spine}"
+    );
+    eprintln!(
+        "    3 pods requiring one layer-3 domain stay pending: {}",
+        reason.chars().take(200).collect::<String>()
+    );
+    eprintln!("    the same 3 pods requiring one layer-1 domain are admitted: {spine}");
+    Ok(())
+}
+
+/// The values of the lowest level of a Kueue v1beta2 topology assignment, one per domain:
+/// each slice lists, per level, either one value shared by its domains (`universal`) or one per
+/// domain (`individual`: `prefix` + each of `roots` + `suffix`).
+fn decode_assignment(ta: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for slice in ta["slices"].as_array().into_iter().flatten() {
+        let count = slice["domainCount"].as_u64().unwrap_or(0) as usize;
+        let Some(lowest) = slice["valuesPerLevel"].as_array().and_then(|v| v.last()) else {
+            continue;
+        };
+        if let Some(u) = lowest["universal"].as_str() {
+            out.extend(std::iter::repeat_n(u.to_string(), count));
+        } else {
+            let ind = &lowest["individual"];
+            let (prefix, suffix) = (
+                ind["prefix"].as_str().unwrap_or(""),
+                ind["suffix"].as_str().unwrap_or(""),
+            );
+            for root in ind["roots"].as_array().into_iter().flatten() {
+                out.push(format!("{prefix}{}{suffix}", root.as_str().unwrap_or("")));
+            }
+        }
+    }
+    out
+}
+
 async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
     let mut guard = env.labeler.lock().await;
     let Some(l) = guard.as_mut() else {
@@ -788,6 +1200,9 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
+        scenario!(hypernodes_follow_nodes, true),
+        scenario!(kueue_topology_published_and_never_changed, true),
+        scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(steady_state_is_silent, false),
         scenario!(controller_is_healthy, false),
     ]
@@ -823,6 +1238,10 @@ fn start_labeler(
             format!("--leader-election-namespace={NAMESPACE}"),
             format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
             "--leader-election-renew-grace=2s".into(),
+            "--kueue-topology=true".into(),
+            "--kueue-topology-four-layer=true".into(),
+            "--volcano-hypernodes=true".into(),
+            "--publish-interval=1s".into(),
         ],
         log_filter: "info,ec2_topology_labeler=debug",
         log_name: &format!("{name}.log"),
@@ -866,9 +1285,21 @@ fn setup() -> anyhow::Result<Env> {
                     chart,
                     "--namespace",
                     NAMESPACE,
+                    "--set",
+                    "config.kueueTopology=true",
+                    "--set",
+                    "config.volcanoHypernodes=true",
                 ],
             )?;
             eprintln!("helm install of the chart succeeded");
+            // The schedulers' CRDs, from the pinned Kueue and Volcano modules.
+            let artifacts = e2e::schedulers::artifacts()?;
+            for dir in ["crds/kueue", "crds/volcano"] {
+                let n = e2e::schedulers::install_crds(&c, &artifacts.join(dir))
+                    .await?
+                    .len();
+                eprintln!("installed {n} CRDs from {dir}");
+            }
         }
         let (mock, mock_admin, ec2_url) = match std::env::var("E2E_MOCK_EC2_URL") {
             Ok(url) => (None, MockAdmin::new(&url), url),

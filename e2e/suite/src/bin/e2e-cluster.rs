@@ -187,7 +187,14 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         print_nodes(&client).await?;
-        println!("controller log: {}", l.log.display());
+        println!("The topology as the labels describe it (`ec2-topology-labeler tree`):\n");
+        let tree = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+            .arg("tree")
+            .env("KUBECONFIG", &cp.admin_kubeconfig)
+            .env("RUST_LOG", "warn")
+            .output()?;
+        print!("{}", String::from_utf8_lossy(&tree.stdout));
+        println!("\ncontroller log: {}", l.log.display());
         println!("plan (what the controller would still change; nothing, now):");
         println!(
             "  KUBECONFIG={} AWS_ENDPOINT_URL_EC2={} AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x {}/ec2-topology-labeler plan",

@@ -1,0 +1,53 @@
+//! `tree`: the cluster's topology as its labels describe it (reads Nodes, writes nothing).
+
+use std::io::Write;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client, ResourceExt, api::ListParams};
+
+use crate::{
+    Error, Result,
+    config::{OutputFormat, TreeArgs},
+    tree::{Forest, NodeView},
+};
+
+fn ready(node: &Node) -> Option<bool> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status == "True")
+}
+
+pub async fn run(args: TreeArgs) -> Result<()> {
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let api: Api<Node> = Api::all(Client::try_default().await?);
+    let mut views = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        views.extend(page.items.iter().map(|n| NodeView {
+            name: n.name_any(),
+            ready: ready(n),
+            labels: n.labels().clone(),
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let forest = Forest::build(&scheme, &views);
+    let text = match args.output {
+        OutputFormat::Table => forest.render(),
+        OutputFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&forest)
+                .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
+            s.push('\n');
+            s
+        }
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,438 @@
+//! Volcano `HyperNode`s (`topology.volcano.sh/v1alpha1`) kept in step with the labelled nodes.
+//!
+//! Tiers count from the nodes up: tier 1 is the switch an instance hangs off, selecting its
+//! Nodes by label (so nodes coming and going need no HyperNode update); each tier above lists
+//! the HyperNodes below by exact name. On 4-layer instance types the top layer is therefore
+//! tier 4, on 3-layer types tier 3: `highestTierAllowed: N` always means "within N hops of the
+//! nodes". [`desired`] is pure; [`HyperNodeSync`] applies the difference.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hash::{DefaultHasher, Hash, Hasher},
+};
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    },
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::{
+    FIELD_MANAGER,
+    labels::{LabelScheme, LayerNumbering},
+    tree::{Conflict, NodeView, path_of},
+};
+
+/// Label on every HyperNode we own. Never Volcano's own `volcano.sh/network-topology-source`:
+/// Volcano's label discovery deletes HyperNodes carrying that label that it did not find.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
+
+/// One HyperNode to publish.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HyperNode {
+    pub name: String,
+    pub tier: usize,
+    pub tier_name: String,
+    pub members: Vec<Member>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Member {
+    /// Nodes whose labels match, and lack each of `absent` (keeps a 3-layer leaf from also
+    /// selecting 4-layer nodes whose third layer has the same value).
+    Nodes {
+        labels: BTreeMap<String, String>,
+        absent: Vec<String>,
+    },
+    HyperNode(String),
+}
+
+impl HyperNode {
+    /// The object to server-side apply.
+    pub fn to_object(&self) -> Value {
+        let members: Vec<Value> = self
+            .members
+            .iter()
+            .map(|m| match m {
+                Member::Nodes { labels, absent } => {
+                    let mut selector = json!({ "matchLabels": labels });
+                    if !absent.is_empty() {
+                        selector["matchExpressions"] = absent
+                            .iter()
+                            .map(|k| json!({ "key": k, "operator": "DoesNotExist" }))
+                            .collect();
+                    }
+                    json!({ "type": "Node", "selector": { "labelMatch": selector } })
+                }
+                Member::HyperNode(name) => {
+                    json!({ "type": "HyperNode", "selector": { "exactMatch": { "name": name } } })
+                }
+            })
+            .collect();
+        json!({
+            "apiVersion": "topology.volcano.sh/v1alpha1",
+            "kind": "HyperNode",
+            "metadata": { "name": self.name, "labels": { MANAGED_BY.0: MANAGED_BY.1 } },
+            "spec": { "tier": self.tier, "tierName": self.tier_name, "members": members }
+        })
+    }
+}
+
+/// A DNS-1123 label from `prefix`, the tier and a network node ID: lowercase, at most 63
+/// characters, and unique per (tier, ID) (a hash is appended when the ID had to change).
+pub fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
+    let head = format!("{prefix}-t{tier}-");
+    let mut body = String::new();
+    for c in id.chars() {
+        let c = c.to_ascii_lowercase();
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            c
+        } else {
+            '-'
+        };
+        if !(c == '-' && (body.is_empty() || body.ends_with('-'))) {
+            body.push(c);
+        }
+    }
+    let body = body.trim_end_matches('-').to_string();
+    let exact = body == id && head.len() + body.len() <= 63;
+    if exact {
+        return format!("{head}{body}");
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let room = 63usize.saturating_sub(head.len() + 1 + hash.len());
+    let body: String = body.chars().take(room).collect();
+    let body = body.trim_end_matches('-');
+    if body.is_empty() {
+        format!("{head}{hash}")
+    } else {
+        format!("{head}{body}-{hash}")
+    }
+}
+
+/// The HyperNodes for these nodes, or the conflicts that forbid publishing any (a HyperNode
+/// with two parents would break Volcano's tree).
+pub fn desired(
+    scheme: &LabelScheme,
+    nodes: &[NodeView],
+    prefix: &str,
+) -> Result<Vec<HyperNode>, Vec<Conflict>> {
+    // (tier, id) → (layer key, parents, children)
+    #[derive(Default)]
+    struct Entry {
+        key: String,
+        parents: BTreeSet<Option<(usize, String)>>,
+        children: BTreeSet<(usize, String)>,
+        leaf_selector: Option<(String, Option<String>)>,
+    }
+    let mut entries: BTreeMap<(usize, String), Entry> = BTreeMap::new();
+    for node in nodes {
+        let Some(path) = path_of(scheme, &node.labels) else {
+            continue;
+        };
+        let depth = path.len();
+        for (j, id) in path.iter().enumerate() {
+            let tier = depth - j;
+            // The label key holding this layer's value on this node.
+            let layer = match scheme.numbering {
+                LayerNumbering::TopFirst => j + 1,
+                LayerNumbering::LeafFirst => depth - j,
+            };
+            let e = entries.entry((tier, id.clone())).or_default();
+            e.key = scheme.layer_key(layer);
+            e.parents
+                .insert(j.checked_sub(1).map(|p| (tier + 1, path[p].clone())));
+            if let Some(child) = path.get(j + 1) {
+                e.children.insert((tier - 1, child.clone()));
+            } else {
+                let absent = match scheme.numbering {
+                    LayerNumbering::TopFirst => Some(scheme.layer_key(depth + 1)),
+                    LayerNumbering::LeafFirst => None,
+                };
+                e.leaf_selector = Some((scheme.layer_key(layer), absent));
+            }
+        }
+    }
+    let conflicts: Vec<Conflict> = entries
+        .iter()
+        .filter(|(_, e)| e.parents.len() > 1)
+        .map(|((tier, id), e)| Conflict {
+            network_node: id.clone(),
+            layer: *tier,
+            parents: e
+                .parents
+                .iter()
+                .map(|p| p.as_ref().map_or("(top)".into(), |(_, id)| id.clone()))
+                .collect(),
+        })
+        .collect();
+    if !conflicts.is_empty() {
+        return Err(conflicts);
+    }
+    let mut out: Vec<HyperNode> = entries
+        .iter()
+        .map(|((tier, id), e)| {
+            let mut members: Vec<Member> = e
+                .children
+                .iter()
+                .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
+                .collect();
+            if let Some((key, absent)) = &e.leaf_selector {
+                members.push(Member::Nodes {
+                    labels: BTreeMap::from([(key.clone(), id.clone())]),
+                    absent: absent.iter().cloned().collect(),
+                });
+            }
+            HyperNode {
+                name: hypernode_name(prefix, *tier, id),
+                tier: *tier,
+                tier_name: e.key.clone(),
+                members,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (a.tier, &a.name).cmp(&(b.tier, &b.name)));
+    Ok(out)
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub applied: usize,
+    pub deleted: usize,
+    pub unchanged: usize,
+}
+
+/// Applies the difference between the desired HyperNodes and those we own.
+pub struct HyperNodeSync {
+    api: Api<DynamicObject>,
+    last: Option<u64>,
+}
+
+pub fn api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("topology.volcano.sh", "v1alpha1", "HyperNode"),
+        "hypernodes",
+    )
+}
+
+impl HyperNodeSync {
+    pub fn new(client: Client) -> Self {
+        Self {
+            api: Api::all_with(client, &api_resource()),
+            last: None,
+        }
+    }
+
+    /// Bring the cluster's HyperNodes to `desired`. Nothing is sent when `desired` is what the
+    /// last successful sync applied.
+    pub async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, kube::Error> {
+        let mut h = DefaultHasher::new();
+        desired.hash(&mut h);
+        let hash = h.finish();
+        if self.last == Some(hash) {
+            return Ok(SyncStats::default());
+        }
+        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+        let existing: BTreeMap<String, DynamicObject> = self
+            .api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let mut stats = SyncStats::default();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for hn in desired {
+            let object = hn.to_object();
+            let same = existing
+                .get(&hn.name)
+                .is_some_and(|live| live.data.get("spec") == Some(&object["spec"]));
+            if same {
+                stats.unchanged += 1;
+                continue;
+            }
+            self.api
+                .patch(&hn.name, &params, &Patch::Apply(object))
+                .await?;
+            stats.applied += 1;
+        }
+        let wanted: BTreeSet<&str> = desired.iter().map(|h| h.name.as_str()).collect();
+        for name in existing.keys().filter(|n| !wanted.contains(n.as_str())) {
+            match self.api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => stats.deleted += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if stats.applied + stats.deleted > 0 {
+            info!(
+                applied = stats.applied,
+                deleted = stats.deleted,
+                total = desired.len(),
+                "HyperNodes updated"
+            );
+        }
+        self.last = Some(hash);
+        Ok(stats)
+    }
+
+    /// Forget what was applied (after losing leadership, or an error): the next sync compares
+    /// against the cluster again.
+    pub fn reset(&mut self) {
+        self.last = None;
+    }
+}
+
+/// Log conflicts once per distinct set.
+pub fn report_conflicts(conflicts: &[Conflict]) {
+    for c in conflicts.iter().take(10) {
+        warn!(
+            network_node = %c.network_node,
+            tier = c.layer,
+            parents = ?c.parents,
+            "not publishing HyperNodes: a network node would have two parents (inconsistent labels)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::NodeView;
+
+    fn view(name: &str, path: &[&str]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ready: Some(true),
+            labels: path
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    (
+                        format!("topology.k8s.aws/network-node-layer-{}", i + 1),
+                        v.to_string(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tiers_count_from_the_nodes_up_with_label_selected_leaves() {
+        let nodes = vec![
+            view("n1", &["nn-s1", "nn-a1", "nn-l1"]),
+            view("n2", &["nn-s1", "nn-a1", "nn-l2"]),
+            view("n3", &["nn-s1", "nn-a1", "nn-l2"]),
+        ];
+        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
+        let names: Vec<(&str, usize)> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("ec2tl-t1-nn-l1", 1),
+                ("ec2tl-t1-nn-l2", 1),
+                ("ec2tl-t2-nn-a1", 2),
+                ("ec2tl-t3-nn-s1", 3)
+            ]
+        );
+        let leaf = &hns[0];
+        assert_eq!(leaf.tier_name, "topology.k8s.aws/network-node-layer-3");
+        assert_eq!(
+            leaf.members,
+            vec![Member::Nodes {
+                labels: BTreeMap::from([(
+                    "topology.k8s.aws/network-node-layer-3".into(),
+                    "nn-l1".into()
+                )]),
+                absent: vec!["topology.k8s.aws/network-node-layer-4".into()],
+            }]
+        );
+        assert_eq!(
+            hns[2].members,
+            vec![
+                Member::HyperNode("ec2tl-t1-nn-l1".into()),
+                Member::HyperNode("ec2tl-t1-nn-l2".into())
+            ]
+        );
+        assert_eq!(
+            hns[3].members,
+            vec![Member::HyperNode("ec2tl-t2-nn-a1".into())]
+        );
+        let obj = leaf.to_object();
+        assert_eq!(
+            obj["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "ec2-topology-labeler"
+        );
+        assert!(
+            obj["metadata"]["labels"]
+                .get("volcano.sh/network-topology-source")
+                .is_none()
+        );
+        assert_eq!(
+            obj["spec"]["members"][0]["selector"]["labelMatch"]["matchExpressions"][0]["operator"],
+            "DoesNotExist"
+        );
+    }
+
+    #[test]
+    fn four_layer_nodes_put_their_top_at_tier_four() {
+        let nodes = vec![
+            view("n1", &["s", "a", "r", "l"]),
+            view("n2", &["s", "b", "m"]),
+        ];
+        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
+        let tiers: BTreeMap<&str, usize> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
+        assert_eq!(tiers["ec2tl-t4-s"], 4);
+        assert_eq!(
+            tiers["ec2tl-t3-s"], 3,
+            "the spine of 3-layer nodes is its own tier-3 HyperNode"
+        );
+        assert_eq!(tiers["ec2tl-t1-l"], 1);
+        assert_eq!(tiers["ec2tl-t1-m"], 1);
+    }
+
+    #[test]
+    fn two_parents_for_one_child_are_refused() {
+        let nodes = vec![view("n1", &["s", "a1", "l"]), view("n2", &["s", "a2", "l"])];
+        let err = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap_err();
+        assert_eq!(err.len(), 1);
+        assert_eq!(err[0].network_node, "l");
+        assert_eq!(err[0].parents, vec!["a1", "a2"]);
+    }
+
+    #[test]
+    fn names_are_valid_bounded_and_distinct() {
+        assert_eq!(
+            hypernode_name("ec2tl", 1, "nn-e50490a237cb0f01a"),
+            "ec2tl-t1-nn-e50490a237cb0f01a"
+        );
+        for id in ["NN-UPPER", "nn_under.score", &"n".repeat(100), "ünï", "---"] {
+            let n = hypernode_name("ec2tl", 2, id);
+            assert!(n.len() <= 63, "{n}");
+            assert!(
+                n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{n}"
+            );
+            assert!(n.ends_with(|c: char| c.is_ascii_alphanumeric()), "{n}");
+        }
+        assert_ne!(
+            hypernode_name("p", 1, "NN-A"),
+            hypernode_name("p", 1, "nn-a")
+        );
+    }
+
+    #[test]
+    fn nodes_without_labels_contribute_nothing_and_empty_input_gives_nothing() {
+        let mut v = view("n", &[]);
+        v.labels.insert("other".into(), "x".into());
+        assert_eq!(desired(&LabelScheme::default(), &[v], "ec2tl"), Ok(vec![]));
+    }
+}

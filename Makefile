@@ -7,7 +7,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: all build controlplane schedulers tools demo test e2e lint fmt schema kind manifests check-manifests ci clean-cache
+.PHONY: all build controlplane schedulers tools demo test e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
 
 all: build
 
@@ -73,3 +73,8 @@ ci: lint test
 
 clean-cache:
 	rm -rf $(EC2TL_CACHE)
+
+## bench: labelling performance vs the article's script; regenerates docs/benchmarks.{md,png,csv}
+bench: build controlplane
+	e2e/bench/tools.sh >/dev/null
+	$(BIN)/bench --out docs

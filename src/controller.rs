@@ -33,6 +33,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     Error, FIELD_MANAGER, Result,
     config::RunArgs,
+    conflict::{ConflictGuard, GuardConfig, Verdict, other_owners},
     ec2::AwsTopology,
     labels::{self, DeriveError, Desired, LabelScheme, NodeDiff},
     limiter::Limiter,
@@ -56,6 +57,8 @@ pub struct Context {
     pub leader: Arc<AtomicBool>,
     /// Kubernetes Events on Nodes, when enabled.
     pub recorder: Option<Recorder>,
+    /// Holds writes to nodes whose labels someone else keeps changing.
+    pub guard: Mutex<ConflictGuard>,
     failures: Mutex<HashMap<String, u32>>,
     operator_error_logged_at: AtomicU64,
 }
@@ -78,6 +81,7 @@ impl Context {
             metrics,
             leader: Arc::new(AtomicBool::new(true)),
             recorder: None,
+            guard: Mutex::new(ConflictGuard::new(GuardConfig::default())),
             failures: Mutex::new(HashMap::new()),
             operator_error_logged_at: AtomicU64::new(0),
         }
@@ -304,7 +308,24 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
                 // Leadership was lost while we looked EC2 up.
                 return Ok(Action::await_change());
             }
+            let verdict = ctx
+                .guard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .before_write(name, boot_id(node), std::time::Instant::now());
+            if let Verdict::Hold { until, first } = verdict {
+                ctx.metrics.set_node_state(name, NodeState::Conflict);
+                if first {
+                    report_conflict(ctx, node, &diff, until).await;
+                }
+                let wait = until.saturating_duration_since(std::time::Instant::now());
+                return Ok(Action::requeue(wait + Duration::from_millis(100)));
+            }
             write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
+            ctx.guard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .written(name);
             let summary = diff.summary();
             info!(changes = %summary, "node labels updated");
             ctx.metrics.set_node_state(name, NodeState::Labelled);
@@ -319,6 +340,40 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
             Ok(Action::requeue(jittered(ctx.resync)))
         }
     }
+}
+
+/// Someone keeps changing our labels on this node: say who, once per hold.
+async fn report_conflict(ctx: &Context, node: &Node, diff: &NodeDiff, until: std::time::Instant) {
+    let keys: Vec<&String> = diff
+        .labels
+        .change
+        .keys()
+        .chain(diff.labels.remove.keys())
+        .collect();
+    // One GET, once per hold: the cache keeps no managed fields.
+    let owners = match ctx.nodes.get(&node.name_any()).await {
+        Ok(live) => other_owners(
+            live.metadata.managed_fields.as_deref().unwrap_or_default(),
+            &keys,
+            FIELD_MANAGER,
+        ),
+        Err(_) => Vec::new(),
+    };
+    let pause = until
+        .saturating_duration_since(std::time::Instant::now())
+        .as_secs();
+    let note = format!(
+        "another writer ({}) keeps changing {:?}; not correcting this node for {pause}s to avoid a write loop",
+        if owners.is_empty() {
+            "unknown field manager".to_string()
+        } else {
+            owners.join(", ")
+        },
+        keys
+    );
+    warn!(owners = ?owners, keys = ?keys, pause_s = pause, "label conflict: {note}");
+    ctx.metrics.label_conflict();
+    publish(ctx, node, EventType::Warning, "TopologyLabelConflict", note).await;
 }
 
 /// The server-side apply body: the full set we manage. Keys the answer was silent on (see
@@ -605,6 +660,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reader.clone(),
         lookup,
         metrics.clone(),
+        ctx.clone(),
         resync,
     ));
 
@@ -644,8 +700,10 @@ async fn housekeeping(
     reader: Store<Node>,
     lookup: Lookup,
     metrics: Arc<Metrics>,
+    ctx: Arc<Context>,
     resync: Duration,
 ) {
+    let guard = &ctx.guard;
     let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
@@ -656,6 +714,10 @@ async fn housekeeping(
         for name in metrics.known_nodes() {
             if !live.contains(&name) {
                 metrics.forget_node(&name);
+                guard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .forget(&name);
             }
         }
         let evicted = lookup.evict_unused(resync.saturating_mul(3));

@@ -6,6 +6,7 @@
 
 pub mod chart;
 pub mod config;
+pub mod conflict;
 pub mod controller;
 pub mod ec2;
 pub mod http;

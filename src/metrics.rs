@@ -49,6 +49,8 @@ pub enum NodeState {
     Pending,
     /// The last attempt failed.
     Failing,
+    /// Another writer keeps changing our labels; writes are held.
+    Conflict,
 }
 
 impl NodeState {
@@ -59,6 +61,7 @@ impl NodeState {
             NodeState::Skipped(reason) => format!("skipped_{reason}"),
             NodeState::Pending => "pending".into(),
             NodeState::Failing => "failing".into(),
+            NodeState::Conflict => "conflict".into(),
         }
     }
 }
@@ -83,6 +86,7 @@ pub struct Metrics {
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
+    label_conflicts: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -206,6 +210,12 @@ impl Metrics {
             "1 when a Kueue Topology of our name exists with other levels (left alone)",
             kueue_mismatch.clone(),
         );
+        let label_conflicts = Counter::default();
+        registry.register(
+            "label_conflicts",
+            "Times another writer kept changing our labels on a node and writes were held",
+            label_conflicts.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -231,6 +241,7 @@ impl Metrics {
             hypernode_writes,
             hypernode_conflicts,
             kueue_mismatch,
+            label_conflicts,
         }
     }
 
@@ -310,6 +321,10 @@ impl Metrics {
                 topology: topology.to_string(),
             })
             .set(i64::from(mismatch));
+    }
+
+    pub fn label_conflict(&self) {
+        self.label_conflicts.inc();
     }
 
     pub fn set_leader(&self, leader: bool) {

@@ -6,7 +6,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
 awscli=awscli==1.46.3
-out="$cache/bench-tools"
+stamp=$(cat "$root/e2e/tools/go.sum" "$root/e2e/controlplane/go.sum" <(echo "$awscli") | sha256sum | cut -c1-12)
+out="$cache/bench-tools/$stamp"
 mkdir -p "$out"
 if [[ ! -x "$out/aws" ]]; then
   python3 -m venv "$cache/venv-bench-aws"

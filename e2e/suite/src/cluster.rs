@@ -41,7 +41,7 @@ pub struct ControlPlane {
     pub controller_kubeconfig: PathBuf,
     bin: PathBuf,
     etcd: Proc,
-    apiserver: Option<Proc>,
+    apiserver: std::sync::Mutex<Option<Proc>>,
     apiserver_args: Vec<String>,
 }
 
@@ -143,14 +143,14 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
-        let mut cp = Self {
+        let cp = Self {
             dir,
             server,
             admin_kubeconfig,
             controller_kubeconfig,
             bin,
             etcd,
-            apiserver: None,
+            apiserver: std::sync::Mutex::new(None),
             apiserver_args,
         };
         cp.start_apiserver().await?;
@@ -163,10 +163,14 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    async fn start_apiserver(&mut self) -> anyhow::Result<()> {
+    fn apiserver(&self) -> std::sync::MutexGuard<'_, Option<Proc>> {
+        self.apiserver.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn start_apiserver(&self) -> anyhow::Result<()> {
         let mut cmd = Command::new(self.bin.join("kube-apiserver"));
         cmd.args(&self.apiserver_args);
-        self.apiserver = Some(Proc::spawn(
+        *self.apiserver() = Some(Proc::spawn(
             "kube-apiserver",
             cmd,
             &self.dir.join("apiserver.log"),
@@ -174,22 +178,27 @@ impl ControlPlane {
         self.wait_ready(Duration::from_secs(60)).await
     }
 
-    /// Stop and start kube-apiserver (etcd keeps the data), waiting until it is ready again.
-    pub async fn restart_apiserver(&mut self) -> anyhow::Result<()> {
-        if let Some(mut p) = self.apiserver.take() {
+    /// Stop kube-apiserver (etcd keeps the data); every client's watch drops.
+    pub fn stop_apiserver(&self) {
+        let p = self.apiserver().take();
+        if let Some(mut p) = p {
             p.stop(Duration::from_secs(10));
         }
+    }
+
+    /// Stop and start kube-apiserver, waiting until it is ready again.
+    pub async fn restart_apiserver(&self) -> anyhow::Result<()> {
+        self.stop_apiserver();
         self.start_apiserver().await
     }
 
-    async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+    async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         let ca = self.dir.join("certs/apiserver.crt");
         let mut last_error = String::from("not started");
         while Instant::now() < deadline {
-            if let Some(p) = self.apiserver.as_mut()
-                && !p.alive()
-            {
+            let exited = self.apiserver().as_mut().is_some_and(|p| !p.alive());
+            if exited {
                 bail!(
                     "kube-apiserver exited; see {}",
                     self.dir.join("apiserver.log").display()
@@ -219,9 +228,7 @@ impl ControlPlane {
 
     /// Stop the API server and etcd, by PID, waiting for both to exit.
     pub fn stop(&mut self) {
-        if let Some(mut p) = self.apiserver.take() {
-            p.stop(Duration::from_secs(10));
-        }
+        self.stop_apiserver();
         self.etcd.stop(Duration::from_secs(10));
     }
 }

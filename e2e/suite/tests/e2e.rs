@@ -9,109 +9,26 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, ensure};
 use e2e::{
-    cluster::{Cluster, NAMESPACE},
+    env::{
+        Env, L, LEASE, RESYNC, ScenarioFn, WAIT, expected, label_and_wait, start_labeler,
+        wait_leader,
+    },
     fixtures::NodeSpec,
-    helm,
     kube_util::{self, eventually, wait_for_topology},
-    labeler::{Labeler, LabelerOptions, metric_sum},
-    mock::{MockAdmin, MockProcess},
+    labeler::metric_sum,
+    scenario,
 };
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use libtest_mimic::{Arguments, Failed, Trial};
-use mock_ec2::{Faults, Instance, Scenario};
+use mock_ec2::{Faults, Instance};
 use serde_json::json;
-use tokio::sync::Mutex;
-
-const WAIT: Duration = Duration::from_secs(30);
-const RESYNC: Duration = Duration::from_secs(5);
-const L: &str = "topology.k8s.aws/network-node-layer-";
-
-/// Fields drop in order: the controller stops first, then mock-ec2, then the control plane.
-struct Env {
-    labeler: Mutex<Option<Labeler>>,
-    /// Local runs only: the mock process the harness owns.
-    mock: Mutex<Option<MockProcess>>,
-    mock_admin: MockAdmin,
-    ec2_url: String,
-    cluster: Cluster,
-    dir: PathBuf,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Env {
-    fn local(&self) -> bool {
-        self.cluster.local.is_some()
-    }
-
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
-    }
-
-    async fn admin(&self) -> anyhow::Result<Client> {
-        self.cluster.admin().await
-    }
-
-    fn labeler_log(&self) -> String {
-        self.labeler
-            .try_lock()
-            .map(|l| l.as_ref().map(|l| l.log_tail(30)).unwrap_or_default())
-            .unwrap_or_default()
-    }
-}
-
-fn expected(nodes: &[&str], extra: &[(&str, &str)]) -> BTreeMap<String, String> {
-    let mut m: BTreeMap<String, String> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (format!("{L}{}", i + 1), n.to_string()))
-        .collect();
-    m.insert("topology.k8s.aws/zone-id".into(), "usw2-az1".into());
-    for (k, v) in extra {
-        m.insert(k.to_string(), v.to_string());
-    }
-    m
-}
-
-/// Create nodes for `specs` with instances in the mock, and wait for `want` on each.
-async fn label_and_wait(
-    env: &Env,
-    client: &Client,
-    pairs: &[(NodeSpec, Instance)],
-) -> anyhow::Result<()> {
-    env.mock_admin
-        .upsert_all(&pairs.iter().map(|(_, i)| i.clone()).collect::<Vec<_>>())
-        .await?;
-    kube_util::create_nodes(client, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
-    for (spec, inst) in pairs {
-        let want = expected(
-            &inst
-                .network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
-        let mut want = want;
-        if let Some(cb) = &inst.capacity_block_id {
-            want.insert(
-                "ec2-topology-labeler.io/capacity-block-id".into(),
-                cb.clone(),
-            );
-        }
-        wait_for_topology(client, &spec.name, &want, WAIT).await?;
-    }
-    Ok(())
-}
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios
@@ -1164,23 +1081,6 @@ async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Harness
-
-type ScenarioFn = for<'a> fn(
-    &'a Env,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
->;
-
-macro_rules! scenario {
-    ($f:ident, $local_only:expr) => {
-        (
-            stringify!($f),
-            (|env| Box::pin($f(env))) as ScenarioFn,
-            $local_only,
-        )
-    };
-}
 
 fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
     vec![
@@ -1208,172 +1108,6 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
     ]
 }
 
-const LEASE: Duration = Duration::from_secs(6);
-
-/// The controller as the e2e runs it: its ServiceAccount identity, leader election on, short
-/// periods so scenarios take seconds.
-fn start_labeler(
-    kubeconfig: &std::path::Path,
-    ec2_url: &str,
-    dir: &std::path::Path,
-    name: &str,
-) -> anyhow::Result<Labeler> {
-    Labeler::start(LabelerOptions {
-        kubeconfig,
-        ec2_url,
-        dir,
-        args: vec![
-            format!("--resync-period={}s", RESYNC.as_secs()),
-            // A test machine may stall for a few hundred ms (CI shares two cores between the API
-            // server, etcd, the controller and the test); a wider quiet window keeps a burst of
-            // node creations in full calls there. The default (200 ms) is unit-tested.
-            "--batch-window=500ms".into(),
-            "--batch-max-wait=3s".into(),
-            "--not-described-retry=2s".into(),
-            "--not-described-ttl=10s".into(),
-            "--ec2-rate=50".into(),
-            "--ec2-burst=100".into(),
-            "--ec2-throttle-backoff-max=2s".into(),
-            "--leader-election=true".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
-            "--leader-election-renew-grace=2s".into(),
-            "--kueue-topology=true".into(),
-            "--kueue-topology-four-layer=true".into(),
-            "--volcano-hypernodes=true".into(),
-            "--publish-interval=1s".into(),
-        ],
-        log_filter: "info,ec2_topology_labeler=debug",
-        log_name: &format!("{name}.log"),
-        env: vec![("POD_NAME".into(), name.into())],
-    })
-}
-
-/// Wait until the controller's own `leader` gauge says `leader`.
-async fn wait_leader(l: &Labeler, leader: bool) -> anyhow::Result<()> {
-    let want = if leader { 1.0 } else { 0.0 };
-    eventually(&format!("leader gauge {want}"), LEASE * 3, || async {
-        let m = l.metrics().await?;
-        Ok((metric_sum(&m, "ec2_topology_labeler_leader", &[]) == want).then_some(()))
-    })
-    .await
-}
-
-fn setup() -> anyhow::Result<Env> {
-    e2e::init_tls();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let dir = e2e::work_dir("ec2tl-e2e")?;
-    let (cluster, mock, mock_admin, ec2_url, labeler) = rt.block_on(async {
-        let cluster = Cluster::from_env(&dir.join("cluster")).await?;
-        let c = cluster.admin().await?;
-        kube_util::ensure_namespace(&c, NAMESPACE).await?;
-        if cluster.local.is_some() {
-            // The chart itself, installed with Helm: the controller runs under its RBAC. (No
-            // kubelet runs here, so its Deployment's Pods stay Pending; the controller runs as a
-            // process with the ServiceAccount's identity instead.)
-            let chart = helm::chart();
-            let chart = chart.to_str().unwrap_or_default();
-            helm::helm(None, &["lint", chart])?;
-            helm::helm(
-                Some(&cluster.admin_kubeconfig),
-                &[
-                    "install",
-                    "ec2-topology-labeler",
-                    chart,
-                    "--namespace",
-                    NAMESPACE,
-                    "--set",
-                    "config.kueueTopology=true",
-                    "--set",
-                    "config.volcanoHypernodes=true",
-                ],
-            )?;
-            eprintln!("helm install of the chart succeeded");
-            // The schedulers' CRDs, from the pinned Kueue and Volcano modules.
-            let artifacts = e2e::schedulers::artifacts()?;
-            for dir in ["crds/kueue", "crds/volcano"] {
-                let n = e2e::schedulers::install_crds(&c, &artifacts.join(dir))
-                    .await?
-                    .len();
-                eprintln!("installed {n} CRDs from {dir}");
-            }
-        }
-        let (mock, mock_admin, ec2_url) = match std::env::var("E2E_MOCK_EC2_URL") {
-            Ok(url) => (None, MockAdmin::new(&url), url),
-            Err(_) => {
-                let m = MockProcess::start(&dir.join("mock"), &Scenario::default()).await?;
-                let (admin, url) = (m.admin.clone(), m.url().to_string());
-                (Some(m), admin, url)
-            }
-        };
-        let labeler = match &cluster.controller_kubeconfig {
-            Some(kc) => {
-                let mut l = start_labeler(kc, &ec2_url, &dir, "controller-1")?;
-                l.wait_ready(Duration::from_secs(30)).await?;
-                wait_leader(&l, true).await?;
-                Some(l)
-            }
-            None => None,
-        };
-        anyhow::Ok((cluster, mock, mock_admin, ec2_url, labeler))
-    })?;
-    Ok(Env {
-        rt,
-        dir,
-        cluster,
-        mock_admin,
-        ec2_url,
-        mock: Mutex::new(mock),
-        labeler: Mutex::new(labeler),
-    })
-}
-
 fn main() {
-    let mut args = Arguments::from_args();
-    args.test_threads = Some(1);
-    let names: Vec<(&str, bool)> = scenarios().iter().map(|(n, _, l)| (*n, *l)).collect();
-    if args.list {
-        let trials = names
-            .iter()
-            .map(|(n, _)| Trial::test(*n, || Ok(())))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let env = match setup() {
-        Ok(env) => Arc::new(env),
-        Err(e) => {
-            eprintln!("e2e setup failed: {e:#}");
-            std::process::exit(1);
-        }
-    };
-    eprintln!("e2e working directory: {}", env.dir.display());
-    let trials: Vec<Trial> = scenarios()
-        .into_iter()
-        .map(|(name, f, local_only)| {
-            let ignored = local_only && !env.local();
-            let env = env.clone();
-            Trial::test(name, move || {
-                let started = Instant::now();
-                let result = env.block_on(f(&env));
-                eprintln!("    {name}: {:.1}s", started.elapsed().as_secs_f64());
-                result.map_err(|e| {
-                    Failed::from(format!(
-                        "{e:#}\ncontroller log tail:\n{}",
-                        env.labeler_log()
-                    ))
-                })
-            })
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    // Stop the controller, mock-ec2, kube-apiserver and etcd (by PID) before exiting.
-    match Arc::try_unwrap(env) {
-        Ok(env) => drop(env),
-        Err(_) => eprintln!("environment still shared at exit; processes stop on exit"),
-    }
-    conclusion.exit();
+    e2e::env::run("ec2tl-e2e", scenarios)
 }

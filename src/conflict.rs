@@ -1,0 +1,267 @@
+//! Not flapping when someone else fights over our labels.
+//!
+//! If another writer keeps setting one of our keys to another value, restoring it every time
+//! would turn two controllers into a write loop on the API server. After a few corrections in a
+//! short window the guard holds further writes to that node for a growing pause, so the writes
+//! stay bounded; the reconciler reports the conflict (naming the other field managers) once per
+//! hold. A new boot of the node starts afresh. Pure: time is passed in.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardConfig {
+    /// Corrections tolerated within `window`…
+    pub max_corrections: usize,
+    pub window: Duration,
+    /// …then writes are held this long, doubling per repeated hold, up to `backoff_max`.
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self {
+            max_corrections: 3,
+            window: Duration::from_secs(600),
+            backoff: Duration::from_secs(300),
+            backoff_max: Duration::from_secs(3600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Write,
+    /// Do not write before `until`. `first` is set on the reconcile that starts the hold (report
+    /// the conflict then, not on every retry).
+    Hold {
+        until: Instant,
+        first: bool,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    boot_id: Option<String>,
+    wrote: bool,
+    corrections: VecDeque<Instant>,
+    held_until: Option<Instant>,
+    holds: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct ConflictGuard {
+    cfg: GuardConfig,
+    entries: HashMap<String, Entry>,
+}
+
+impl ConflictGuard {
+    pub fn new(cfg: GuardConfig) -> Self {
+        Self {
+            cfg,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// May we write this node's labels now?
+    pub fn before_write(&mut self, node: &str, boot_id: Option<&str>, now: Instant) -> Verdict {
+        let e = self.entries.entry(node.to_string()).or_default();
+        if boot_id.is_some() && e.boot_id.as_deref() != boot_id {
+            // A new boot: the node may legitimately need new labels.
+            *e = Entry {
+                boot_id: boot_id.map(str::to_owned),
+                ..Entry::default()
+            };
+        }
+        if let Some(until) = e.held_until {
+            if now < until {
+                return Verdict::Hold {
+                    until,
+                    first: false,
+                };
+            }
+            e.held_until = None;
+        }
+        if !e.wrote {
+            return Verdict::Write;
+        }
+        // We labelled this node during this boot already: this write corrects someone.
+        e.corrections.push_back(now);
+        while e
+            .corrections
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > self.cfg.window)
+        {
+            e.corrections.pop_front();
+        }
+        if e.corrections.len() > self.cfg.max_corrections {
+            e.holds = e.holds.saturating_add(1);
+            let pause = self
+                .cfg
+                .backoff
+                .saturating_mul(1u32 << (e.holds - 1).min(16))
+                .min(self.cfg.backoff_max);
+            let until = now + pause;
+            e.held_until = Some(until);
+            e.corrections.clear();
+            return Verdict::Hold { until, first: true };
+        }
+        Verdict::Write
+    }
+
+    /// We wrote this node's labels.
+    pub fn written(&mut self, node: &str) {
+        if let Some(e) = self.entries.get_mut(node) {
+            e.wrote = true;
+        }
+    }
+
+    pub fn forget(&mut self, node: &str) {
+        self.entries.remove(node);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Field managers other than `ours` that own any of `keys` in a Node's labels, from its
+/// `metadata.managedFields`.
+pub fn other_owners(
+    managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+    keys: &[&String],
+    ours: &str,
+) -> Vec<String> {
+    let mut out: Vec<String> = managed
+        .iter()
+        .filter(|m| m.manager.as_deref() != Some(ours))
+        .filter(|m| {
+            m.fields_v1.as_ref().is_some_and(|f| {
+                let labels = &f.0["f:metadata"]["f:labels"];
+                keys.iter().any(|k| labels.get(format!("f:{k}")).is_some())
+            })
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard() -> ConflictGuard {
+        ConflictGuard::new(GuardConfig {
+            max_corrections: 3,
+            window: Duration::from_secs(600),
+            backoff: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(240),
+        })
+    }
+
+    #[test]
+    fn first_labelling_and_a_few_corrections_are_written() {
+        let mut g = guard();
+        let t = Instant::now();
+        assert_eq!(g.before_write("n", Some("b"), t), Verdict::Write);
+        g.written("n");
+        for i in 1..=3 {
+            assert_eq!(
+                g.before_write("n", Some("b"), t + Duration::from_secs(i)),
+                Verdict::Write
+            );
+            g.written("n");
+        }
+    }
+
+    #[test]
+    fn a_fight_is_held_with_growing_pauses_and_reported_once_per_hold() {
+        let mut g = guard();
+        let t = Instant::now();
+        g.before_write("n", Some("b"), t);
+        g.written("n");
+        let mut writes = 0;
+        let mut firsts = 0;
+        // Someone resets our label every second for 10 minutes.
+        for s in 1..600u64 {
+            match g.before_write("n", Some("b"), t + Duration::from_secs(s)) {
+                Verdict::Write => {
+                    writes += 1;
+                    g.written("n");
+                }
+                Verdict::Hold { first, .. } => firsts += usize::from(first),
+            }
+        }
+        assert!(writes <= 15, "{writes} writes in 10 minutes of fighting");
+        assert!(firsts >= 2, "each hold is reported once ({firsts})");
+        // Holds grow: 60, 120, 240 (capped).
+        let mut g = guard();
+        g.before_write("m", Some("b"), t);
+        g.written("m");
+        let mut pauses = Vec::new();
+        let mut now = t;
+        while pauses.len() < 4 {
+            now += Duration::from_secs(1);
+            match g.before_write("m", Some("b"), now) {
+                Verdict::Write => g.written("m"),
+                Verdict::Hold { until, first: true } => {
+                    pauses.push((until - now).as_secs());
+                    now = until;
+                }
+                Verdict::Hold { .. } => {}
+            }
+        }
+        assert_eq!(pauses, vec![60, 120, 240, 240]);
+    }
+
+    #[test]
+    fn a_new_boot_starts_afresh() {
+        let mut g = guard();
+        let t = Instant::now();
+        g.before_write("n", Some("b1"), t);
+        g.written("n");
+        for i in 1..=4 {
+            let _ = g.before_write("n", Some("b1"), t + Duration::from_secs(i));
+            g.written("n");
+        }
+        assert!(matches!(
+            g.before_write("n", Some("b1"), t + Duration::from_secs(5)),
+            Verdict::Hold { .. }
+        ));
+        assert_eq!(
+            g.before_write("n", Some("b2"), t + Duration::from_secs(6)),
+            Verdict::Write
+        );
+    }
+
+    #[test]
+    fn other_owners_are_read_from_managed_fields() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let entry = |m: &str, key: &str| ManagedFieldsEntry {
+            manager: Some(m.into()),
+            fields_v1: Some(FieldsV1(
+                serde_json::json!({"f:metadata": {"f:labels": {format!("f:{key}"): {}}}}),
+            )),
+            ..Default::default()
+        };
+        let k = "topology.k8s.aws/network-node-layer-1".to_string();
+        let managed = vec![
+            entry("ec2-topology-labeler", &k),
+            entry("fighter", &k),
+            entry("kubelet", "other"),
+        ];
+        assert_eq!(
+            other_owners(&managed, &[&k], "ec2-topology-labeler"),
+            vec!["fighter"]
+        );
+    }
+}

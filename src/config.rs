@@ -248,6 +248,10 @@ pub struct ControllerArgs {
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
     #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
+    /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
+    /// the load on the API server during a burst.
+    #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 16)]
+    pub write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections in 10
     /// minutes), stop correcting it for this long (doubling, up to 1h) and report the conflict.
     #[arg(long, env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]

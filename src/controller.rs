@@ -15,7 +15,6 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -39,13 +38,14 @@ use crate::{
     limiter::Limiter,
     lookup::{Lookup, Resolved},
     metrics::{Metrics, NodeState},
+    node::LiteNode,
     provider_id::{self, SkipReason},
     topology::Ec2Error,
 };
 
 /// Everything a reconcile needs. Built once, shared by every reconcile.
 pub struct Context {
-    pub nodes: Api<Node>,
+    pub nodes: Api<LiteNode>,
     pub lookup: Lookup,
     pub scheme: LabelScheme,
     /// Region for every node; `None` derives it from each node's zone.
@@ -59,13 +59,15 @@ pub struct Context {
     pub recorder: Option<Recorder>,
     /// Holds writes to nodes whose labels someone else keeps changing.
     pub guard: Mutex<ConflictGuard>,
+    /// Bounds the label writes in flight.
+    pub writes: tokio::sync::Semaphore,
     failures: Mutex<HashMap<String, u32>>,
     operator_error_logged_at: AtomicU64,
 }
 
 impl Context {
     pub fn new(
-        nodes: Api<Node>,
+        nodes: Api<LiteNode>,
         lookup: Lookup,
         scheme: LabelScheme,
         region: Option<String>,
@@ -82,6 +84,7 @@ impl Context {
             leader: Arc::new(AtomicBool::new(true)),
             recorder: None,
             guard: Mutex::new(ConflictGuard::new(GuardConfig::default())),
+            writes: tokio::sync::Semaphore::new(16),
             failures: Mutex::new(HashMap::new()),
             operator_error_logged_at: AtomicU64::new(0),
         }
@@ -115,33 +118,25 @@ pub enum Assessment {
     },
 }
 
-fn labels_of(node: &Node) -> BTreeMap<String, String> {
+fn labels_of(node: &LiteNode) -> BTreeMap<String, String> {
     node.metadata.labels.clone().unwrap_or_default()
 }
 
-fn annotations_of(node: &Node) -> BTreeMap<String, String> {
+fn annotations_of(node: &LiteNode) -> BTreeMap<String, String> {
     node.metadata.annotations.clone().unwrap_or_default()
 }
 
-pub fn boot_id(node: &Node) -> Option<&str> {
-    node.status
-        .as_ref()?
-        .node_info
-        .as_ref()
-        .map(|i| i.boot_id.as_str())
-        .filter(|b| !b.is_empty())
+pub fn boot_id(node: &LiteNode) -> Option<&str> {
+    node.boot_id()
 }
 
-pub fn provider_id_of(node: &Node) -> &str {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or("")
+pub fn provider_id_of(node: &LiteNode) -> &str {
+    node.provider_id()
 }
 
 /// Read-only part of a reconcile, shared with `plan`.
 pub async fn assess(
-    node: &Node,
+    node: &LiteNode,
     scheme: &LabelScheme,
     region: Option<&str>,
     lookup: &Lookup,
@@ -188,7 +183,7 @@ fn jittered(d: Duration) -> Duration {
     d + d.mul_f64(fastrand::f64() / 10.0)
 }
 
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.leader.load(Ordering::SeqCst) {
         // Followers keep their node cache warm and stay ready; the leader does the work. Every
         // node is re-checked when this replica is elected.
@@ -230,7 +225,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 /// Record an Event on the node. Events are informative: failing to record one is only logged.
-async fn publish(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+async fn publish(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str, note: String) {
     let Some(recorder) = &ctx.recorder else {
         return;
     };
@@ -248,7 +243,7 @@ async fn publish(ctx: &Context, node: &Node, type_: EventType, reason: &str, not
     }
 }
 
-async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action> {
+async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Action> {
     let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup).await?;
     match assessment {
         Assessment::Skipped(reason) => {
@@ -321,7 +316,11 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
                 let wait = until.saturating_duration_since(std::time::Instant::now());
                 return Ok(Action::requeue(wait + Duration::from_millis(100)));
             }
-            write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
+            {
+                // A closed semaphore cannot happen (it is never closed); write regardless.
+                let _permit = ctx.writes.acquire().await.ok();
+                write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
+            }
             ctx.guard
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -343,7 +342,12 @@ async fn reconcile_node(node: &Node, name: &str, ctx: &Context) -> Result<Action
 }
 
 /// Someone keeps changing our labels on this node: say who, once per hold.
-async fn report_conflict(ctx: &Context, node: &Node, diff: &NodeDiff, until: std::time::Instant) {
+async fn report_conflict(
+    ctx: &Context,
+    node: &LiteNode,
+    diff: &NodeDiff,
+    until: std::time::Instant,
+) {
     let keys: Vec<&String> = diff
         .labels
         .change
@@ -378,7 +382,7 @@ async fn report_conflict(ctx: &Context, node: &Node, diff: &NodeDiff, until: std
 
 /// The server-side apply body: the full set we manage. Keys the answer was silent on (see
 /// [`Desired::keep`]) are re-applied with their current values so that apply does not drop them.
-pub fn apply_body(node: &Node, desired: &Desired) -> serde_json::Value {
+pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
     let mut labels = desired.labels.clone();
     let mut annotations = desired.annotations.clone();
     let current_labels = labels_of(node);
@@ -406,8 +410,8 @@ pub fn apply_body(node: &Node, desired: &Desired) -> serde_json::Value {
 /// One apply of the full managed set; then, only if stale keys survived it because another
 /// manager co-owns them, one merge patch that removes exactly those keys.
 pub async fn write_labels(
-    nodes: &Api<Node>,
-    node: &Node,
+    nodes: &Api<LiteNode>,
+    node: &LiteNode,
     desired: &Desired,
     diff: &NodeDiff,
     metrics: &Metrics,
@@ -468,7 +472,7 @@ pub async fn write_labels(
     Ok(())
 }
 
-pub fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let failures = {
         let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -507,41 +511,21 @@ pub fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(delay)
 }
 
-/// Keep only what reconciles read: our label family, our annotation, providerID, bootID.
-/// Node objects are large (`status.images`); the cache grows with what we keep, not with them.
-pub fn prune(node: &mut Node, scheme: &LabelScheme) {
+/// Keep only our label family and annotation: the rest of the Node was never deserialized
+/// (see [`LiteNode`]), and other labels do not matter to a reconcile.
+pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     let meta = &mut node.metadata;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
     if let Some(labels) = meta.labels.as_mut() {
         labels.retain(|k, _| scheme.is_family_label(k));
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| scheme.is_family_annotation(k));
     }
-    let provider_id = node.spec.as_mut().and_then(|s| s.provider_id.take());
-    node.spec = Some(NodeSpec {
-        provider_id,
-        ..NodeSpec::default()
-    });
-    let boot_id = node
-        .status
-        .as_mut()
-        .and_then(|s| s.node_info.as_mut())
-        .map(|i| std::mem::take(&mut i.boot_id));
-    node.status = boot_id.map(|boot_id| NodeStatus {
-        node_info: Some(NodeSystemInfo {
-            boot_id,
-            ..NodeSystemInfo::default()
-        }),
-        ..NodeStatus::default()
-    });
 }
 
 /// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
 /// labels) do not trigger one. Applied to pruned nodes.
-fn relevant(node: &Node) -> Option<u64> {
+fn relevant(node: &LiteNode) -> Option<u64> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
     node.metadata.labels.hash(&mut h);
@@ -568,7 +552,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let client = Client::try_default().await?;
     let metrics = Arc::new(Metrics::new());
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<LiteNode> = Api::all(client.clone());
     let resync = args.controller.resync_period.0;
     let mut ctx = Context::new(
         nodes.clone(),
@@ -697,7 +681,7 @@ fn default_identity() -> String {
 
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
-    reader: Store<Node>,
+    reader: Store<LiteNode>,
     lookup: Lookup,
     metrics: Arc<Metrics>,
     ctx: Arc<Context>,

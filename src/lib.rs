@@ -16,6 +16,7 @@ pub mod leader;
 pub mod limiter;
 pub mod lookup;
 pub mod metrics;
+pub mod node;
 pub mod plan;
 pub mod provider_id;
 pub mod publish;

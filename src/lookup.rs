@@ -310,13 +310,31 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// When this queue should be sent: at once when full, else after a quiet `window` since the
-    /// last arrival, but never later than `max_wait` after the first.
-    fn due(&self, cfg: &LookupConfig, max_batch: usize) -> Instant {
-        if self.ids.len() >= max_batch {
-            self.first_at
+    /// When this queue should be sent, seen at `now`: at once when full; otherwise after a
+    /// quiet `window` since the last arrival — unless the queue has been filling so fast that,
+    /// at that rate, it would be full within a few windows (a burst that stalled for a moment:
+    /// a busy machine delays watch events in clumps); never later than `max_wait` after the
+    /// first arrival.
+    fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
+        let len = self.ids.len();
+        if len >= max_batch {
+            return self.first_at;
+        }
+        let cap = self.first_at + cfg.batch_max_wait;
+        let quiet = self.last_at + cfg.batch_window;
+        if now < quiet || len < 2 {
+            return quiet.min(cap);
+        }
+        let elapsed = now.saturating_duration_since(self.first_at).as_secs_f64();
+        if elapsed <= 0.0 {
+            return quiet.min(cap);
+        }
+        let rate = (len - 1) as f64 / elapsed;
+        let to_fill = Duration::from_secs_f64((max_batch - len) as f64 / rate);
+        if to_fill <= cfg.batch_window.saturating_mul(3) {
+            (now + to_fill).min(cap)
         } else {
-            (self.last_at + cfg.batch_window).min(self.first_at + cfg.batch_max_wait)
+            quiet.min(cap)
         }
     }
 }
@@ -342,7 +360,7 @@ impl<S: TopologySource> Batcher<S> {
                     // Send the longest-waiting queue that is due (all are due once closing).
                     let next = queued
                         .iter()
-                        .filter(|(_, w)| !open || w.due(&self.cfg, max_batch) <= now)
+                        .filter(|(_, w)| !open || w.due(&self.cfg, max_batch, now) <= now)
                         .min_by_key(|(_, w)| w.first_at)
                         .map(|(region, _)| region.clone());
                     let Some(region) = next else { break };
@@ -369,7 +387,7 @@ impl<S: TopologySource> Batcher<S> {
                     .values()
                     .map(|w| {
                         if open {
-                            w.due(&self.cfg, max_batch)
+                            w.due(&self.cfg, max_batch, now)
                         } else {
                             now
                         }
@@ -597,6 +615,57 @@ mod tests {
         assert!(answers.iter().all(Result::is_ok));
         let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
         assert_eq!(sizes, vec![100, 50]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_inside_a_burst_does_not_split_its_call() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        // 60 arrivals 5 ms apart, a 300 ms stall (longer than the 200 ms window), 40 more.
+        let asks = (0..100).map(|n| {
+            let l = l.clone();
+            async move {
+                let at = 5 * n as u64 + if n >= 60 { 300 } else { 0 };
+                tokio::time::sleep(Duration::from_millis(at)).await;
+                l.resolve("r", &id(n * 2), None).await
+            }
+        });
+        assert!(
+            futures::future::join_all(asks)
+                .await
+                .iter()
+                .all(Result::is_ok)
+        );
+        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        assert_eq!(sizes, vec![100], "one full call despite the stall");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_burst_is_not_held_for_a_fill_that_will_not_come() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        // Three nodes 10 ms apart: at that rate 97 more would take ~1 s, so the quiet window
+        // applies and they go out ~200 ms after the last one.
+        let start = Instant::now();
+        let asks = (0..3).map(|n| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(10 * n as u64)).await;
+                l.resolve("r", &id(n * 2), None).await
+            }
+        });
+        assert!(
+            futures::future::join_all(asks)
+                .await
+                .iter()
+                .all(Result::is_ok)
+        );
+        assert_eq!(fake.calls().len(), 1);
+        assert!(
+            start.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,6 @@
 use std::{collections::BTreeMap, io::Write, sync::Arc};
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, ObjectList},
@@ -17,6 +16,7 @@ use crate::{
     labels::{LabelScheme, MapDiff},
     lookup::Lookup,
     metrics::Metrics,
+    node::LiteNode,
 };
 
 /// One node's line of the plan.
@@ -38,7 +38,7 @@ pub struct NodePlan {
 
 /// Plan every node. Lookups run concurrently so they share batched EC2 calls.
 pub async fn plan_nodes(
-    nodes: &[Node],
+    nodes: &[LiteNode],
     scheme: &LabelScheme,
     region: Option<&str>,
     lookup: &Lookup,
@@ -153,11 +153,11 @@ pub fn render_table(plans: &[NodePlan]) -> String {
 }
 
 /// List every node, page by page, keeping only what planning needs.
-pub async fn list_nodes(api: &Api<Node>, scheme: &LabelScheme) -> Result<Vec<Node>> {
+pub async fn list_nodes(api: &Api<LiteNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
-        let page: ObjectList<Node> = api.list(&params).await?;
+        let page: ObjectList<LiteNode> = api.list(&params).await?;
         for mut node in page.items {
             prune(&mut node, scheme);
             out.push(node);
@@ -172,7 +172,7 @@ pub async fn list_nodes(api: &Api<Node>, scheme: &LabelScheme) -> Result<Vec<Nod
 pub async fn run(args: PlanArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
-    let api: Api<Node> = Api::all(client);
+    let api: Api<LiteNode> = Api::all(client);
     let nodes = list_nodes(&api, &scheme).await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
     let plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup).await;

@@ -9,7 +9,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Node;
 use kube::{
     Client, ResourceExt,
     runtime::{
@@ -35,7 +34,7 @@ pub struct Publishers {
     pub client: Client,
     pub args: PublishArgs,
     pub scheme: LabelScheme,
-    pub reader: Store<Node>,
+    pub reader: Store<crate::node::LiteNode>,
     pub leader: Arc<AtomicBool>,
     /// Set once the node cache has synced.
     pub synced: Arc<AtomicBool>,
@@ -153,7 +152,7 @@ impl Publishers {
             .map(|n| NodeView {
                 name: n.name_any(),
                 ready: None,
-                labels: n.labels().clone(),
+                labels: n.metadata.labels.clone().unwrap_or_default(),
             })
             .collect();
         match volcano::desired(&self.scheme, &views, &self.args.volcano_hypernode_prefix) {

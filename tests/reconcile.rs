@@ -16,10 +16,10 @@ use ec2_topology_labeler::{
     limiter::{Limiter, LimiterConfig},
     lookup::{Lookup, LookupConfig},
     metrics::Metrics,
+    node::{LiteNode, LiteNodeInfo, LiteSpec, LiteStatus},
     topology::{Ec2Error, InstanceTopology, TopologySource},
 };
 use http::{Method, Request, Response};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
 use kube::{Api, Client, client::Body, runtime::controller::Action};
 use serde_json::{Value, json};
 
@@ -61,29 +61,26 @@ impl Fake {
     }
 }
 
-fn node(labels: &[(&str, &str)]) -> Node {
+fn node(labels: &[(&str, &str)]) -> LiteNode {
     let labels: BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    Node {
+    LiteNode {
         metadata: kube::api::ObjectMeta {
             name: Some("ip-10-0-0-1.us-west-2.compute.internal".into()),
             uid: Some("5c3e1c0e-0000-4000-8000-000000000001".into()),
             labels: Some(labels),
             ..Default::default()
         },
-        spec: Some(NodeSpec {
+        spec: LiteSpec {
             provider_id: Some(format!("aws:///us-west-2a/{ID}")),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            node_info: Some(NodeSystemInfo {
-                boot_id: "boot-1".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        },
+        status: LiteStatus {
+            node_info: LiteNodeInfo {
+                boot_id: Some("boot-1".into()),
+            },
+        },
     }
 }
 
@@ -321,7 +318,7 @@ async fn nodes_that_are_not_ec2_instances_wait_for_a_change() {
         "gce://p/z/vm",
     ] {
         let mut n = node(&[]);
-        n.spec.as_mut().unwrap().provider_id = Some(pid.into());
+        n.spec.provider_id = Some(pid.into());
         let action = reconcile(Arc::new(n), ctx.clone()).await.expect("skipped");
         assert_eq!(action, Action::await_change(), "{pid}");
     }

@@ -171,7 +171,14 @@ impl Env {
             kubeconfig: &self.cp.controller_kubeconfig,
             ec2_url: self.mock.url(),
             dir: &self.dir,
-            args: vec![format!("--resync-period={}s", RESYNC.as_secs())],
+            args: std::iter::once(format!("--resync-period={}s", RESYNC.as_secs()))
+                .chain(
+                    std::env::var("BENCH_CONTROLLER_ARGS")
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .map(String::from),
+                )
+                .collect(),
             log_filter: "info",
             log_name: &format!("{name}.log"),
             env: vec![],

@@ -1,3 +1,4 @@
+SHELL := /bin/bash
 # ec2-topology-labeler: one profile (dev, tuned in Cargo.toml) serves tests, e2e and the demo.
 # Caches live outside the checkout so CI runs on a fresh clone reuse them.
 EC2TL_CACHE ?= $(HOME)/.cache/ec2-topology-labeler
@@ -7,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: all build controlplane schedulers tools demo test e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
+.PHONY: all build controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
 
 all: build
 
@@ -34,6 +35,22 @@ demo: build controlplane
 ## test: unit + integration tests, then e2e against a real kube-apiserver (README command 2)
 test: build controlplane schedulers check-manifests
 	cargo test --workspace --locked
+
+## test-faults: the fault suite (EC2 throttled/down/slow/lying, API server restarted, label
+## fights, kills, hostile input); writes docs/reliability.md. FAULT_SECONDS shortens the 60 s faults.
+test-faults: build controlplane schedulers
+	RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md cargo test -p e2e --locked --test faults
+
+## fuzz: cargo-fuzz (stable toolchain, no sanitizer: the code is memory-safe Rust; looking for
+## panics and broken invariants) over the providerID parser, the sanitiser and label derivation
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := provider_id sanitize derive
+fuzz:
+	@test -x $(EC2TL_CACHE)/cargo-fuzz/bin/cargo-fuzz || cargo install cargo-fuzz --locked --version 0.13.2 --root $(EC2TL_CACHE)/cargo-fuzz
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  PATH=$(EC2TL_CACHE)/cargo-fuzz/bin:$$PATH CARGO_TARGET_DIR=$(EC2TL_CACHE)/fuzz-target \
+	    cargo fuzz run $$t -s none -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 2>&1 | grep -E "Done|stat::number_of_executed_units|panicked|SUMMARY" ; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; done
 
 ## e2e: only the end-to-end suite
 e2e: build controlplane schedulers
@@ -69,7 +86,8 @@ check-manifests: tools
 	  || { echo "deploy/ is stale: run make manifests"; exit 1; }
 
 ## ci: what .ci/run does
-ci: lint test
+ci: lint test test-faults
+	$(MAKE) fuzz FUZZ_SECONDS=20
 
 clean-cache:
 	rm -rf $(EC2TL_CACHE)

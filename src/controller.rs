@@ -238,8 +238,16 @@ async fn publish(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str,
         action: "LabelTopology".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
-        debug!(error = %e, "could not record an event");
+    // Events are informative: never let one hold up a reconcile.
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        recorder.publish(&event, &node.object_ref(&())),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!(error = %e, "could not record an event"),
+        Err(_) => debug!("recording an event timed out"),
     }
 }
 
@@ -275,15 +283,18 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
         }
         Assessment::Invalid { instance_id, error } => {
             tracing::Span::current().record("instance", instance_id.as_str());
-            warn!(%error, "cannot label from EC2's answer; leaving the node's labels alone");
             ctx.metrics.reconcile_failed("invalid_topology");
+            // Not an answer to keep: ask EC2 again later, with the backoff of an instance it
+            // did not describe, rather than trusting it until the cache TTL.
+            let retry_in = ctx.lookup.reject(&instance_id);
             if ctx.metrics.set_node_state(name, NodeState::Failing) != Some(NodeState::Failing) {
+                warn!(%error, retry_in_s = retry_in.as_secs(), "cannot label from EC2's answer; leaving the node's labels alone");
                 let note = format!(
                     "EC2's topology answer cannot be turned into labels; they are left as they are: {error}"
                 );
                 publish(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
             }
-            Ok(Action::requeue(jittered(ctx.resync)))
+            Ok(Action::requeue(jittered(retry_in)))
         }
         Assessment::Ready {
             instance_id,
@@ -314,6 +325,10 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                     report_conflict(ctx, node, &diff, until).await;
                 }
                 let wait = until.saturating_duration_since(std::time::Instant::now());
+                debug!(
+                    wait_ms = wait.as_millis() as u64,
+                    "label conflict: holding writes to this node"
+                );
                 return Ok(Action::requeue(wait + Duration::from_millis(100)));
             }
             {
@@ -354,8 +369,9 @@ async fn report_conflict(
         .keys()
         .chain(diff.labels.remove.keys())
         .collect();
-    // One GET, once per hold: the cache keeps no managed fields.
-    let owners = match ctx.nodes.get(&node.name_any()).await {
+    // One GET of the full Node, once per hold: the cache keeps no managed fields.
+    let full: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.nodes.clone().into_client());
+    let owners = match full.get(&node.name_any()).await {
         Ok(live) => other_owners(
             live.metadata.managed_fields.as_deref().unwrap_or_default(),
             &keys,
@@ -480,8 +496,10 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
         *n = n.saturating_add(1);
         *n
     };
+    // Errors an operator must fix are retried less often; not rarely, though: a 403 can also be
+    // an API server that just restarted and has not loaded its RBAC yet.
     let (base, cap) = if err.needs_operator() {
-        (Duration::from_secs(30), Duration::from_secs(600))
+        (Duration::from_secs(5), Duration::from_secs(300))
     } else {
         (Duration::from_secs(1), Duration::from_secs(300))
     };
@@ -562,6 +580,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         resync,
         metrics.clone(),
     );
+    ctx.writes = tokio::sync::Semaphore::new(usize::from(args.controller.write_concurrency.max(1)));
+    ctx.guard = Mutex::new(ConflictGuard::new(GuardConfig {
+        backoff: args.controller.conflict_backoff.0,
+        ..GuardConfig::default()
+    }));
     let identity = args
         .leader
         .identity
@@ -659,6 +682,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 match e {
                     controller::Error::ObjectNotFound(_)
                     | controller::Error::ReconcilerFailed(..) => {}
+                    // The watcher relists by itself (after an expired resource version, a restarted
+                    // API server); nothing is lost.
+                    controller::Error::QueueError(e) => {
+                        info!(error = %e, "watch interrupted; resuming")
+                    }
                     other => warn!(error = %other, "controller event"),
                 }
             }

@@ -11,20 +11,17 @@ pub mod controller;
 pub mod ec2;
 pub mod http;
 pub mod kueue;
-pub mod labels;
 pub mod leader;
 pub mod limiter;
 pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod plan;
-pub mod provider_id;
 pub mod publish;
-pub mod topology;
-pub mod tree;
 pub mod tree_cmd;
 pub mod volcano;
 
+pub use ec2_topology_core::{labels, provider_id, topology, tree};
 use topology::Ec2Error;
 
 /// Field manager of every write we make. Never rename it: server-side apply ownership is

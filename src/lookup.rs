@@ -87,6 +87,8 @@ struct CacheEntry {
     boot_id: Option<String>,
     state: State,
     used_at: Instant,
+    /// Answers for this boot that could not be turned into labels (see [`Lookup::reject`]).
+    rejected: u32,
 }
 
 type Answer = Result<Option<InstanceTopology>, Ec2Error>;
@@ -253,12 +255,14 @@ impl Lookup {
                 };
             }
         };
+        let rejected = stale.as_ref().map_or(0, |e| e.rejected);
         self.cache().insert(
             instance_id.to_string(),
             CacheEntry {
                 boot_id: boot_id.map(str::to_owned),
                 state,
                 used_at: now,
+                rejected,
             },
         );
         Ok(resolved)
@@ -270,6 +274,23 @@ impl Lookup {
             .not_described_retry
             .saturating_mul(1u32 << exp)
             .min(self.cfg.not_described_ttl)
+    }
+
+    /// The cached answer for `instance_id` cannot be used (labels cannot be derived from it):
+    /// forget it, and ask again after the not-described backoff. Returns that wait.
+    pub fn reject(&self, instance_id: &str) -> Duration {
+        let now = Instant::now();
+        let mut cache = self.cache();
+        let Some(e) = cache.get_mut(instance_id) else {
+            return self.cfg.not_described_retry;
+        };
+        e.rejected = e.rejected.saturating_add(1);
+        let retry_in = self.not_described_backoff(e.rejected);
+        e.state = State::NotDescribed {
+            retry_at: now + retry_in,
+            attempts: e.rejected,
+        };
+        retry_in
     }
 
     /// Drop entries no reconcile has asked about for `unused_for` (deleted nodes).
@@ -847,6 +868,30 @@ mod tests {
         let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i2, None));
         assert!(a.is_ok() && b.is_ok());
         assert_eq!(fake.calls(), vec![("r".to_string(), vec![id(2)])]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_answer_is_asked_again_after_a_backoff() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), Some("b")).await.unwrap();
+        assert_eq!(l.reject(&id(2)), Duration::from_secs(15));
+        assert!(matches!(
+            l.resolve("r", &id(2), Some("b")).await.unwrap(),
+            Resolved::NotDescribed { .. }
+        ));
+        assert_eq!(fake.calls().len(), 1, "not asked again before the backoff");
+        tokio::time::advance(Duration::from_secs(16)).await;
+        assert!(matches!(
+            l.resolve("r", &id(2), Some("b")).await.unwrap(),
+            Resolved::Topology { .. }
+        ));
+        assert_eq!(fake.calls().len(), 2);
+        assert_eq!(
+            l.reject(&id(2)),
+            Duration::from_secs(30),
+            "a second rejection waits longer"
+        );
     }
 
     #[tokio::test(start_paused = true)]

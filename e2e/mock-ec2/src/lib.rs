@@ -122,6 +122,8 @@ pub struct Stats {
     pub failed: u64,
     /// Total instance IDs asked for.
     pub ids_requested: u64,
+    /// How often each instance ID was asked for.
+    pub asked: BTreeMap<String, u64>,
 }
 
 struct Bucket {
@@ -243,6 +245,9 @@ impl MockEc2 {
         inner.stats.calls += 1;
         inner.stats.ids_per_call.push(request.instance_ids.len());
         inner.stats.ids_requested += request.instance_ids.len() as u64;
+        for id in &request.instance_ids {
+            *inner.stats.asked.entry(id.clone()).or_default() += 1;
+        }
         let faults = inner.faults.clone();
         let latency = Duration::from_millis(faults.latency_ms);
 

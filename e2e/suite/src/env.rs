@@ -156,7 +156,8 @@ pub fn start_labeler(
             "--publish-interval=1s".into(),
             "--conflict-backoff=10s".into(),
         ],
-        log_filter: "info,ec2_topology_labeler=debug",
+        log_filter: &std::env::var("E2E_CONTROLLER_LOG")
+            .unwrap_or_else(|_| "info,ec2_topology_labeler=debug".into()),
         log_name: &format!("{name}.log"),
         env: vec![("POD_NAME".into(), name.into())],
     })

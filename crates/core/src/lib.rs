@@ -1,0 +1,8 @@
+//! The pure logic of ec2-topology-labeler, apart from all I/O: what a providerID names, which
+//! labels a topology answer means, what must change on a node, and the topology tree the labels
+//! describe. Small and dependency-light, so it is unit-, property- and fuzz-tested on its own.
+
+pub mod labels;
+pub mod provider_id;
+pub mod topology;
+pub mod tree;

@@ -641,6 +641,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             PredicateConfig::default().ttl(resync.saturating_mul(3)),
         );
 
+    // Each time EC2 answers again after failing, re-check every node: those waiting out a
+    // per-node backoff are labelled now (they share batched calls; the rest are cache hits).
+    let recoveries = futures::stream::unfold(lookup.recoveries(), |mut rx| async move {
+        rx.changed().await.ok()?;
+        info!("EC2 answers again; re-checking every node");
+        Some(((), rx))
+    });
     let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
     tokio::spawn(crate::http::serve(
         listener,
@@ -674,7 +681,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!(resync_s = resync.as_secs(), "controller starting");
     Controller::for_stream(triggers, reader)
         .with_config(controller::Config::default().concurrency(args.controller.concurrency))
-        .reconcile_all_on(elected_rx)
+        .reconcile_all_on(futures::stream::select(elected_rx, recoveries))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

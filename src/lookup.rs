@@ -106,6 +106,7 @@ pub struct Lookup {
     cache: Arc<Mutex<HashMap<String, CacheEntry>>>,
     requests: mpsc::UnboundedSender<Request>,
     metrics: Arc<Metrics>,
+    recoveries: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Lookup {
@@ -117,11 +118,16 @@ impl Lookup {
         metrics: Arc<Metrics>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (recovered, recoveries) = tokio::sync::watch::channel(0);
         let batcher = Batcher {
             source: Arc::new(source),
             limiter,
             cfg,
             metrics: metrics.clone(),
+            health: Arc::new(Health {
+                failing: std::sync::atomic::AtomicBool::new(false),
+                recovered,
+            }),
         };
         tokio::spawn(batcher.run(rx));
         Self {
@@ -129,6 +135,7 @@ impl Lookup {
             cache: Arc::default(),
             requests: tx,
             metrics,
+            recoveries,
         }
     }
 
@@ -302,6 +309,12 @@ impl Lookup {
         before - cache.len()
     }
 
+    /// Changes each time EC2 answers again after calls failed: nodes waiting out a per-node
+    /// backoff can be re-checked at once instead of one by one.
+    pub fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recoveries.clone()
+    }
+
     /// Number of cached instances.
     pub fn cached(&self) -> usize {
         self.cache().len()
@@ -319,6 +332,13 @@ struct Batcher<S> {
     limiter: Arc<Limiter>,
     cfg: LookupConfig,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// Whether EC2 calls are failing, to notice the moment they stop.
+struct Health {
+    failing: std::sync::atomic::AtomicBool,
+    recovered: tokio::sync::watch::Sender<u64>,
 }
 
 type BatchResult = (String, Vec<String>, Result<Vec<InstanceTopology>, Ec2Error>);
@@ -453,10 +473,19 @@ impl<S: TopologySource> Batcher<S> {
         let source = self.source.clone();
         let limiter = self.limiter.clone();
         let metrics = self.metrics.clone();
+        let health = self.health.clone();
         async move {
             let started = std::time::Instant::now();
             let result = source.describe(&region, &ids).await;
             metrics.ec2_call(&region, ids.len(), started.elapsed(), result.as_ref().err());
+            let ok = result.is_ok();
+            if health
+                .failing
+                .swap(!ok, std::sync::atomic::Ordering::SeqCst)
+                && ok
+            {
+                health.recovered.send_modify(|n| *n += 1);
+            }
             match &result {
                 Ok(found) => {
                     limiter.on_success();
@@ -892,6 +921,24 @@ mod tests {
             Duration::from_secs(30),
             "a second rejection waits longer"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recovery_after_failures_is_signalled_once() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let mut rx = l.recoveries();
+        l.resolve("r", &id(2), None).await.unwrap();
+        assert!(!rx.has_changed().unwrap(), "no failure, no recovery");
+        fake.fail_next.store(2, Ordering::SeqCst);
+        assert!(l.resolve("r", &id(4), None).await.is_err());
+        assert!(l.resolve("r", &id(4), None).await.is_err());
+        assert!(!rx.has_changed().unwrap());
+        l.resolve("r", &id(4), None).await.unwrap();
+        assert!(rx.has_changed().unwrap(), "recovered");
+        rx.mark_unchanged();
+        l.resolve("r", &id(6), None).await.unwrap();
+        assert!(!rx.has_changed().unwrap(), "once");
     }
 
     #[tokio::test(start_paused = true)]

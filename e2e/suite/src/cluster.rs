@@ -222,6 +222,15 @@ impl ControlPlane {
         bail!("kube-apiserver not ready after {timeout:?}: {last_error}")
     }
 
+    /// PIDs of etcd and kube-apiserver while they run.
+    pub fn pids(&self) -> Vec<u32> {
+        self.etcd
+            .pid()
+            .into_iter()
+            .chain(self.apiserver().as_ref().and_then(Proc::pid))
+            .collect()
+    }
+
     pub async fn admin_client(&self) -> anyhow::Result<Client> {
         client_from(&self.admin_kubeconfig).await
     }

@@ -61,6 +61,10 @@ pub struct Context {
     pub guard: Mutex<ConflictGuard>,
     /// Bounds the label writes in flight.
     pub writes: tokio::sync::Semaphore,
+    /// Set when a write failed; the next successful write re-checks every node (see `kicks`).
+    api_failing: AtomicBool,
+    /// Asks for every node to be reconciled (the API server accepts writes again).
+    pub kicks: Option<futures::channel::mpsc::UnboundedSender<()>>,
     failures: Mutex<HashMap<String, u32>>,
     operator_error_logged_at: AtomicU64,
 }
@@ -85,6 +89,8 @@ impl Context {
             recorder: None,
             guard: Mutex::new(ConflictGuard::new(GuardConfig::default())),
             writes: tokio::sync::Semaphore::new(16),
+            api_failing: AtomicBool::new(false),
+            kicks: None,
             failures: Mutex::new(HashMap::new()),
             operator_error_logged_at: AtomicU64::new(0),
         }
@@ -334,7 +340,19 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
             {
                 // A closed semaphore cannot happen (it is never closed); write regardless.
                 let _permit = ctx.writes.acquire().await.ok();
-                write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await?;
+                if let Err(e) = write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await
+                {
+                    ctx.api_failing.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
+            if ctx.api_failing.swap(false, Ordering::SeqCst)
+                && let Some(kicks) = &ctx.kicks
+            {
+                // Writes work again (after an API server restart, say): nodes waiting out a
+                // per-node backoff are re-checked now.
+                info!("the API server accepts writes again; re-checking every node");
+                let _ = kicks.unbounded_send(());
             }
             ctx.guard
                 .lock()
@@ -600,6 +618,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         ));
     }
     let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
+    let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
+    ctx.kicks = Some(kicks_tx);
     let election = if args.leader.leader_election {
         Some(
             crate::leader::Election::start(
@@ -681,7 +701,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!(resync_s = resync.as_secs(), "controller starting");
     Controller::for_stream(triggers, reader)
         .with_config(controller::Config::default().concurrency(args.controller.concurrency))
-        .reconcile_all_on(futures::stream::select(elected_rx, recoveries))
+        .reconcile_all_on(futures::stream::select(
+            elected_rx,
+            futures::stream::select(recoveries, kicks_rx),
+        ))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

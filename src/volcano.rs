@@ -308,20 +308,7 @@ mod tests {
     use crate::tree::NodeView;
 
     fn view(name: &str, path: &[&str]) -> NodeView {
-        NodeView {
-            name: name.into(),
-            ready: Some(true),
-            labels: path
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    (
-                        format!("topology.k8s.aws/network-node-layer-{}", i + 1),
-                        v.to_string(),
-                    )
-                })
-                .collect(),
-        }
+        NodeView::labelled(name, &LabelScheme::default(), path)
     }
 
     #[test]

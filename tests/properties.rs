@@ -176,9 +176,8 @@ proptest! {
             .iter()
             .enumerate()
             .map(|(i, p)| NodeView {
-                name: format!("node-{i}"),
                 ready: Some(i % 3 != 0),
-                labels: p.iter().enumerate().map(|(j, v)| (s.layer_key(j + 1), v.clone())).collect(),
+                ..NodeView::labelled(&format!("node-{i}"), &s, &p.iter().map(String::as_str).collect::<Vec<_>>())
             })
             .collect();
         let mut shuffled = views.clone();

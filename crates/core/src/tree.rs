@@ -16,6 +16,29 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
 }
 
+impl NodeView {
+    /// A Ready node carrying `path` (top first) as its layer labels in `scheme`'s keys.
+    pub fn labelled(name: &str, scheme: &LabelScheme, path: &[&str]) -> Self {
+        let depth = path.len();
+        let labels = path
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let layer = match scheme.numbering {
+                    LayerNumbering::TopFirst => i + 1,
+                    LayerNumbering::LeafFirst => depth - i,
+                };
+                (scheme.layer_key(layer), v.to_string())
+            })
+            .collect();
+        Self {
+            name: name.to_string(),
+            ready: Some(true),
+            labels,
+        }
+    }
+}
+
 /// The network path of a node, top of the hierarchy first, read from its layer labels; `None`
 /// when it has none, or they do not form a contiguous run from layer 1.
 pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Option<Vec<String>> {
@@ -209,20 +232,10 @@ fn render_domain(out: &mut String, d: &Domain, prefix: &str, last: bool, root: b
 mod tests {
     use super::*;
 
-    pub(crate) fn view(name: &str, ready: bool, path: &[&str]) -> NodeView {
+    fn view(name: &str, ready: bool, path: &[&str]) -> NodeView {
         NodeView {
-            name: name.into(),
             ready: Some(ready),
-            labels: path
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    (
-                        format!("topology.k8s.aws/network-node-layer-{}", i + 1),
-                        v.to_string(),
-                    )
-                })
-                .collect(),
+            ..NodeView::labelled(name, &LabelScheme::default(), path)
         }
     }
 

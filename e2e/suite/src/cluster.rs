@@ -20,18 +20,7 @@ pub const SERVICE_ACCOUNT: &str = "ec2-topology-labeler";
 
 /// The directory holding `kube-apiserver` and `etcd`, building them if needed.
 pub fn control_plane_bin_dir() -> anyhow::Result<PathBuf> {
-    if let Ok(dir) = std::env::var("E2E_CONTROLPLANE_BIN") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = crate::repo_root().join("e2e/controlplane/build.sh");
-    let out = Command::new(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed", script.display());
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::built_by("e2e/controlplane/build.sh", "E2E_CONTROLPLANE_BIN")
 }
 
 pub struct ControlPlane {

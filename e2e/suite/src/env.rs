@@ -300,3 +300,30 @@ pub fn run_trials(
     }
     conclusion
 }
+
+/// A node whose instance is in placement group `raw`: once labelled, its placement-group label
+/// and annotation.
+pub async fn placement_group_of(
+    env: &Env,
+    client: &Client,
+    spec: &NodeSpec,
+    mut instance: Instance,
+    raw: &str,
+) -> anyhow::Result<(String, String)> {
+    const KEY: &str = "ec2-topology-labeler.io/placement-group";
+    instance.group_name = Some(raw.to_string());
+    env.mock_admin.upsert(&instance).await?;
+    kube_util::create_nodes(client, vec![spec.node()]).await?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    eventually("placement group label and annotation", WAIT, || async {
+        let n = api.get(&spec.name).await?;
+        let label = n.metadata.labels.as_ref().and_then(|l| l.get(KEY).cloned());
+        let annotation = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(KEY).cloned());
+        Ok(label.zip(annotation))
+    })
+    .await
+}

@@ -11,15 +11,7 @@ pub fn helm_bin() -> anyhow::Result<PathBuf> {
     if let Ok(h) = std::env::var("E2E_HELM") {
         return Ok(PathBuf::from(h));
     }
-    let script = crate::repo_root().join("e2e/tools/build.sh");
-    let out = Command::new(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed", script.display());
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("helm"))
+    Ok(crate::built_by("e2e/tools/build.sh", "E2E_TOOLS")?.join("helm"))
 }
 
 /// Run helm with `args` (and `--kubeconfig` when given); returns stdout, fails with stderr.

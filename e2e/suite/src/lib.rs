@@ -41,6 +41,23 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
+/// Run one of the project's cached build scripts (they print the directory of what they built)
+/// unless `env_override` names that directory already.
+pub fn built_by(script: &str, env_override: &str) -> anyhow::Result<PathBuf> {
+    if let Ok(dir) = std::env::var(env_override) {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = repo_root().join(script);
+    let out = std::process::Command::new(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        anyhow::bail!("{} failed", script.display());
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
 /// Install the process-wide rustls provider (ring) once.
 pub fn init_tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -17,18 +17,7 @@ use crate::{
 
 /// Build (or reuse) the Kueue manager and the CRDs; returns their directory.
 pub fn artifacts() -> anyhow::Result<PathBuf> {
-    if let Ok(dir) = std::env::var("E2E_SCHEDULERS") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = crate::repo_root().join("e2e/schedulers/build.sh");
-    let out = Command::new(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed", script.display());
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::built_by("e2e/schedulers/build.sh", "E2E_SCHEDULERS")
 }
 
 /// Apply every CRD YAML in `dir` and wait until the API server serves them.

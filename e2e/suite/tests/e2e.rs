@@ -68,27 +68,9 @@ async fn ultraserver_capacity_block(env: &Env) -> anyhow::Result<()> {
 async fn odd_placement_group_name(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let s = NodeSpec::ec2(0x104, 1, "p5en.48xlarge");
-    let mut i = s.instance(&["nn-spine-p", "nn-agg-p1", "nn-leaf-p11"]);
+    let i = s.instance(&["nn-spine-p", "nn-agg-p1", "nn-leaf-p11"]);
     let raw = format!("Training Group ✨ (prod) {}", "x".repeat(200));
-    i.group_name = Some(raw.clone());
-    env.mock_admin.upsert(&i).await?;
-    kube_util::create_nodes(&c, vec![s.node()]).await?;
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
-    let (label, annotation) = eventually("placement group label", WAIT, || async {
-        let n = api.get(&s.name).await?;
-        let l = n
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("ec2-topology-labeler.io/placement-group").cloned());
-        let a = n
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("ec2-topology-labeler.io/placement-group").cloned());
-        Ok(l.zip(a))
-    })
-    .await?;
+    let (label, annotation) = e2e::env::placement_group_of(env, &c, &s, i, &raw).await?;
     ensure!(
         label.len() <= 63 && label.starts_with("Training-Group-prod-x"),
         "{label}"

@@ -426,30 +426,12 @@ async fn invalid_network_node_ids(env: &Env) -> anyhow::Result<()> {
 async fn hostile_placement_group(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let s = NodeSpec::ec2(0x20d, 1, "p5.48xlarge");
-    let mut i = s.instance(&["nn-pg-s", "nn-pg-a", "nn-pg-l"]);
+    let i = s.instance(&["nn-pg-s", "nn-pg-a", "nn-pg-l"]);
     let raw: String = format!("GPU pool ✨ für Trainings / {}", "ü".repeat(100))
         .chars()
         .take(255)
         .collect();
-    i.group_name = Some(raw.clone());
-    env.mock_admin.upsert(&i).await?;
-    kube_util::create_nodes(&c, vec![s.node()]).await?;
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
-    let (label, ann) = eventually("placement group label and annotation", WAIT, || async {
-        let n = api.get(&s.name).await?;
-        let l = n
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("ec2-topology-labeler.io/placement-group").cloned());
-        let a = n
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("ec2-topology-labeler.io/placement-group").cloned());
-        Ok(l.zip(a))
-    })
-    .await?;
+    let (label, ann) = e2e::env::placement_group_of(env, &c, &s, i, &raw).await?;
     ensure!(label.len() <= 63 && ann == raw, "{label} / {ann}");
     report(
         "hostile_placement_group",

@@ -123,6 +123,21 @@ impl Arrivals {
         seen.len() - usize::from(seen.contains_key("__stop__"))
     }
 
+    /// Append (series, seconds since `start`, labelled so far) for each arrival, in order: from
+    /// the observer's own arrival times (it runs on its own thread).
+    fn timeline(&self, start: Instant, series: &str, out: &mut Vec<(String, f64, usize)>) {
+        let mut arrived: Vec<f64> = self
+            .times()
+            .iter()
+            .filter(|(name, _)| name.as_str() != "__stop__")
+            .map(|(_, t)| t.saturating_duration_since(start).as_secs_f64())
+            .collect();
+        arrived.sort_by(f64::total_cmp);
+        for (k, t) in arrived.iter().enumerate() {
+            out.push((series.to_string(), *t, k + 1));
+        }
+    }
+
     fn times(&self) -> HashMap<String, Instant> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -288,16 +303,7 @@ async fn cold_start(
     }
     let all_in = start.elapsed();
     let times = arrivals.times();
-    // The timeline from the observer's own arrival times (it runs on its own thread).
-    let mut arrived: Vec<f64> = times
-        .iter()
-        .filter(|(name, _)| name.as_str() != "__stop__")
-        .map(|(_, t)| t.saturating_duration_since(start).as_secs_f64())
-        .collect();
-    arrived.sort_by(f64::total_cmp);
-    for (k, t) in arrived.iter().enumerate() {
-        timeline.push((format!("ours-{n}"), *t, k + 1));
-    }
+    arrivals.timeline(start, &format!("ours-{n}"), timeline);
     let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut lat: Vec<f64> = created
         .iter()
@@ -524,16 +530,7 @@ async fn baseline(
     };
     let took = start.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut arrived: Vec<f64> = arrivals
-        .times()
-        .iter()
-        .filter(|(name, _)| name.as_str() != "__stop__")
-        .map(|(_, t)| t.saturating_duration_since(start).as_secs_f64())
-        .collect();
-    arrived.sort_by(f64::total_cmp);
-    for (k, t) in arrived.iter().enumerate() {
-        timeline.push(("baseline-script".into(), *t, k + 1));
-    }
+    arrivals.timeline(start, "baseline-script", timeline);
     arrivals.stop();
     let stats = env.mock.admin.stats().await?;
     let requests = api_requests(&env.client).await? - requests0;

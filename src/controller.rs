@@ -258,6 +258,7 @@ async fn publish(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str,
 }
 
 async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Action> {
+    ctx.metrics.pending_if_new(name);
     let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup).await?;
     match assessment {
         Assessment::Skipped(reason) => {

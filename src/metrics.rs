@@ -357,6 +357,18 @@ impl Metrics {
         previous
     }
 
+    /// A node seen for the first time is pending until its first reconcile settles.
+    pub fn pending_if_new(&self, node: &str) {
+        let known = self
+            .node_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(node);
+        if !known {
+            self.set_node_state(node, NodeState::Pending);
+        }
+    }
+
     /// A node is gone: forget its state.
     pub fn forget_node(&self, node: &str) {
         let mut states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());

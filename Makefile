@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: all build controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
+.PHONY: image all build controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
 
 all: build
 
@@ -56,7 +56,7 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test -p e2e --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
+SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
 ## lint: formatting, clippy (warnings are errors), helm lint, shellcheck (when installed)
 lint: tools
@@ -68,6 +68,10 @@ lint: tools
 ## schema: regenerate the chart's values.schema.json from the binary's flags
 schema:
 	UPDATE_CHART_SCHEMA=1 cargo test --lib --locked chart
+
+## image: the controller image without a Docker engine (static musl binary + buildah, offline)
+image:
+	e2e/image/build.sh
 
 ## kind: the e2e suite on a kind cluster (needs Docker and kind; not run in CI)
 kind:

@@ -62,6 +62,7 @@ SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/
 lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cargo clippy -p e2e --test faults --locked -- -D warnings  # test = false: not in --all-targets
 	$$(e2e/tools/build.sh)/helm lint --strict $(CHART)
 	@if command -v shellcheck >/dev/null; then shellcheck $(SHELL_SCRIPTS); else echo "shellcheck not installed (apt-get install shellcheck): skipped"; fi
 

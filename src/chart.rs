@@ -151,22 +151,28 @@ pub fn values_schema() -> Value {
 mod tests {
     use super::*;
 
-    const PATH: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/ec2-topology-labeler/values.schema.json"
-    );
+    /// The checkout under test: cargo sets `CARGO_MANIFEST_DIR` when it runs a test, and the
+    /// compile-time value may name another checkout sharing the same target directory.
+    fn schema_path() -> std::path::PathBuf {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+            .join("charts/ec2-topology-labeler/values.schema.json")
+    }
 
     #[test]
     fn chart_values_schema_matches_the_flags() {
         let mut want = serde_json::to_string_pretty(&values_schema()).unwrap_or_default();
         want.push('\n');
+        let path = schema_path();
         if std::env::var_os("UPDATE_CHART_SCHEMA").is_some() {
-            std::fs::write(PATH, &want).unwrap();
+            std::fs::write(&path, &want).unwrap();
         }
-        let have = std::fs::read_to_string(PATH).unwrap_or_default();
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             have == want,
-            "{PATH} is stale: the flags changed. Run `UPDATE_CHART_SCHEMA=1 cargo test chart` (make schema)."
+            "{} is stale: the flags changed. Run `UPDATE_CHART_SCHEMA=1 cargo test chart` (make schema).",
+            path.display()
         );
     }
 

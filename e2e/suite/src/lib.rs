@@ -19,12 +19,30 @@ pub mod schedulers;
 
 use std::path::PathBuf;
 
-/// The repository root (this crate lives in `e2e/suite`).
+/// The repository root, found at run time: `E2E_REPO_ROOT`, else two levels above the
+/// `CARGO_MANIFEST_DIR` cargo sets when it runs a test or binary (this crate lives in
+/// `e2e/suite`), else the first directory upwards from the working directory that holds the
+/// e2e scripts, else where this crate was compiled. Not only the last: checkouts that share a
+/// `CARGO_TARGET_DIR` (CI clones and a working tree) share fresh binaries, and a path baked in
+/// at compile time may name another checkout, or one since deleted.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
+    if let Some(dir) = std::env::var_os("E2E_REPO_ROOT") {
+        return PathBuf::from(dir);
+    }
+    let holds_scripts = |dir: &std::path::Path| dir.join("e2e/controlplane/build.sh").is_file();
+    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+        let root = PathBuf::from(dir).join("../..");
+        if holds_scripts(&root) {
+            return root.canonicalize().unwrap_or(root);
+        }
+    }
+    if let Ok(cwd) = std::env::current_dir()
+        && let Some(root) = cwd.ancestors().find(|dir| holds_scripts(dir))
+    {
+        return root.to_path_buf();
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// Where cargo put this workspace's binaries (`target/debug`), found from the running binary

@@ -14,9 +14,9 @@ use std::{
 
 use anyhow::{Context, ensure};
 use e2e::{
-    env::{Env, L, ScenarioFn, WAIT, expected, label_and_wait, start_labeler},
+    env::{Env, L, ScenarioFn, expected, label_and_wait, start_labeler},
     fixtures::NodeSpec,
-    kube_util::{self, eventually, wait_for_topology},
+    kube_util::{self, wait_for_topology},
     labeler::metric_sum,
     scenario,
 };

@@ -250,7 +250,7 @@ pub struct ControllerArgs {
     pub concurrency: u16,
     /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
     /// the load on the API server during a burst.
-    #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
     pub write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections in 10
     /// minutes), stop correcting it for this long (doubling, up to 1h) and report the conflict.

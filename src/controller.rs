@@ -67,6 +67,81 @@ pub struct Context {
     pub kicks: Option<futures::channel::mpsc::UnboundedSender<()>>,
     failures: Mutex<HashMap<String, u32>>,
     operator_error_logged_at: AtomicU64,
+    /// Writes of ours whose watch event has not arrived yet (see [`Echoes`]).
+    pub echoes: Mutex<Echoes>,
+}
+
+/// What we wrote to a node, until the node cache shows it.
+///
+/// Under load the watch can lag seconds behind our own writes. A reconcile that runs meanwhile
+/// (a resync, a retry) reads the node as it was before our write and would apply the same
+/// labels again. Each successful write records the resourceVersion it was made against and
+/// what it wrote; while the cached node still carries that resourceVersion and the labels it
+/// needs are the ones written, the write is known to be done and is not repeated. Entries go
+/// as soon as the cache moves on, and with their node.
+#[derive(Debug, Default)]
+pub struct Echoes {
+    pending: HashMap<String, Echo>,
+}
+
+#[derive(Debug)]
+struct Echo {
+    uid: Option<String>,
+    resource_version: String,
+    desired: Desired,
+}
+
+impl Echoes {
+    /// We wrote `desired` to `node` (as the cache had it).
+    pub fn written(&mut self, node: &LiteNode, desired: &Desired) {
+        // Without a resourceVersion there is no telling the cache caught up: record nothing.
+        let Some(rv) = node.metadata.resource_version.clone() else {
+            return;
+        };
+        self.pending.insert(
+            node.name_any(),
+            Echo {
+                uid: node.metadata.uid.clone(),
+                resource_version: rv,
+                desired: desired.clone(),
+            },
+        );
+    }
+
+    /// Is `node` (from the cache) still the version our write of `desired` was made against?
+    /// Then the write is done and must not be repeated. Anything else forgets the entry.
+    pub fn awaiting(&mut self, node: &LiteNode, desired: &Desired) -> bool {
+        let name = node.name_any();
+        let Some(echo) = self.pending.get(&name) else {
+            return false;
+        };
+        if echo.uid == node.metadata.uid
+            && Some(&echo.resource_version) == node.metadata.resource_version.as_ref()
+            && echo.desired == *desired
+        {
+            return true;
+        }
+        self.pending.remove(&name);
+        false
+    }
+
+    /// The cache shows the node as it is now: nothing is awaited.
+    pub fn seen(&mut self, name: &str) {
+        self.pending.remove(name);
+    }
+
+    /// Keep only the entries of nodes that still exist.
+    pub fn retain(&mut self, live: &std::collections::HashSet<String>) {
+        self.pending.retain(|name, _| live.contains(name));
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
 }
 
 impl Context {
@@ -88,11 +163,12 @@ impl Context {
             leader: Arc::new(AtomicBool::new(true)),
             recorder: None,
             guard: Mutex::new(ConflictGuard::new(GuardConfig::default())),
-            writes: tokio::sync::Semaphore::new(16),
+            writes: tokio::sync::Semaphore::new(32),
             api_failing: AtomicBool::new(false),
             kicks: None,
             failures: Mutex::new(HashMap::new()),
             operator_error_logged_at: AtomicU64::new(0),
+            echoes: Mutex::new(Echoes::default()),
         }
     }
 }
@@ -314,6 +390,20 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                 warn!(error = %e, "refreshing the topology failed; using the earlier answer");
             }
             if diff.is_empty() {
+                ctx.echoes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .seen(name);
+                ctx.metrics.set_node_state(name, NodeState::Labelled);
+                return Ok(Action::requeue(jittered(ctx.resync)));
+            }
+            if ctx
+                .echoes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .awaiting(node, &desired)
+            {
+                debug!("our last write is not in the node cache yet; not writing it again");
                 ctx.metrics.set_node_state(name, NodeState::Labelled);
                 return Ok(Action::requeue(jittered(ctx.resync)));
             }
@@ -359,6 +449,10 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .written(name);
+            ctx.echoes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .written(node, &desired);
             let summary = diff.summary();
             info!(changes = %summary, "node labels updated");
             ctx.metrics.set_node_state(name, NodeState::Labelled);
@@ -763,9 +857,64 @@ async fn housekeeping(
                     .forget(&name);
             }
         }
+        ctx.echoes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(&live);
         let evicted = lookup.evict_unused(resync.saturating_mul(3));
         if evicted > 0 {
             debug!(evicted, "dropped cached answers no node asked for");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, rv: Option<&str>) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.uid = Some(format!("uid-{name}"));
+        n.metadata.resource_version = rv.map(String::from);
+        n
+    }
+
+    fn desired(leaf: &str) -> Desired {
+        Desired {
+            labels: [(
+                "topology.k8s.aws/network-node-layer-3".to_string(),
+                leaf.to_string(),
+            )]
+            .into(),
+            ..Desired::default()
+        }
+    }
+
+    #[test]
+    fn echoes_hold_only_while_the_cache_is_behind_and_go_with_their_node() {
+        let mut echoes = Echoes::default();
+        echoes.written(&node("a", Some("1")), &desired("x"));
+        echoes.written(&node("b", Some("1")), &desired("x"));
+        echoes.written(&node("c", None), &desired("x"));
+        assert_eq!(echoes.len(), 2, "no resourceVersion, nothing to wait for");
+        assert!(echoes.awaiting(&node("a", Some("1")), &desired("x")));
+        assert!(
+            !echoes.awaiting(&node("a", Some("1")), &desired("y")),
+            "other labels needed"
+        );
+        assert!(
+            !echoes.awaiting(&node("a", Some("1")), &desired("x")),
+            "forgotten after that"
+        );
+        let mut recreated = node("b", Some("1"));
+        recreated.metadata.uid = Some("uid-b-2".into());
+        assert!(
+            !echoes.awaiting(&recreated, &desired("x")),
+            "another object of that name"
+        );
+        echoes.written(&node("d", Some("7")), &desired("x"));
+        echoes.retain(&["e".to_string()].into());
+        assert!(echoes.is_empty(), "entries go with their node");
     }
 }

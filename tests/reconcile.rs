@@ -210,6 +210,93 @@ async fn a_node_already_right_costs_no_request() {
     assert_no_more_requests(ctx, handle).await;
 }
 
+/// The node as the cache holds it at `rv`.
+fn node_at(rv: &str, labels: &[(&str, &str)]) -> LiteNode {
+    let mut n = node(labels);
+    n.metadata.resource_version = Some(rv.into());
+    n
+}
+
+#[tokio::test]
+async fn a_cache_behind_our_own_write_does_not_cause_a_second_write() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    // The cache still has the node as it was before our write (the watch lags under load):
+    // a resync or retry in that window must not apply the same labels again.
+    let stale = Arc::new(node_at("100", &[]));
+    let reply = node_json(json!({ format!("{L}1"): "nn-a" }));
+    let (first, seen) = tokio::join!(
+        reconcile(stale.clone(), ctx.clone()),
+        answer(&mut handle, reply)
+    );
+    assert!(first.is_ok());
+    assert_eq!(seen.method, Method::PATCH);
+    for _ in 0..3 {
+        // A request would wait for an answer that never comes.
+        let again = tokio::time::timeout(
+            Duration::from_secs(2),
+            reconcile(stale.clone(), ctx.clone()),
+        )
+        .await
+        .expect("no request sent for a write already made");
+        assert!(
+            matches!(again, Ok(a) if a != Action::await_change()),
+            "requeued for the resync"
+        );
+    }
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_newer_node_without_our_labels_is_written_again() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let reply = node_json(json!({ format!("{L}1"): "nn-a" }));
+    let (first, _) = tokio::join!(
+        reconcile(Arc::new(node_at("100", &[])), ctx.clone()),
+        answer(&mut handle, reply.clone())
+    );
+    assert!(first.is_ok());
+    // Someone removed our labels after our write: the cache shows a newer version without
+    // them, and that one is corrected.
+    let (second, seen) = tokio::join!(
+        reconcile(Arc::new(node_at("105", &[])), ctx.clone()),
+        answer(&mut handle, reply)
+    );
+    assert!(second.is_ok());
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.content_type, "application/apply-patch+yaml");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_changed_topology_is_written_even_before_the_cache_caught_up() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let stale = Arc::new(node_at("100", &[]));
+    let reply = node_json(json!({ format!("{L}1"): "nn-a" }));
+    let (first, _) = tokio::join!(
+        reconcile(stale.clone(), ctx.clone()),
+        answer(&mut handle, reply.clone())
+    );
+    assert!(first.is_ok());
+    // The instance moved (a new boot, a new answer) before the watch delivered our write:
+    // what the node needs is no longer what we wrote, so it is written.
+    fake.set(&["nn-a", "nn-b", "nn-z"]);
+    let mut rebooted = node_at("100", &[]);
+    rebooted.status.node_info.boot_id = Some("boot-2".into());
+    let (second, seen) = tokio::join!(
+        reconcile(Arc::new(rebooted), ctx.clone()),
+        answer(&mut handle, reply)
+    );
+    assert!(second.is_ok());
+    assert_eq!(seen.body["metadata"]["labels"][format!("{L}3")], "nn-z");
+    assert_no_more_requests(ctx, handle).await;
+}
+
 #[tokio::test]
 async fn a_stale_fourth_layer_co_owned_elsewhere_is_removed_explicitly() {
     let fake = Fake::default();

@@ -346,16 +346,23 @@ type BatchResult = (String, Vec<String>, Result<Vec<InstanceTopology>, Ec2Error>
 /// IDs of one region waiting for a call.
 struct Waiting {
     ids: Vec<String>,
+    /// When the oldest of `ids` arrived.
     first_at: Instant,
     last_at: Instant,
+    /// The burst these IDs belong to: when it began and how many IDs have arrived since,
+    /// counting those already sent in full calls. A full call that empties the queue keeps
+    /// this, so the rest of a burst that arrives in clumps is judged by the burst's rate.
+    burst_at: Instant,
+    burst_len: usize,
 }
 
 impl Waiting {
     /// When this queue should be sent, seen at `now`: at once when full; otherwise after a
     /// quiet `window` since the last arrival — unless the queue has been filling so fast that,
     /// at that rate, it would be full within a few windows (a burst that stalled for a moment:
-    /// a busy machine delays watch events in clumps); never later than `max_wait` after the
-    /// first arrival.
+    /// a busy machine delays watch events in clumps; the rate is the burst's, counting IDs
+    /// already sent) — then until three windows after the last arrival at most; never later
+    /// than `max_wait` after the oldest waiting ID arrived.
     fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
         let len = self.ids.len();
         if len >= max_batch {
@@ -363,17 +370,20 @@ impl Waiting {
         }
         let cap = self.first_at + cfg.batch_max_wait;
         let quiet = self.last_at + cfg.batch_window;
-        if now < quiet || len < 2 {
+        if now < quiet || self.burst_len < 2 {
             return quiet.min(cap);
         }
-        let elapsed = now.saturating_duration_since(self.first_at).as_secs_f64();
+        let elapsed = now.saturating_duration_since(self.burst_at).as_secs_f64();
         if elapsed <= 0.0 {
             return quiet.min(cap);
         }
-        let rate = (len - 1) as f64 / elapsed;
+        let rate = (self.burst_len - 1) as f64 / elapsed;
         let to_fill = Duration::from_secs_f64((max_batch - len) as f64 / rate);
         if to_fill <= cfg.batch_window.saturating_mul(3) {
-            (now + to_fill).min(cap)
+            // Held for a stall, not for a burst that has ended: three windows after the last
+            // arrival at most.
+            let stall = self.last_at + cfg.batch_window.saturating_mul(3);
+            (now + to_fill).min(cap).min(stall)
         } else {
             quiet.min(cap)
         }
@@ -401,6 +411,7 @@ impl<S: TopologySource> Batcher<S> {
                     // Send the longest-waiting queue that is due (all are due once closing).
                     let next = queued
                         .iter()
+                        .filter(|(_, w)| !w.ids.is_empty())
                         .filter(|(_, w)| !open || w.due(&self.cfg, max_batch, now) <= now)
                         .min_by_key(|(_, w)| w.first_at)
                         .map(|(region, _)| region.clone());
@@ -414,18 +425,20 @@ impl<S: TopologySource> Batcher<S> {
                     };
                     let take = w.ids.len().min(max_batch);
                     let batch: Vec<String> = w.ids.drain(..take).collect();
-                    if w.ids.is_empty() {
+                    // An emptied queue is kept (for its burst) only after a full call.
+                    if w.ids.is_empty() && take < max_batch {
                         queued.remove(&region);
                     }
                     in_flight.push(self.call(region, batch));
                 }
             }
-            if !open && queued.is_empty() && in_flight.is_empty() {
+            if !open && queued.values().all(|w| w.ids.is_empty()) && in_flight.is_empty() {
                 return;
             }
             let wake = blocked_until.or_else(|| {
                 queued
                     .values()
+                    .filter(|w| !w.ids.is_empty())
                     .map(|w| {
                         if open {
                             w.due(&self.cfg, max_batch, now)
@@ -451,9 +464,20 @@ impl<S: TopologySource> Batcher<S> {
                                 ids: Vec::new(),
                                 first_at: now,
                                 last_at: now,
+                                burst_at: now,
+                                burst_len: 0,
                             });
+                            if w.ids.is_empty() {
+                                w.first_at = now;
+                                if now > w.last_at + self.cfg.batch_window {
+                                    // Quiet since the last full call: a new burst.
+                                    w.burst_at = now;
+                                    w.burst_len = 0;
+                                }
+                            }
                             w.ids.push(req.instance_id);
                             w.last_at = now;
+                            w.burst_len += 1;
                         }
                     }
                 }
@@ -665,6 +689,41 @@ mod tests {
         assert!(answers.iter().all(Result::is_ok));
         let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
         assert_eq!(sizes, vec![100, 50]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_arriving_in_clumps_is_sent_in_full_calls() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        // A busy API server delivers watch events in clumps: 116 at once every 400 ms. Each
+        // clump fills a call and leaves 16; those wait for the next clump rather than going
+        // out alone after the quiet window.
+        let start = Instant::now();
+        let asks = (0..580).map(|n| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(400 * (n / 116) as u64)).await;
+                l.resolve("r", &id(n * 2), None).await
+            }
+        });
+        assert!(
+            futures::future::join_all(asks)
+                .await
+                .iter()
+                .all(Result::is_ok)
+        );
+        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        assert_eq!(
+            sizes,
+            vec![100, 100, 100, 100, 100, 80],
+            "ceil(580/100) calls"
+        );
+        let last_clump = Duration::from_millis(1600);
+        assert!(
+            start.elapsed() < last_clump + Duration::from_secs(1),
+            "the last 80 are not held long: {:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -36,10 +36,12 @@ demo: build controlplane
 test: build controlplane schedulers check-manifests
 	cargo test --workspace --locked
 
+# Single targets are selected with --workspace, not -p: -p resolves features for one package
+# alone and rebuilds the shared dependencies a second time (5 min cold).
 ## test-faults: the fault suite (EC2 throttled/down/slow/lying, API server restarted, label
 ## fights, kills, hostile input); writes docs/reliability.md. FAULT_SECONDS shortens the 60 s faults.
 test-faults: build controlplane schedulers
-	RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md cargo test -p e2e --locked --test faults
+	RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md cargo test --workspace --locked --test faults
 
 ## fuzz: cargo-fuzz (stable toolchain, no sanitizer: the code is memory-safe Rust; looking for
 ## panics and broken invariants) over the providerID parser, the sanitiser and label derivation
@@ -54,7 +56,7 @@ fuzz:
 
 ## e2e: only the end-to-end suite
 e2e: build controlplane schedulers
-	cargo test -p e2e --locked --test e2e
+	cargo test --workspace --locked --test e2e
 
 SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
@@ -62,7 +64,7 @@ SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/
 lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	cargo clippy -p e2e --test faults --locked -- -D warnings  # test = false: not in --all-targets
+	cargo clippy --workspace --test faults --locked -- -D warnings  # test = false: not in --all-targets
 	$$(e2e/tools/build.sh)/helm lint --strict $(CHART)
 	@if command -v shellcheck >/dev/null; then shellcheck $(SHELL_SCRIPTS); else echo "shellcheck not installed (apt-get install shellcheck): skipped"; fi
 

@@ -54,4 +54,4 @@ cd "$root"
 E2E_KUBECONFIG="$kubeconfig" E2E_MOCK_EC2_URL=http://127.0.0.1:18080 \
   cargo build --workspace --bins
 E2E_KUBECONFIG="$kubeconfig" E2E_MOCK_EC2_URL=http://127.0.0.1:18080 \
-  cargo test -p e2e --test e2e
+  cargo test --workspace --test e2e

@@ -640,6 +640,22 @@ mod tests {
         )
     }
 
+    /// Ask for instances `0..n`, the k-th `at(k)` ms after the start; every one must be
+    /// answered. Returns the sizes of the calls EC2 saw.
+    async fn arrivals(fake: &Fake, l: &Lookup, n: usize, at: impl Fn(usize) -> u64) -> Vec<usize> {
+        let asks = (0..n).map(|k| {
+            let l = l.clone();
+            let delay = Duration::from_millis(at(k));
+            async move {
+                tokio::time::sleep(delay).await;
+                l.resolve("r", &id(k * 2), None).await
+            }
+        });
+        let answers = futures::future::join_all(asks).await;
+        assert!(answers.iter().all(Result::is_ok), "every lookup answered");
+        fake.calls().iter().map(|(_, ids)| ids.len()).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn concurrent_lookups_are_coalesced_into_calls_of_at_most_100() {
         let fake = Fake::default();
@@ -678,16 +694,7 @@ mod tests {
         let fake = Fake::default();
         let l = lookup(&fake);
         // 150 nodes arriving 10 ms apart (1.5 s): each arrival restarts the quiet window.
-        let asks = (0..150).map(|n| {
-            let l = l.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(10 * n as u64)).await;
-                l.resolve("r", &id(n * 2), None).await
-            }
-        });
-        let answers = futures::future::join_all(asks).await;
-        assert!(answers.iter().all(Result::is_ok));
-        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        let sizes = arrivals(&fake, &l, 150, |k| 10 * k as u64).await;
         assert_eq!(sizes, vec![100, 50]);
     }
 
@@ -699,20 +706,7 @@ mod tests {
         // clump fills a call and leaves 16; those wait for the next clump rather than going
         // out alone after the quiet window.
         let start = Instant::now();
-        let asks = (0..580).map(|n| {
-            let l = l.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(400 * (n / 116) as u64)).await;
-                l.resolve("r", &id(n * 2), None).await
-            }
-        });
-        assert!(
-            futures::future::join_all(asks)
-                .await
-                .iter()
-                .all(Result::is_ok)
-        );
-        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        let sizes = arrivals(&fake, &l, 580, |k| 400 * (k / 116) as u64).await;
         assert_eq!(
             sizes,
             vec![100, 100, 100, 100, 100, 80],
@@ -731,21 +725,10 @@ mod tests {
         let fake = Fake::default();
         let l = lookup(&fake);
         // 60 arrivals 5 ms apart, a 300 ms stall (longer than the 200 ms window), 40 more.
-        let asks = (0..100).map(|n| {
-            let l = l.clone();
-            async move {
-                let at = 5 * n as u64 + if n >= 60 { 300 } else { 0 };
-                tokio::time::sleep(Duration::from_millis(at)).await;
-                l.resolve("r", &id(n * 2), None).await
-            }
-        });
-        assert!(
-            futures::future::join_all(asks)
-                .await
-                .iter()
-                .all(Result::is_ok)
-        );
-        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        let sizes = arrivals(&fake, &l, 100, |k| {
+            5 * k as u64 + if k >= 60 { 300 } else { 0 }
+        })
+        .await;
         assert_eq!(sizes, vec![100], "one full call despite the stall");
     }
 
@@ -756,20 +739,8 @@ mod tests {
         // Three nodes 10 ms apart: at that rate 97 more would take ~1 s, so the quiet window
         // applies and they go out ~200 ms after the last one.
         let start = Instant::now();
-        let asks = (0..3).map(|n| {
-            let l = l.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(10 * n as u64)).await;
-                l.resolve("r", &id(n * 2), None).await
-            }
-        });
-        assert!(
-            futures::future::join_all(asks)
-                .await
-                .iter()
-                .all(Result::is_ok)
-        );
-        assert_eq!(fake.calls().len(), 1);
+        let sizes = arrivals(&fake, &l, 3, |k| 10 * k as u64).await;
+        assert_eq!(sizes, vec![3]);
         assert!(
             start.elapsed() < Duration::from_millis(300),
             "{:?}",

@@ -135,11 +135,13 @@ impl Echoes {
         self.pending.retain(|name, _| live.contains(name));
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.pending.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
 }

@@ -682,8 +682,21 @@ pub async fn lookup_from(
 /// Run the controller until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    let client = Client::try_default().await?;
+    if args.leader.leader_election {
+        crate::leader::lease_seconds(&args.leader)?;
+    }
     let metrics = Arc::new(Metrics::new());
+    // Ready once the first list is in the cache. Served before anything talks to the API
+    // server: while start-up waits for a cluster that is still settling, the probes see a live
+    // process that is not ready (rather than one that exits and restarts).
+    let synced = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
+    tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        synced.clone(),
+    ));
+    let client = Client::try_default().await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
     let nodes: Api<LiteNode> = Api::all(client.clone());
     let resync = args.controller.resync_period.0;
@@ -737,9 +750,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let (reader, writer) = reflector::store();
     let prune_scheme = scheme.clone();
-    // Ready once the first list is in the cache. Read from the stream itself: the store's own
-    // readiness signal wakes a single waiter, and the controller is already waiting on it.
-    let synced = Arc::new(AtomicBool::new(false));
+    // Read from the stream itself: the store's own readiness signal wakes a single waiter, and
+    // the controller is already waiting on it.
     let mark_synced = synced.clone();
     let triggers = watcher(nodes, watcher::Config::default())
         .default_backoff()
@@ -765,12 +777,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
         info!("EC2 answers again; re-checking every node");
         Some(((), rx))
     });
-    let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
-    tokio::spawn(crate::http::serve(
-        listener,
-        metrics.clone(),
-        synced.clone(),
-    ));
     if crate::publish::Publishers::enabled(&args.publish) {
         tokio::spawn(
             crate::publish::Publishers {

@@ -21,6 +21,31 @@ use tracing::{info, warn};
 
 use crate::{Error, Result, config::LeaderArgs, metrics::Metrics};
 
+/// The lease duration and renew grace in whole seconds, as the Lease records them; refused at
+/// start-up (not a panic in the lease library) unless 1 s ≤ grace < duration.
+pub fn lease_seconds(args: &LeaderArgs) -> Result<(u64, u64)> {
+    let (d, g) = (
+        args.leader_election_lease_duration.0,
+        args.leader_election_renew_grace.0,
+    );
+    let whole = |x: Duration| x.subsec_nanos() == 0 && x.as_secs() >= 1;
+    if !whole(d) || !whole(g) {
+        return Err(Error::Config(format!(
+            "the lease duration ({}) and renew grace ({}) must be whole seconds, at least 1s",
+            humantime::format_duration(d),
+            humantime::format_duration(g)
+        )));
+    }
+    if g >= d {
+        return Err(Error::Config(format!(
+            "the renew grace ({}) must be shorter than the lease duration ({})",
+            humantime::format_duration(g),
+            humantime::format_duration(d)
+        )));
+    }
+    Ok((d.as_secs(), g.as_secs()))
+}
+
 /// A running election. Dropping [`Election::stop`]'s future releases the lease.
 pub struct Election {
     status: watch::Receiver<bool>,
@@ -43,24 +68,30 @@ impl Election {
             .leader_election_namespace
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_string());
-        let secs = |d: Duration| d.as_secs().max(1);
-        let params = LeaseParams::new(
-            identity.clone(),
-            secs(args.leader_election_lease_duration.0),
-            secs(args.leader_election_renew_grace.0),
-        )
-        .with_field_manager(format!("{}-lease", crate::FIELD_MANAGER));
-        let manager = LeaseManagerBuilder::new(client, &args.leader_election_lease_name)
-            .with_namespace(&namespace)
-            .with_parameters(params)
-            .build()
-            .await
-            .map_err(|e| {
-                Error::Config(format!(
-                    "leader election on Lease {namespace}/{}: {e}",
-                    args.leader_election_lease_name
-                ))
-            })?;
+        let (duration, grace) = lease_seconds(args)?;
+        let params = LeaseParams::new(identity.clone(), duration, grace)
+            .with_field_manager(format!("{}-lease", crate::FIELD_MANAGER));
+        let lease = &args.leader_election_lease_name;
+        // The first Lease call may find a cluster still settling (a fresh cluster, an API server
+        // restarting, RBAC not yet propagated): retry with backoff instead of exiting, so the pod
+        // stays live (and not ready) rather than crash-looping.
+        let mut delay = Duration::from_millis(500);
+        let manager = loop {
+            match LeaseManagerBuilder::new(client.clone(), lease)
+                .with_namespace(&namespace)
+                .with_parameters(params.clone())
+                .build()
+                .await
+            {
+                Ok(m) => break m,
+                Err(e) => {
+                    warn!(error = %e, lease = %format!("{namespace}/{lease}"), retry_in_ms = delay.as_millis() as u64,
+                        "cannot reach the leader-election Lease yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        };
         leader.store(false, Ordering::SeqCst);
         metrics.set_leader(false);
         info!(%identity, lease = %args.leader_election_lease_name, %namespace, "joined leader election");
@@ -105,6 +136,38 @@ impl Election {
             }
             Ok(Err(e)) => warn!(error = %e, "lease task failed"),
             Err(_) => warn!("releasing the lease timed out; it expires on its own"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HumanDuration;
+
+    fn args(duration: &str, grace: &str) -> LeaderArgs {
+        LeaderArgs {
+            leader_election: true,
+            leader_election_namespace: None,
+            leader_election_lease_name: "l".into(),
+            leader_election_lease_duration: duration.parse::<HumanDuration>().expect("duration"),
+            leader_election_renew_grace: grace.parse::<HumanDuration>().expect("grace"),
+            identity: None,
+        }
+    }
+
+    #[test]
+    fn lease_settings_the_lease_library_would_panic_on_are_configuration_errors() {
+        assert_eq!(lease_seconds(&args("15s", "5s")).ok(), Some((15, 5)));
+        for (d, g) in [
+            ("5s", "5s"),
+            ("5s", "10s"),
+            ("1500ms", "1s"),
+            ("10s", "500ms"),
+            ("10s", "0s"),
+        ] {
+            let e = lease_seconds(&args(d, g)).expect_err(&format!("{d}/{g} refused"));
+            assert_eq!(e.category(), "config", "{d}/{g}: {e}");
         }
     }
 }

@@ -13,7 +13,14 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        // One object per line: the event's fields at the top, the reconcile's node and instance
+        // under "span" (the list of enclosing spans would only repeat them).
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
         LogFormat::Text => builder.init(),
     }
 }

@@ -3,7 +3,7 @@
 #
 # Versions are pinned in go.mod/go.sum next to this script. Output goes to
 #   ${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}/controlplane/<stamp>/{kube-apiserver,etcd}
-# where <stamp> is a hash of go.mod and go.sum: a warm machine skips the build entirely, and a
+# where <stamp> is a hash of go.mod, go.sum and this script: a warm machine skips the build entirely, and a
 # change of pins builds into a fresh directory. Prints the binary directory on stdout.
 #
 #   e2e/controlplane/build.sh              build if needed, print the bin dir
@@ -31,7 +31,7 @@ if [[ "${1:-}" == "--print-replaces" ]]; then
 fi
 
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
-stamp=$(cat go.mod go.sum | sha256sum | cut -c1-12)
+stamp=$(cat go.mod go.sum build.sh | sha256sum | cut -c1-12)
 out="$cache/controlplane/${k8s_version}-${stamp}"
 
 if [[ -x "$out/kube-apiserver" && -x "$out/etcd" ]]; then
@@ -49,8 +49,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
 done
 echo "building kube-apiserver ${k8s_version} and etcd (cold: ~6-10 min on 2 cores)..." >&2
-GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$out.partial/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out.partial/etcd" go.etcd.io/etcd/server/v3
+# Static (no cgo): the kind node image (e2e/kind/node-image.sh) runs these very binaries in
+# images that hold nothing else.
+export CGO_ENABLED=0 GOFLAGS=-mod=readonly
+go build -trimpath -ldflags "$ldflags" -o "$out.partial/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+go build -trimpath -ldflags "-s -w" -o "$out.partial/etcd" go.etcd.io/etcd/server/v3
 rm -rf "$out"
 mv "$out.partial" "$out"
 echo "control plane built in $(( $(date +%s) - start ))s" >&2

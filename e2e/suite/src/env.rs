@@ -182,6 +182,7 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
     let dir = crate::work_dir(prefix)?;
     let (cluster, mock, mock_admin, ec2_url, labeler) = rt.block_on(async {
         let cluster = Cluster::from_env(&dir.join("cluster")).await?;
+        crate::fixtures::taint_test_nodes(cluster.local.is_none());
         let c = cluster.admin().await?;
         kube_util::ensure_namespace(&c, NAMESPACE).await?;
         if cluster.local.is_some() {

@@ -1,9 +1,22 @@
 //! Realistic test objects: Nodes as EKS kubelets register them (labels, conditions, capacity,
 //! ~40 images, nodeInfo with a bootID), and the EC2 instances behind them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use k8s_openapi::api::core::v1::Node;
 use mock_ec2::Instance;
 use serde_json::json;
+
+/// Taint of test nodes in a real cluster (kind): they have no kubelet, so nothing may be
+/// scheduled on them. Off on the bare control plane (no scheduler runs there, and Kueue's
+/// topology-aware scheduling must see these nodes untainted).
+pub const NO_KUBELET_TAINT_KEY: &str = "e2e.ec2-topology-labeler.io/no-kubelet";
+static NO_KUBELET_TAINT: AtomicBool = AtomicBool::new(false);
+
+/// Taint every test node made from now on (see [`NO_KUBELET_TAINT_KEY`]).
+pub fn taint_test_nodes(on: bool) {
+    NO_KUBELET_TAINT.store(on, Ordering::Relaxed);
+}
 
 /// How a test node is known: its name, instance ID and providerID.
 #[derive(Debug, Clone)]
@@ -86,6 +99,12 @@ impl NodeSpec {
                 "lastTransitionTime": "2026-11-30T07:00:00Z"
             })
         };
+        let mut spec = json!({ "providerID": self.provider_id });
+        if NO_KUBELET_TAINT.load(Ordering::Relaxed) {
+            // In a cluster with a scheduler no pod may land on a node no kubelet runs.
+            spec["taints"] =
+                json!([{ "key": NO_KUBELET_TAINT_KEY, "value": "true", "effect": "NoSchedule" }]);
+        }
         let value = json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -108,7 +127,7 @@ impl NodeSpec {
                     "volumes.kubernetes.io/controller-managed-attach-detach": "true"
                 }
             },
-            "spec": { "providerID": self.provider_id },
+            "spec": spec,
             "status": {
                 "capacity": { "cpu": "192", "memory": "2097152Mi", "pods": "110", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32", "ephemeral-storage": "3758096384Ki" },
                 "allocatable": { "cpu": "191450m", "memory": "2060000Mi", "pods": "110", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32", "ephemeral-storage": "3463452752Ki" },

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod env;
 pub mod fixtures;
 pub mod helm;
+pub mod incluster;
 pub mod kube_util;
 pub mod labeler;
 pub mod mock;

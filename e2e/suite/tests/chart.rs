@@ -232,6 +232,35 @@ fn the_pod_runs_locked_down() {
     );
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(c["startupProbe"]["httpGet"]["path"], "/livez");
+}
+
+/// What the release workflow publishes is what the chart pulls: the image repository in
+/// values.yaml, the chart's name in the OCI repository, on version tags only.
+#[test]
+fn release_workflow_publishes_the_image_the_chart_pulls() {
+    let root = e2e::repo_root();
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let workflow: Value =
+        serde_saphyr::from_str(&read(".github/workflows/release.yaml")).expect("workflow YAML");
+    let values: Value =
+        serde_saphyr::from_str(&read("charts/ec2-topology-labeler/values.yaml")).expect("values");
+    assert_eq!(workflow["env"]["IMAGE"], values["image"]["repository"]);
+    assert!(
+        workflow["env"]["CHART_REPO"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("oci://")),
+        "the chart is pushed as an OCI artifact"
+    );
+    let tags = &workflow["on"]["push"]["tags"];
+    assert!(tags.is_array() && workflow["on"]["push"]["branches"].is_null());
+    let platforms = workflow["jobs"]["image"]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .find_map(|s| s["with"]["platforms"].as_str())
+        .expect("a multi-platform build");
+    assert_eq!(platforms, "linux/amd64,linux/arm64");
 }
 
 #[test]

@@ -1,0 +1,548 @@
+//! What only a real cluster shows (kind, started by `e2e/kind/run.sh`): the image starting in
+//! pods under the chart's security context, kubelet probes, in-cluster configuration under the
+//! chart's RBAC alone, real kubelets whose providerIDs are EC2's, the real kube-scheduler placing
+//! a pod by our labels, a leader pod deleted, a node drained, the release upgraded and removed.
+//!
+//! Two phases, run by `run.sh` around the shared e2e suite (which needs the chart installed):
+//! `install::` (from a cluster without the chart to the controller labelling) and `ops::` (what
+//! an operator does to a running installation, ending with its removal).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use e2e::{
+    cluster::NAMESPACE,
+    env::{Env, ScenarioFn, WAIT},
+    fixtures::NodeSpec,
+    helm,
+    incluster::{self, KindEnv, LossWatch, RELEASE},
+    kube_util::{self, eventually, topology_labels, wait_for_topology},
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, PostParams},
+};
+use serde_json::json;
+
+/// The chart's lease duration in e2e/kind/values.yaml.
+const LEASE: Duration = Duration::from_secs(6);
+/// A pod that may only run on the node under this leaf switch (the worker's, in mock-ec2.yaml).
+const WAITER: &str = "waits-for-topology";
+const WORKER_LEAF: &str = "nn-kind-leaf-w1";
+const LAYER_3: &str = "topology.k8s.aws/network-node-layer-3";
+
+/// The kind nodes (they run kubelets), by role.
+async fn kind_nodes(c: &Client) -> anyhow::Result<(Node, Node)> {
+    let api: Api<Node> = Api::all(c.clone());
+    let nodes = api.list(&Default::default()).await?.items;
+    let role = |n: &&Node, cp: bool| {
+        n.labels()
+            .contains_key("node-role.kubernetes.io/control-plane")
+            == cp
+            && n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .is_some_and(|p| p.starts_with("aws:///"))
+            && n.status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .is_some_and(|i| !i.kubelet_version.is_empty() && i.kubelet_version != "v0.0.0")
+    };
+    let cp = nodes.iter().find(|n| role(n, true)).cloned();
+    let worker = nodes
+        .iter()
+        .find(|n| role(n, false) && n.name_any().contains("worker"));
+    Ok((
+        cp.context("a control-plane node with an aws:/// providerID")?,
+        worker
+            .cloned()
+            .context("a worker node with an aws:/// providerID")?,
+    ))
+}
+
+/// The image tag of the pause container the nodes already hold (pods here never pull).
+async fn pause_image(c: &Client) -> anyhow::Result<String> {
+    let (_, worker) = kind_nodes(c).await?;
+    worker
+        .status
+        .and_then(|s| s.images)
+        .into_iter()
+        .flatten()
+        .flat_map(|i| i.names.unwrap_or_default())
+        .find(|n| n.starts_with("registry.k8s.io/pause:"))
+        .context("no pause image on the worker")
+}
+
+fn waiter_pod(name: &str, leaf: &str, image: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeSelector": { LAYER_3: leaf },
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{ "name": "app", "image": image, "imagePullPolicy": "Never" }]
+        }
+    }))?)
+}
+
+async fn unschedulable(pods: &Api<Pod>, name: &str) -> anyhow::Result<Option<()>> {
+    let p = pods.get(name).await?;
+    let unschedulable = p
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        });
+    Ok(unschedulable.then_some(()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// install::
+
+/// Before the chart: the kind nodes carry no topology labels, and a pod that needs the worker's
+/// leaf switch is refused by the real scheduler.
+async fn pod_waits_for_topology_before_install(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let (cp, worker) = kind_nodes(&c).await?;
+    for n in [&cp, &worker] {
+        let t = topology_labels(n.labels());
+        ensure!(
+            t.is_empty(),
+            "{} is labelled before install: {t:?}",
+            n.name_any()
+        );
+    }
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let _ = pods.delete(WAITER, &DeleteParams::default()).await;
+    eventually("the old waiter pod gone", WAIT, || async {
+        Ok(pods.get_opt(WAITER).await?.is_none().then_some(()))
+    })
+    .await?;
+    let image = pause_image(&c).await?;
+    pods.create(
+        &PostParams::default(),
+        &waiter_pod(WAITER, WORKER_LEAF, &image)?,
+    )
+    .await?;
+    eventually(
+        "the scheduler to refuse the pod (no node has the leaf label yet)",
+        WAIT,
+        || unschedulable(&pods, WAITER),
+    )
+    .await
+}
+
+/// `helm install` exactly as the README says (plus the kind values): both replicas start from
+/// our image, pass their probes and become Ready with no restart, under the chart's security
+/// context.
+async fn chart_installs_and_both_replicas_become_ready(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let chart = helm::chart();
+    let values = kind.values.to_string_lossy().to_string();
+    let started = Instant::now();
+    kind.helm(&[
+        "install",
+        RELEASE,
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "-f",
+        &values,
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
+    incluster::wait_rolled_out(&c, 2, Duration::from_secs(60)).await?;
+    eprintln!(
+        "    helm install --wait returned, 2/2 ready, in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let pods = incluster::pods(&c).await?;
+    ensure!(pods.len() == 2, "{} controller pods", pods.len());
+    for p in &pods {
+        ensure!(incluster::is_ready(p), "{} is not Ready", p.name_any());
+        ensure!(
+            incluster::restarts(p) == 0,
+            "{} restarted {} times at install",
+            p.name_any(),
+            incluster::restarts(p)
+        );
+        let spec = p.spec.as_ref().context("pod spec")?;
+        let container = spec.containers.first().context("container")?;
+        let sc = container
+            .security_context
+            .as_ref()
+            .context("securityContext")?;
+        ensure!(
+            sc.read_only_root_filesystem == Some(true)
+                && sc.allow_privilege_escalation == Some(false),
+            "{}: {sc:?}",
+            p.name_any()
+        );
+        ensure!(
+            spec.security_context.as_ref().and_then(|s| s.run_as_user) == Some(65532),
+            "runs as 65532"
+        );
+        for probe in ["liveness", "readiness", "startup"] {
+            let set = match probe {
+                "liveness" => container.liveness_probe.is_some(),
+                "readiness" => container.readiness_probe.is_some(),
+                _ => container.startup_probe.is_some(),
+            };
+            ensure!(set, "{}: no {probe} probe", p.name_any());
+        }
+    }
+    Ok(())
+}
+
+/// In-cluster configuration (ServiceAccount token and CA) under the chart's RBAC only: the
+/// controller labels the real kind nodes from their kubelets' aws:/// providerIDs, and exactly
+/// one replica leads.
+async fn kind_nodes_are_labelled_from_inside_the_cluster(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let (cp, worker) = kind_nodes(&c).await?;
+    let scenario = env.mock_admin.scenario().await?;
+    for n in [&cp, &worker] {
+        let pid = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        let inst = scenario
+            .instances
+            .iter()
+            .find(|i| pid.ends_with(&format!("/{}", i.instance_id)))
+            .with_context(|| format!("mock-ec2 has no instance for {pid}"))?;
+        let nodes: Vec<&str> = inst.network_nodes.iter().map(String::as_str).collect();
+        wait_for_topology(&c, &n.name_any(), &e2e::env::expected(&nodes, &[]), WAIT).await?;
+    }
+    let holder = incluster::lease_holder(&c)
+        .await?
+        .context("nobody holds the Lease")?;
+    let mut leaders = Vec::new();
+    for p in incluster::pods(&c).await? {
+        let m = incluster::pod_metrics(&c, &p.name_any()).await?;
+        if e2e::labeler::metric_sum(&m, "ec2_topology_labeler_leader", &[]) == 1.0 {
+            leaders.push(p.name_any());
+        }
+    }
+    ensure!(
+        leaders == vec![holder.clone()],
+        "leaders by their own gauge: {leaders:?}; Lease holder: {holder}"
+    );
+    Ok(())
+}
+
+/// The real kube-scheduler bound the waiting pod to the worker once its labels existed, and
+/// the kubelet runs it; a pod asking for a leaf no node has stays Pending.
+async fn scheduler_places_pods_by_topology_labels(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let (_, worker) = kind_nodes(&c).await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    eventually(
+        "the waiting pod bound to the worker and running",
+        WAIT,
+        || async {
+            let p = pods.get(WAITER).await?;
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+            Ok((node.as_deref() == Some(worker.name_any().as_str())
+                && phase.as_deref() == Some("Running"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    let nowhere = "waits-for-a-leaf-nobody-has";
+    let _ = pods.delete(nowhere, &DeleteParams::default()).await;
+    eventually("the old pod gone", WAIT, || async {
+        Ok(pods.get_opt(nowhere).await?.is_none().then_some(()))
+    })
+    .await?;
+    let image = pause_image(&c).await?;
+    pods.create(
+        &PostParams::default(),
+        &waiter_pod(nowhere, "nn-no-such-leaf", &image)?,
+    )
+    .await?;
+    eventually(
+        "the scheduler to refuse a pod for a leaf no node has",
+        WAIT,
+        || unschedulable(&pods, nowhere),
+    )
+    .await?;
+    for name in [WAITER, nowhere] {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+/// `kubectl logs` shows one JSON object per line, with a level, a message, and the node and
+/// instance on label changes.
+async fn logs_are_json_lines_an_operator_can_read(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let holder = incluster::lease_holder(&c).await?.context("nobody leads")?;
+    let (ok, text) = kind.kubectl(&["logs", "-n", NAMESPACE, &holder])?;
+    ensure!(ok, "kubectl logs failed: {text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(!lines.is_empty(), "no log lines");
+    for l in &lines {
+        ensure!(
+            l["level"].is_string() && l["timestamp"].is_string() && l["message"].is_string(),
+            "a line without level, timestamp or message: {l}"
+        );
+    }
+    ensure!(
+        lines.iter().any(|l| l["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("became leader"))),
+        "no 'became leader' line"
+    );
+    let change = lines.iter().find(|l| {
+        l["level"] == "INFO"
+            && l["message"] == "node labels updated"
+            && l["span"]["node"].is_string()
+            && l["span"]["instance"].is_string()
+            && l["changes"].is_string()
+    });
+    ensure!(
+        change.is_some(),
+        "no INFO line of a label change naming its node, instance and changes"
+    );
+    ensure!(
+        lines.iter().all(|l| l.get("spans").is_none()),
+        "span lists repeat the span on every line"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// ops::
+
+/// A new EC2 node, labelled within `bound`.
+async fn new_node_labelled(env: &Env, c: &Client, n: u32, bound: Duration) -> anyhow::Result<()> {
+    let s = NodeSpec::ec2(0xd1, n, "p5.48xlarge");
+    let leaf = format!("nn-ops-leaf-{n}");
+    let nodes = ["nn-ops-spine", "nn-ops-agg", leaf.as_str()];
+    env.mock_admin.upsert(&s.instance(&nodes)).await?;
+    kube_util::create_nodes(c, vec![s.node()]).await?;
+    wait_for_topology(c, &s.name, &e2e::env::expected(&nodes, &[]), bound).await
+}
+
+/// Deleting the leader's pod hands the Lease over: another replica labels a new node within the
+/// lease duration + 5 s, and no label is lost meanwhile.
+async fn deleting_the_leader_pod_hands_over(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let holder = incluster::lease_holder(&c).await?.context("nobody leads")?;
+    let watch = LossWatch::start(&c).await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), NAMESPACE);
+    let deleted = Instant::now();
+    pods.delete(&holder, &DeleteParams::default()).await?;
+    let bound = LEASE + Duration::from_secs(5);
+    new_node_labelled(env, &c, 1, bound)
+        .await
+        .context("no replica labelled a new node within the lease duration + 5 s")?;
+    let took = deleted.elapsed();
+    let new_holder = incluster::lease_holder(&c).await?;
+    ensure!(
+        new_holder.as_deref().is_some_and(|h| h != holder),
+        "the Lease is still {new_holder:?}"
+    );
+    eprintln!(
+        "    leader pod deleted: {new_holder:?} took over and labelled a new node in {:.1}s",
+        took.as_secs_f64()
+    );
+    incluster::wait_rolled_out(&c, 2, Duration::from_secs(90)).await?;
+    watch.finish().await
+}
+
+/// `kubectl drain` of the node both replicas run on (the control plane is tainted) evicts one,
+/// is refused the second by the PodDisruptionBudget, and the remaining replica keeps labelling.
+async fn drain_respects_the_disruption_budget(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let (_, worker) = kind_nodes(&c).await?;
+    let worker = worker.name_any();
+    let pods = incluster::pods(&c).await?;
+    ensure!(
+        pods.iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(worker.as_str())),
+        "both replicas should run on {worker}"
+    );
+    let watch = LossWatch::start(&c).await?;
+    // Watch readiness while the drain runs: never zero ready replicas.
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let watcher_client = c.clone();
+    let min_ready = tokio::spawn(async move {
+        let mut min = usize::MAX;
+        loop {
+            if let Ok(pods) = incluster::pods(&watcher_client).await {
+                min = min.min(pods.iter().filter(|p| incluster::is_ready(p)).count());
+            }
+            tokio::select! {
+                _ = &mut stopped => return min,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    let (drained, out) = kind.kubectl(&[
+        "drain",
+        &worker,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=25s",
+    ])?;
+    let _ = stop.send(());
+    let min = min_ready.await?;
+    let (uncordoned, text) = kind.kubectl(&["uncordon", &worker])?;
+    ensure!(uncordoned, "uncordon failed: {text}");
+    ensure!(
+        !drained,
+        "the drain completed although the budget allows one replica down:\n{out}"
+    );
+    ensure!(
+        out.contains("disruption budget"),
+        "the drain was not held by the PodDisruptionBudget:\n{out}"
+    );
+    ensure!(min >= 1, "at some point no replica was ready ({min})");
+    new_node_labelled(env, &c, 2, WAIT)
+        .await
+        .context("the remaining replica did not label")?;
+    incluster::wait_rolled_out(&c, 2, Duration::from_secs(90)).await?;
+    watch.finish().await
+}
+
+/// `helm upgrade` with a changed configuration rolls both replicas without losing a label, and
+/// the new replicas run with the new setting.
+async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let before: Vec<String> = incluster::pods(&c)
+        .await?
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let watch = LossWatch::start(&c).await?;
+    kind.helm(&[
+        "upgrade",
+        RELEASE,
+        helm::chart().to_str().unwrap_or_default(),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--set",
+        "config.resyncPeriod=7s",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
+    incluster::wait_rolled_out(&c, 2, Duration::from_secs(90)).await?;
+    let after = incluster::pods(&c).await?;
+    ensure!(
+        after.iter().all(|p| !before.contains(&p.name_any())),
+        "the replicas were not replaced: {before:?}"
+    );
+    for p in &after {
+        let args = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.args.clone())
+            .unwrap_or_default();
+        ensure!(
+            args.iter().any(|a| a == "--resync-period=7s"),
+            "{} runs with {args:?}",
+            p.name_any()
+        );
+    }
+    new_node_labelled(env, &c, 3, WAIT).await?;
+    watch.finish().await
+}
+
+/// `helm uninstall` removes the controller and leaves every label where it was (documented in
+/// the README: labels are data the schedulers read, not the controller's state).
+async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let before = incluster::all_topology_labels(&c).await?;
+    ensure!(
+        before.values().filter(|l| !l.is_empty()).count() >= 2,
+        "nothing labelled to keep"
+    );
+    kind.helm(&["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"])?;
+    eventually(
+        "the controller's pods gone",
+        Duration::from_secs(60),
+        || async { Ok(incluster::pods(&c).await?.is_empty().then_some(())) },
+    )
+    .await?;
+    let after = incluster::all_topology_labels(&c).await?;
+    incluster::nothing_lost(&before, &after)
+}
+
+fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
+    macro_rules! s {
+        ($name:literal, $f:ident) => {
+            ($name, (|env| Box::pin($f(env))) as ScenarioFn, false)
+        };
+    }
+    vec![
+        s!(
+            "install::pod_waits_for_topology_before_install",
+            pod_waits_for_topology_before_install
+        ),
+        s!(
+            "install::chart_installs_and_both_replicas_become_ready",
+            chart_installs_and_both_replicas_become_ready
+        ),
+        s!(
+            "install::kind_nodes_are_labelled_from_inside_the_cluster",
+            kind_nodes_are_labelled_from_inside_the_cluster
+        ),
+        s!(
+            "install::scheduler_places_pods_by_topology_labels",
+            scheduler_places_pods_by_topology_labels
+        ),
+        s!(
+            "install::logs_are_json_lines_an_operator_can_read",
+            logs_are_json_lines_an_operator_can_read
+        ),
+        s!(
+            "ops::deleting_the_leader_pod_hands_over",
+            deleting_the_leader_pod_hands_over
+        ),
+        s!(
+            "ops::drain_respects_the_disruption_budget",
+            drain_respects_the_disruption_budget
+        ),
+        s!(
+            "ops::helm_upgrade_rolls_without_label_loss",
+            helm_upgrade_rolls_without_label_loss
+        ),
+        s!(
+            "ops::helm_uninstall_leaves_the_labels",
+            helm_uninstall_leaves_the_labels
+        ),
+    ]
+}
+
+fn main() {
+    if std::env::var_os("E2E_KUBECONFIG").is_none() {
+        // `cargo test` on a machine without the kind cluster: nothing to run here (make kind).
+        eprintln!("kind suite: E2E_KUBECONFIG is not set; run `make kind`");
+        return;
+    }
+    e2e::env::run("kind", scenarios)
+}

@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind manifests check-manifests ci clean-cache
+.PHONY: image all build controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -58,15 +58,19 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test --workspace --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
+SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
+  e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
+  e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
-## lint: formatting, clippy (warnings are errors), helm lint, shellcheck (when installed)
+## lint: formatting, clippy (warnings are errors), helm lint, actionlint, shellcheck
 lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	cargo clippy --workspace --test faults --locked -- -D warnings  # test = false: not in --all-targets
+	cargo clippy --workspace --test faults --test kind --locked -- -D warnings  # test = false: not in --all-targets
 	$$(e2e/tools/build.sh)/helm lint --strict $(CHART)
-	@if command -v shellcheck >/dev/null; then shellcheck $(SHELL_SCRIPTS); else echo "shellcheck not installed (apt-get install shellcheck): skipped"; fi
+	$$(e2e/tools/build.sh)/actionlint .github/workflows/*.yaml
+	@command -v shellcheck >/dev/null || { echo "installing shellcheck (apt)"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
+	shellcheck $(SHELL_SCRIPTS)
 
 ## schema: regenerate the chart's values.schema.json from the binary's flags
 schema:
@@ -76,9 +80,14 @@ schema:
 image:
 	e2e/image/build.sh
 
-## kind: the e2e suite on a kind cluster (needs Docker and kind; not run in CI)
-kind:
+## kind: the e2e suite on a kind cluster built here from nothing (Docker engine from Debian,
+## egress guard, node image and controller images built locally; e2e/kind/run.sh)
+kind: build
 	e2e/kind/run.sh
+
+## kind-prepare: everything `make kind` needs before a cluster starts (host, node image, images)
+kind-prepare:
+	e2e/kind/run.sh --prepare
 
 fmt:
 	cargo fmt --all
@@ -92,9 +101,10 @@ check-manifests: tools
 	@$$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) | diff -u deploy/ec2-topology-labeler.yaml - \
 	  || { echo "deploy/ is stale: run make manifests"; exit 1; }
 
-## ci: what .ci/run does
+## ci: what .ci/run does (it also prepares the kind images in the background meanwhile)
 ci: lint test test-faults
 	$(MAKE) fuzz FUZZ_SECONDS=20
+	$(MAKE) kind
 
 clean-cache:
 	rm -rf $(EC2TL_CACHE)

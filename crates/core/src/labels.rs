@@ -31,7 +31,9 @@ pub enum LayerNumbering {
     LeafFirst,
 }
 
-/// Which keys we manage. Switching an extra off (`None`) also stops us touching that key.
+/// Which keys we manage. An extra switched off (`None`) is out of the family: a reconcile never
+/// writes or removes it (the controller gives up, once at start-up, the keys of it that it wrote
+/// itself, from the managed fields; see the controller's `retire` module).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LabelScheme {
     pub layer_prefix: String,
@@ -160,13 +162,19 @@ pub fn desired(scheme: &LabelScheme, t: &InstanceTopology) -> Result<Desired, De
             }
         }
     }
-    if let Some(key) = &scheme.capacity_block_key
-        && let Some(cb) = t.capacity_block_id.as_deref().filter(|c| !c.is_empty())
-    {
-        if !is_valid_label_value(cb) {
-            return Err(invalid("capacity block ID", cb));
+    if let Some(key) = &scheme.capacity_block_key {
+        match t.capacity_block_id.as_deref().filter(|c| !c.is_empty()) {
+            Some(cb) if is_valid_label_value(cb) => {
+                out.labels.insert(key.clone(), cb.to_string());
+            }
+            Some(cb) => return Err(invalid("capacity block ID", cb)),
+            // Missing is not "none": EC2 can leave the capacity block out of its first answers
+            // after launch (eventual consistency, documented for DescribeInstanceTopology). A
+            // label already there stays; the lookup asks again soon.
+            None => {
+                out.keep.insert(key.clone());
+            }
         }
-        out.labels.insert(key.clone(), cb.to_string());
     }
     if let Some(key) = &scheme.placement_group_key
         && let Some(pg) = t.group_name.as_deref().filter(|g| !g.is_empty())
@@ -439,7 +447,8 @@ mod tests {
         let d = desired(&scheme, &t).unwrap();
         assert_eq!(d.labels.len(), 3);
         assert!(d.annotations.is_empty());
-        // A switched-off key is not ours: an existing value is not removed.
+        // A switched-off key is out of the family: a reconcile does not remove it (retiring the
+        // keys we wrote is a start-up step, by managed fields).
         let current = map(&[
             (CAPACITY_BLOCK_KEY, "cr-1"),
             ("topology.k8s.aws/zone-id", "x"),
@@ -531,10 +540,14 @@ mod tests {
         );
     }
 
+    /// EC2 can leave `capacityBlockId` out of an answer right after launch: an answer without
+    /// it says nothing about the capacity block, so the label stays (a placement group the
+    /// instance left is another matter: its label and annotation go).
     #[test]
-    fn stale_capacity_block_and_annotation_are_removed() {
+    fn a_missing_capacity_block_keeps_the_label_and_a_stale_placement_group_goes() {
         let s = LabelScheme::default();
         let d = desired(&s, &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        assert!(d.keep.contains(CAPACITY_BLOCK_KEY));
         let labels = map(&[
             ("topology.k8s.aws/network-node-layer-1", "nn-a"),
             ("topology.k8s.aws/network-node-layer-2", "nn-b"),
@@ -547,10 +560,7 @@ mod tests {
         let diff = diff(&s, &labels, &annotations, &d);
         assert_eq!(
             diff.stale_label_keys().cloned().collect::<Vec<_>>(),
-            vec![
-                CAPACITY_BLOCK_KEY.to_string(),
-                PLACEMENT_GROUP_KEY.to_string()
-            ]
+            vec![PLACEMENT_GROUP_KEY.to_string()]
         );
         assert_eq!(diff.annotations.remove, map(&[(PLACEMENT_GROUP_KEY, "pg")]));
         assert!(diff.labels.add.is_empty() && diff.labels.change.is_empty());

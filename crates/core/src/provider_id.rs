@@ -98,10 +98,12 @@ pub fn parse(provider_id: &str) -> Result<InstanceRef, SkipReason> {
     })
 }
 
-/// `i-` followed by 8 (old style) to 17 lowercase hex digits.
+/// `i-` followed by 8 (old style) or 17 lowercase hex digits, the only forms EC2 accepts. Any
+/// other length would make EC2 refuse the whole call it is in (`InvalidInstanceID.Malformed`),
+/// and with it up to 99 good instances.
 pub fn is_instance_id(id: &str) -> bool {
     id.strip_prefix("i-").is_some_and(|hex| {
-        (8..=17).contains(&hex.len())
+        matches!(hex.len(), 8 | 17)
             && hex
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -130,7 +132,35 @@ pub fn region_of_zone(zone: &str) -> Option<String> {
     let mut region = parts[..i].join("-");
     region.push('-');
     region.push_str(&digits);
-    Some(region)
+    is_region_name(&region).then_some(region)
+}
+
+/// Whether `r` has the shape of an AWS region name: a partition or country code (`us`, `eu`,
+/// `eusc`), an optional qualifier (`gov`, `iso`, `isob`, `de`), a direction and a number:
+/// `us-west-2`, `us-gov-west-1`, `ap-southeast-3`, `eusc-de-east-1`. The controller keeps one EC2
+/// client per region; only names of this shape may create one, so a hostile zone in a
+/// providerID cannot make it hold any number of them.
+pub fn is_region_name(r: &str) -> bool {
+    const DIRECTIONS: [&str; 9] = [
+        "north",
+        "south",
+        "east",
+        "west",
+        "central",
+        "northeast",
+        "northwest",
+        "southeast",
+        "southwest",
+    ];
+    let letters = |p: &str| (2..=4).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_lowercase());
+    let number = |p: &str| (1..=2).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+    match r.split('-').collect::<Vec<_>>().as_slice() {
+        [area, direction, n] => letters(area) && DIRECTIONS.contains(direction) && number(n),
+        [area, qualifier, direction, n] => {
+            letters(area) && letters(qualifier) && DIRECTIONS.contains(direction) && number(n)
+        }
+        _ => false,
+    }
 }
 
 /// A providerID shortened for a log line: hostile inputs can be kilobytes long.
@@ -236,6 +266,20 @@ mod tests {
         assert_eq!(parse(&huge), Err(SkipReason::Malformed));
     }
 
+    /// EC2 instance IDs have 8 (old style) or 17 hex digits, nothing between: EC2 refuses any
+    /// other length with InvalidInstanceID.Malformed, failing the whole call it is in.
+    #[test]
+    fn only_8_or_17_hex_digits_make_an_instance_id() {
+        let digits = "0123456789abcdef0";
+        for len in 1..=20 {
+            let id = format!("i-{}", &digits.repeat(2)[..len]);
+            let pid = format!("aws:///us-west-2a/{id}");
+            let want_ok = len == 8 || len == 17;
+            assert_eq!(is_instance_id(&id), want_ok, "{id}");
+            assert_eq!(parse(&pid).is_ok(), want_ok, "{pid}");
+        }
+    }
+
     #[test]
     fn regions_from_zones() {
         assert_eq!(region_of_zone("us-west-2b").as_deref(), Some("us-west-2"));
@@ -257,6 +301,32 @@ mod tests {
         );
         assert_eq!(region_of_zone("zone"), None);
         assert_eq!(region_of_zone("1a"), None);
+        assert_eq!(
+            region_of_zone("eusc-de-east-1a").as_deref(),
+            Some("eusc-de-east-1")
+        );
+        assert_eq!(
+            region_of_zone("mx-central-1a").as_deref(),
+            Some("mx-central-1")
+        );
+    }
+
+    /// A zone in a providerID is anyone's text: only region-shaped names may come out, so it
+    /// cannot make the controller keep a client per invented region.
+    #[test]
+    fn made_up_zones_give_no_region() {
+        for zone in [
+            "aa-bb-1a",
+            "zz-nowhere-9a",
+            "us-west-123a",
+            "abcdefg-west-1a",
+            "us-x-y-west-1a",
+            "x-west-1a",
+        ] {
+            assert_eq!(region_of_zone(zone), None, "{zone}");
+        }
+        assert!(is_region_name("us-isob-east-1") && is_region_name("cn-northwest-1"));
+        assert!(!is_region_name("us-west-2b") && !is_region_name("us-west"));
     }
 
     #[test]

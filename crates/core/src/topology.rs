@@ -18,6 +18,50 @@ pub struct InstanceTopology {
     pub capacity_block_id: Option<String>,
 }
 
+impl InstanceTopology {
+    /// This answer, with the fields it leaves out taken from an earlier answer about the same
+    /// instance in the same boot. EC2 is eventually consistent: an answer right after launch can
+    /// lack `capacityBlockId` (documented) or another field a later one has; within one boot
+    /// none of them can go away, so missing is "not known yet", never "none".
+    pub fn filled_from(mut self, earlier: &InstanceTopology) -> Self {
+        fn fill(field: &mut Option<String>, earlier: &Option<String>) {
+            if field.as_deref().is_none_or(str::is_empty) {
+                field.clone_from(earlier);
+            }
+        }
+        fill(&mut self.instance_type, &earlier.instance_type);
+        fill(&mut self.availability_zone, &earlier.availability_zone);
+        fill(&mut self.zone_id, &earlier.zone_id);
+        fill(&mut self.group_name, &earlier.group_name);
+        fill(&mut self.capacity_block_id, &earlier.capacity_block_id);
+        self
+    }
+
+    /// Whether this answer may still be settling: a field EC2 fills in late is missing where it
+    /// is expected (the capacity block of an UltraServer-class instance, or of an instance whose
+    /// node already carries that label; the zone ID of any instance). Such an answer is asked
+    /// for again on a short schedule until the field appears.
+    pub fn settling(&self, capacity_block_expected: bool) -> bool {
+        let missing = |f: &Option<String>| f.as_deref().is_none_or(str::is_empty);
+        let ultra = self
+            .instance_type
+            .as_deref()
+            .is_none_or(is_ultraserver_type);
+        (missing(&self.capacity_block_id) && (ultra || capacity_block_expected))
+            || missing(&self.zone_id)
+    }
+}
+
+/// Instance families that run in UltraServers, whose instances EC2 reports with a
+/// `capacityBlockId` naming the UltraServer domain (P6e-GB200, P6e-GB300, Trn2 UltraServers).
+pub const ULTRASERVER_FAMILIES: &[&str] = &["p6e-gb200", "p6e-gb300", "trn2u"];
+
+/// Whether `instance_type` (`p6e-gb200.36xlarge`) belongs to an UltraServer family.
+pub fn is_ultraserver_type(instance_type: &str) -> bool {
+    let family = instance_type.split('.').next().unwrap_or_default();
+    ULTRASERVER_FAMILIES.contains(&family)
+}
+
 /// A failed `DescribeInstanceTopology` call, classified by what the caller should do about it.
 ///
 /// Cloneable because one answer fans out to every node waiting in the batch.
@@ -86,6 +130,27 @@ impl Ec2Error {
         )
     }
 
+    /// EC2 refused an instance ID of the call (`InvalidInstanceID.Malformed`, `.NotFound`, …):
+    /// the whole call fails for it, so the batch must be split to find which.
+    pub fn is_instance_id_error(&self) -> bool {
+        matches!(self, Ec2Error::InvalidRequest { code, .. } if code.starts_with("InvalidInstanceID"))
+    }
+
+    /// Whether the error's message names `instance_id` (EC2 does: `Invalid id: "i-…"`, `The
+    /// instance ID 'i-…' does not exist`). A whole-word match: `i-1234abcd` is not named by
+    /// `i-1234abcd00000000f`.
+    pub fn names_instance(&self, instance_id: &str) -> bool {
+        let Ec2Error::InvalidRequest { message, .. } = self else {
+            return false;
+        };
+        message.match_indices(instance_id).any(|(at, m)| {
+            let after = message[at + m.len()..].bytes().next();
+            let before = message[..at].bytes().next_back();
+            !after.is_some_and(|b| b.is_ascii_alphanumeric())
+                && !before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+    }
+
     /// Map an EC2 error code to its class.
     pub fn from_code(code: &str, message: &str) -> Self {
         let (code, message) = (code.to_string(), message.to_string());
@@ -139,6 +204,88 @@ mod tests {
         assert_eq!(
             Ec2Error::from_code("InternalError", "").category(),
             "service"
+        );
+    }
+
+    fn answer(ty: Option<&str>, cb: Option<&str>, zone: Option<&str>) -> InstanceTopology {
+        InstanceTopology {
+            instance_id: "i-0123456789abcdef0".into(),
+            instance_type: ty.map(Into::into),
+            zone_id: zone.map(Into::into),
+            capacity_block_id: cb.map(Into::into),
+            network_nodes: vec!["nn-a".into(), "nn-b".into(), "nn-c".into()],
+            ..InstanceTopology::default()
+        }
+    }
+
+    #[test]
+    fn an_answer_missing_a_late_field_is_settling() {
+        let gb200 = Some("p6e-gb200.36xlarge");
+        let zone = Some("usw2-az1");
+        assert!(
+            answer(gb200, None, zone).settling(false),
+            "UltraServer without capacity block"
+        );
+        assert!(!answer(gb200, Some("cr-1"), zone).settling(false));
+        assert!(
+            !answer(Some("p5.48xlarge"), None, zone).settling(false),
+            "no capacity block expected"
+        );
+        assert!(
+            answer(Some("p5.48xlarge"), None, zone).settling(true),
+            "the node carries the label"
+        );
+        assert!(
+            answer(None, None, zone).settling(false),
+            "type unknown: it may be one"
+        );
+        assert!(
+            answer(Some("p5.48xlarge"), None, None).settling(false),
+            "zone ID missing"
+        );
+        assert!(is_ultraserver_type("trn2u.48xlarge") && !is_ultraserver_type("trn2.48xlarge"));
+    }
+
+    #[test]
+    fn fields_left_out_later_in_a_boot_are_taken_from_the_earlier_answer() {
+        let first = answer(Some("p6e-gb200.36xlarge"), Some("cr-1"), Some("usw2-az1"));
+        let late = answer(None, None, Some(""));
+        let filled = late.filled_from(&first);
+        assert_eq!(filled.capacity_block_id.as_deref(), Some("cr-1"));
+        assert_eq!(filled.zone_id.as_deref(), Some("usw2-az1"));
+        assert_eq!(filled.instance_type.as_deref(), Some("p6e-gb200.36xlarge"));
+        let moved = answer(None, Some("cr-2"), None).filled_from(&first);
+        assert_eq!(
+            moved.capacity_block_id.as_deref(),
+            Some("cr-2"),
+            "a new value wins"
+        );
+    }
+
+    #[test]
+    fn refused_ids_are_found_in_ec2s_messages() {
+        let one = Ec2Error::from_code(
+            "InvalidInstanceID.NotFound",
+            "The instance ID 'i-0123456789abcdef0' does not exist",
+        );
+        assert!(one.is_instance_id_error());
+        assert!(one.names_instance("i-0123456789abcdef0"));
+        assert!(!one.names_instance("i-0123456789abcdef1"));
+        assert!(!one.names_instance("i-01234567"), "a prefix is not a name");
+        let many = Ec2Error::from_code(
+            "InvalidInstanceID.NotFound",
+            "The instance IDs 'i-0123456789abcdef0, i-1234abcd' do not exist",
+        );
+        assert!(many.names_instance("i-1234abcd") && many.names_instance("i-0123456789abcdef0"));
+        let malformed = Ec2Error::from_code(
+            "InvalidInstanceID.Malformed",
+            "Invalid id: \"i-0123456789abcdef\" (expecting \"i-...\")",
+        );
+        assert!(malformed.is_instance_id_error());
+        assert!(malformed.names_instance("i-0123456789abcdef"));
+        assert!(!Ec2Error::from_code("InvalidParameterValue", "i-1234abcd").is_instance_id_error());
+        assert!(
+            !Ec2Error::from_code("RequestLimitExceeded", "i-1234abcd").names_instance("i-1234abcd")
         );
     }
 

@@ -102,6 +102,10 @@ pub struct Faults {
     pub unauthorized: bool,
     /// Leave these instance IDs out of every answer (as if EC2 had not caught up).
     pub omit_instances: Vec<String>,
+    /// Fail every call that asks for one of these IDs with `InvalidInstanceID.NotFound`, naming
+    /// them, as EC2 does for an ID it does not know (another account's, a mistyped one): one such
+    /// ID sinks the whole call.
+    pub not_found_instances: Vec<String>,
     /// Repeat every item of an answer (EC2 should not, a client must cope).
     pub duplicate_items: bool,
     /// Page answers to requests with instance IDs too, this many items per page (EC2 may).
@@ -323,6 +327,29 @@ impl MockEc2 {
             );
         }
 
+        let unknown: Vec<&String> = request
+            .instance_ids
+            .iter()
+            .filter(|id| faults.not_found_instances.contains(id))
+            .collect();
+        if !unknown.is_empty() {
+            inner.stats.failed += 1;
+            let list = unknown
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let message = if unknown.len() == 1 {
+                format!("The instance ID '{list}' does not exist")
+            } else {
+                format!("The instance IDs '{list}' do not exist")
+            };
+            return Outcome::Error(
+                ApiError::bad("InvalidInstanceID.NotFound", message),
+                request_id,
+            )
+            .after(latency);
+        }
         let matched: Vec<&Instance> = inner
             .instances
             .values()
@@ -503,9 +530,10 @@ fn parse_request(params: &[(String, String)]) -> Result<Request, ApiError> {
     }
     for id in &req.instance_ids {
         if !is_instance_id(id) {
+            // As EC2 answers: the whole call fails, naming the ID.
             return Err(ApiError::bad(
                 "InvalidInstanceID.Malformed",
-                format!("Invalid id: \"{id}\""),
+                format!("Invalid id: \"{id}\" (expecting \"i-...\")"),
             ));
         }
     }
@@ -562,9 +590,13 @@ fn parse_request(params: &[(String, String)]) -> Result<Request, ApiError> {
     Ok(req)
 }
 
+/// What EC2 accepts as an instance ID: `i-` and 8 or 17 lowercase hex digits.
 fn is_instance_id(id: &str) -> bool {
     id.strip_prefix("i-").is_some_and(|hex| {
-        (8..=17).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        matches!(hex.len(), 8 | 17)
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -839,6 +871,19 @@ mod tests {
         assert_eq!(body(m.handle(&p)), "ERROR InvalidParameterValue");
         let out = m.handle(&params(&[("InstanceId.1", "i-zz")]));
         assert_eq!(body(out), "ERROR InvalidInstanceID.Malformed");
+        // Lengths EC2 refuses: anything but 8 or 17 digits, and upper case. One such ID fails
+        // the whole call, good IDs beside it included.
+        for bad in ["i-0123456789abcdef", "i-0123456789", "i-0123456789ABCDEF0"] {
+            let out = m.handle(&params(&[
+                ("InstanceId.1", "i-0123456789abcdef0"),
+                ("InstanceId.2", bad),
+            ]));
+            assert_eq!(body(out), "ERROR InvalidInstanceID.Malformed", "{bad}");
+        }
+        for good in ["i-0123abcd", "i-0123456789abcdef0"] {
+            let out = m.handle(&params(&[("InstanceId.1", good)]));
+            assert!(!body(out).starts_with("ERROR"), "{good}");
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::{
     conflict::{ConflictGuard, GuardConfig, Verdict, other_owners},
     ec2::AwsTopology,
     labels::{self, DeriveError, Desired, LabelScheme, NodeDiff},
+    leader::Leadership,
     limiter::Limiter,
     lookup::{Lookup, Resolved},
     metrics::{Metrics, NodeState},
@@ -52,9 +53,9 @@ pub struct Context {
     pub region: Option<String>,
     pub resync: Duration,
     pub metrics: Arc<Metrics>,
-    /// Set while this replica leads (always, without leader election). A follower neither asks
-    /// EC2 nor writes.
-    pub leader: Arc<AtomicBool>,
+    /// Whether this replica leads (always, without leader election). A follower neither asks
+    /// EC2 nor writes; a leader whose Lease renewals fail stops at its renew deadline.
+    pub leader: Leadership,
     /// Kubernetes Events on Nodes, when enabled.
     pub recorder: Option<Recorder>,
     /// Holds writes to nodes whose labels someone else keeps changing.
@@ -162,7 +163,7 @@ impl Context {
             region,
             resync,
             metrics,
-            leader: Arc::new(AtomicBool::new(true)),
+            leader: Leadership::always(),
             recorder: None,
             guard: Mutex::new(ConflictGuard::new(GuardConfig::default())),
             writes: tokio::sync::Semaphore::new(32),
@@ -187,6 +188,13 @@ pub enum Assessment {
         instance_id: String,
         retry_in: Duration,
     },
+    /// EC2 refused the instance ID itself (`InvalidInstanceID.*`); labels are left as they are
+    /// and the ID is kept out of other calls until `retry_in`.
+    Rejected {
+        instance_id: String,
+        error: Ec2Error,
+        retry_in: Duration,
+    },
     /// EC2's answer cannot be turned into labels; labels are left as they are.
     Invalid {
         instance_id: String,
@@ -199,6 +207,8 @@ pub enum Assessment {
         diff: NodeDiff,
         /// A refresh failed; `desired` comes from the earlier answer.
         refresh_error: Option<Ec2Error>,
+        /// EC2's answer may still be settling (a late field missing): check again this soon.
+        recheck_in: Option<Duration>,
     },
 }
 
@@ -239,14 +249,29 @@ pub async fn assess(
         })
         .ok_or(Ec2Error::NoRegion)?;
     let instance_id = instance.instance_id;
-    match lookup.resolve(&region, &instance_id, boot_id(node)).await? {
+    let has_capacity_block = scheme
+        .capacity_block_key
+        .as_ref()
+        .is_some_and(|k| node.labels().contains_key(k));
+    match lookup
+        .resolve_expecting(&region, &instance_id, boot_id(node), has_capacity_block)
+        .await?
+    {
         Resolved::NotDescribed { retry_in, .. } => Ok(Assessment::NotDescribed {
             instance_id,
+            retry_in,
+        }),
+        Resolved::Rejected {
+            error, retry_in, ..
+        } => Ok(Assessment::Rejected {
+            instance_id,
+            error,
             retry_in,
         }),
         Resolved::Topology {
             topology,
             refresh_error,
+            recheck_in,
         } => match labels::desired(scheme, &topology) {
             Ok(desired) => {
                 let diff = labels::diff(scheme, &labels_of(node), &annotations_of(node), &desired);
@@ -255,6 +280,7 @@ pub async fn assess(
                     desired,
                     diff,
                     refresh_error,
+                    recheck_in,
                 })
             }
             Err(error) => Ok(Assessment::Invalid { instance_id, error }),
@@ -267,8 +293,14 @@ fn jittered(d: Duration) -> Duration {
     d + d.mul_f64(fastrand::f64() / 10.0)
 }
 
+/// Requeue exactly when the lookup says the instance is due again: those times sit on a grid
+/// shared by every instance, so the nodes due in one round are asked about in one call.
+fn on_grid(retry_in: Duration) -> Action {
+    Action::requeue(retry_in + Duration::from_millis(5))
+}
+
 pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.leader.load(Ordering::SeqCst) {
+    if !ctx.leader.is_leader() {
         // Followers keep their node cache warm and stay ready; the leader does the work. Every
         // node is re-checked when this replica is elected.
         return Ok(Action::await_change());
@@ -364,7 +396,24 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                     "EC2 does not describe this instance (unsupported type or not running yet); leaving its labels alone"
                 );
             }
-            Ok(Action::requeue(jittered(retry_in)))
+            Ok(on_grid(retry_in))
+        }
+        Assessment::Rejected {
+            instance_id,
+            error,
+            retry_in,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            if ctx.metrics.set_node_state(name, NodeState::Rejected) != Some(NodeState::Rejected) {
+                warn!(%error, retry_in_s = retry_in.as_secs(), provider_id = %provider_id::for_log(provider_id_of(node)),
+                    "EC2 refuses this node's instance ID; leaving its labels alone and keeping it out of other nodes' calls");
+                let note = format!(
+                    "EC2 refuses instance ID {instance_id} from this node's providerID ({error}); its labels are left as they are and it is asked about again in {}s",
+                    retry_in.as_secs()
+                );
+                publish(ctx, node, EventType::Warning, "InstanceIdRejected", note).await;
+            }
+            Ok(on_grid(retry_in))
         }
         Assessment::Invalid { instance_id, error } => {
             tracing::Span::current().record("instance", instance_id.as_str());
@@ -379,15 +428,18 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                 );
                 publish(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
             }
-            Ok(Action::requeue(jittered(retry_in)))
+            Ok(on_grid(retry_in))
         }
         Assessment::Ready {
             instance_id,
             desired,
             diff,
             refresh_error,
+            recheck_in,
         } => {
             tracing::Span::current().record("instance", instance_id.as_str());
+            // Next look: at the resync, or sooner while EC2's answer is still settling.
+            let next = || recheck_in.map_or_else(|| Action::requeue(jittered(ctx.resync)), on_grid);
             if let Some(e) = refresh_error {
                 warn!(error = %e, "refreshing the topology failed; using the earlier answer");
             }
@@ -397,7 +449,7 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                     .unwrap_or_else(|e| e.into_inner())
                     .seen(name);
                 ctx.metrics.set_node_state(name, NodeState::Labelled);
-                return Ok(Action::requeue(jittered(ctx.resync)));
+                return Ok(next());
             }
             if ctx
                 .echoes
@@ -407,9 +459,9 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
             {
                 debug!("our last write is not in the node cache yet; not writing it again");
                 ctx.metrics.set_node_state(name, NodeState::Labelled);
-                return Ok(Action::requeue(jittered(ctx.resync)));
+                return Ok(next());
             }
-            if !ctx.leader.load(Ordering::SeqCst) {
+            if !ctx.leader.is_leader() {
                 // Leadership was lost while we looked EC2 up.
                 return Ok(Action::await_change());
             }
@@ -433,9 +485,15 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
             {
                 // A closed semaphore cannot happen (it is never closed); write regardless.
                 let _permit = ctx.writes.acquire().await.ok();
+                // The wait for a permit can be long under load: leadership may have lapsed.
+                if !ctx.leader.is_leader() {
+                    return Ok(Action::await_change());
+                }
                 if let Err(e) = write_labels(&ctx.nodes, node, &desired, &diff, &ctx.metrics).await
                 {
-                    ctx.api_failing.store(true, Ordering::SeqCst);
+                    if e.is_api_unavailable() {
+                        ctx.api_failing.store(true, Ordering::SeqCst);
+                    }
                     return Err(e);
                 }
             }
@@ -466,7 +524,7 @@ async fn reconcile_node(node: &LiteNode, name: &str, ctx: &Context) -> Result<Ac
                 summary,
             )
             .await;
-            Ok(Action::requeue(jittered(ctx.resync)))
+            Ok(next())
         }
     }
 }
@@ -577,6 +635,11 @@ pub async fn write_labels(
             .collect()
     };
     let mut metadata = serde_json::Map::new();
+    // A precondition: if anyone wrote the node since our apply (a fresh value for one of these
+    // keys, say), the API server refuses this patch (409) and the next reconcile decides anew.
+    if let Some(rv) = &applied.metadata.resource_version {
+        metadata.insert("resourceVersion".into(), rv.clone().into());
+    }
     if !stale_labels.is_empty() {
         metadata.insert("labels".into(), null_map(&stale_labels).into());
     }
@@ -683,21 +746,25 @@ pub async fn lookup_from(
 pub async fn run(args: RunArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     if args.leader.leader_election {
-        crate::leader::lease_seconds(&args.leader)?;
+        crate::leader::Timings::from_args(&args.leader)?;
     }
     let metrics = Arc::new(Metrics::new());
     // Ready once the first list is in the cache. Served before anything talks to the API
     // server: while start-up waits for a cluster that is still settling, the probes see a live
     // process that is not ready (rather than one that exits and restarts).
     let synced = Arc::new(AtomicBool::new(false));
+    let live = crate::http::Liveness::default();
     let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
     tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
         synced.clone(),
+        live.clone(),
     ));
     let client = Client::try_default().await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
+    let batcher = lookup.clone();
+    live.check("ec2 batcher", move || batcher.batcher_running());
     let nodes: Api<LiteNode> = Api::all(client.clone());
     let resync = args.controller.resync_period.0;
     let mut ctx = Context::new(
@@ -731,17 +798,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
     ctx.kicks = Some(kicks_tx);
     let election = if args.leader.leader_election {
-        Some(
-            crate::leader::Election::start(
-                client.clone(),
-                &args.leader,
-                identity,
-                ctx.leader.clone(),
-                metrics.clone(),
-                elected_tx,
-            )
-            .await?,
-        )
+        let (election, leadership) = crate::leader::Election::start(
+            client.clone(),
+            &args.leader,
+            identity,
+            metrics.clone(),
+            elected_tx,
+            live.task("leader election"),
+        )?;
+        ctx.leader = leadership;
+        Some(election)
     } else {
         metrics.set_leader(true);
         None
@@ -778,6 +844,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Some(((), rx))
     });
     if crate::publish::Publishers::enabled(&args.publish) {
+        let alive = live.task("scheduler publishers");
         tokio::spawn(
             crate::publish::Publishers {
                 client: client.clone(),
@@ -790,10 +857,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 recorder: ctx.recorder.clone(),
                 last_error: Default::default(),
             }
-            .run(),
+            .run(alive),
         );
     }
+    tokio::spawn(retire_at_start(
+        Api::all(client.clone()),
+        scheme.clone(),
+        ctx.leader.clone(),
+        metrics.clone(),
+        synced.clone(),
+    ));
     tokio::spawn(housekeeping(
+        live.task("housekeeping"),
         reader.clone(),
         lookup,
         metrics.clone(),
@@ -840,8 +915,41 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
+/// configuration and no longer manage (see [`crate::retire`]).
+async fn retire_at_start(
+    api: Api<k8s_openapi::api::core::v1::Node>,
+    scheme: LabelScheme,
+    leader: Leadership,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+) {
+    let mut delay = Duration::from_secs(5);
+    loop {
+        while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        match crate::retire::retire_all(&api, &scheme, &leader, &metrics).await {
+            Ok(0) => return,
+            Ok(n) => {
+                info!(
+                    nodes = n,
+                    "removed labels this configuration no longer manages"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in_s = delay.as_secs(), "cannot list nodes to find labels no longer managed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(300));
+            }
+        }
+    }
+}
+
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
+    _alive: crate::http::TaskGuard,
     reader: Store<LiteNode>,
     lookup: Lookup,
     metrics: Arc<Metrics>,
@@ -869,9 +977,22 @@ async fn housekeeping(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(&live);
-        let evicted = lookup.evict_unused(resync.saturating_mul(3));
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| live.contains(name));
+        let instances: std::collections::HashSet<String> = reader
+            .state()
+            .iter()
+            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
+            .map(|i| i.instance_id)
+            .collect();
+        let evicted = lookup.retain_instances(&instances);
         if evicted > 0 {
-            debug!(evicted, "dropped cached answers no node asked for");
+            debug!(
+                evicted,
+                "dropped cached answers of instances no node runs on"
+            );
         }
     }
 }

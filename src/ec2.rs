@@ -21,6 +21,9 @@ use crate::topology::{Ec2Error, InstanceTopology, TopologySource};
 /// only guards against a misbehaving endpoint that keeps sending `nextToken`).
 const MAX_PAGES: usize = 10;
 
+/// EC2 clients kept at most, one per region.
+pub const MAX_REGIONS: usize = 32;
+
 pub struct AwsTopology {
     base: aws_config::SdkConfig,
     clients: Mutex<HashMap<String, Client>>,
@@ -57,17 +60,28 @@ impl AwsTopology {
             .timeout_config(timeouts)
     }
 
-    fn client(&self, region: &str) -> Client {
+    /// The client for `region`, made on first use. At most [`MAX_REGIONS`] are kept: region
+    /// names come from providerIDs (validated, see `provider_id::is_region_name`), and a cluster
+    /// spans a few regions at most.
+    fn client(&self, region: &str) -> Result<Client, Ec2Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        clients
-            .entry(region.to_string())
-            .or_insert_with(|| {
-                let conf = aws_sdk_ec2::config::Builder::from(&self.base)
-                    .region(Region::new(region.to_string()))
-                    .build();
-                Client::from_conf(conf)
-            })
-            .clone()
+        if let Some(c) = clients.get(region) {
+            return Ok(c.clone());
+        }
+        if clients.len() >= MAX_REGIONS {
+            return Err(Ec2Error::InvalidRequest {
+                code: "TooManyRegions".into(),
+                message: format!(
+                    "nodes name more than {MAX_REGIONS} regions; not opening a client for {region:?} (set --region, or check the nodes' providerIDs)"
+                ),
+            });
+        }
+        let conf = aws_sdk_ec2::config::Builder::from(&self.base)
+            .region(Region::new(region.to_string()))
+            .build();
+        let client = Client::from_conf(conf);
+        clients.insert(region.to_string(), client.clone());
+        Ok(client)
     }
 }
 
@@ -77,7 +91,7 @@ impl TopologySource for AwsTopology {
         region: &str,
         instance_ids: &[String],
     ) -> Result<Vec<InstanceTopology>, Ec2Error> {
-        let client = self.client(region);
+        let client = self.client(region)?;
         let mut out = Vec::with_capacity(instance_ids.len());
         let mut next_token: Option<String> = None;
         for _ in 0..MAX_PAGES {

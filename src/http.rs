@@ -1,7 +1,8 @@
-//! The admin HTTP server: `/metrics`, `/livez`, `/readyz` (ready once the node cache synced).
+//! The admin HTTP server: `/metrics`, `/livez` (the tasks the controller cannot work without
+//! still run), `/readyz` (ready once the node cache synced).
 
 use std::sync::{
-    Arc,
+    Arc, Mutex,
     atomic::{AtomicBool, Ordering},
 };
 
@@ -12,10 +13,60 @@ use tracing::{error, info};
 
 use crate::metrics::Metrics;
 
+type Check = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// What `/livez` checks: named conditions that hold while the process can do its work (the
+/// EC2 batcher runs, the leader election runs…). Once one fails the process is of no use
+/// until restarted, and the kubelet restarts it.
+#[derive(Clone, Default)]
+pub struct Liveness {
+    checks: Arc<Mutex<Vec<(&'static str, Check)>>>,
+}
+
+impl Liveness {
+    /// Add a condition that must keep holding.
+    pub fn check(&self, name: &'static str, alive: impl Fn() -> bool + Send + Sync + 'static) {
+        self.checks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name, Box::new(alive)));
+    }
+
+    /// A task that must keep running: it holds the returned guard for its whole life (a panic
+    /// drops it too).
+    pub fn task(&self, name: &'static str) -> TaskGuard {
+        let flag = Arc::new(AtomicBool::new(true));
+        let seen = flag.clone();
+        self.check(name, move || seen.load(Ordering::SeqCst));
+        TaskGuard(flag)
+    }
+
+    /// The names of the conditions that no longer hold.
+    pub fn failing(&self) -> Vec<&'static str> {
+        self.checks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, alive)| !alive())
+            .map(|(name, _)| *name)
+            .collect()
+    }
+}
+
+/// Held by a task that must keep running; marks it ended when dropped.
+pub struct TaskGuard(Arc<AtomicBool>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    live: Liveness,
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -28,8 +79,20 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn livez() -> &'static str {
-    "ok"
+async fn livez(State(s): State<AppState>) -> (StatusCode, String) {
+    let failing = s.live.failing();
+    if failing.is_empty() {
+        (StatusCode::OK, "ok".into())
+    } else {
+        error!(
+            ?failing,
+            "not live: a task the controller cannot work without has stopped"
+        );
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stopped: {}", failing.join(", ")),
+        )
+    }
 }
 
 async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
@@ -40,7 +103,7 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
     }
 }
 
-pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
+pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>, live: Liveness) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
@@ -48,6 +111,7 @@ pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
         .with_state(AppState {
             metrics: metrics_,
             ready,
+            live,
         })
 }
 
@@ -56,11 +120,58 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    live: Liveness,
 ) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /livez, /readyz");
     }
-    if let Err(e) = axum::serve(listener, router(metrics, ready)).await {
+    if let Err(e) = axum::serve(listener, router(metrics, ready, live)).await {
         error!(error = %e, "metrics server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(router: Router, path: &str) -> (StatusCode, String) {
+        use tower::ServiceExt;
+        let res = router
+            .oneshot(
+                axum::http::Request::get(path)
+                    .body(axum::body::Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("response");
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn livez_fails_once_a_task_the_controller_needs_has_stopped() {
+        let live = Liveness::default();
+        let batcher = live.task("ec2 batcher");
+        let _election = live.task("leader election");
+        let router = || {
+            super::router(
+                Arc::new(Metrics::default()),
+                Arc::new(AtomicBool::new(true)),
+                live.clone(),
+            )
+        };
+        assert_eq!(get(router(), "/livez").await.0, StatusCode::OK);
+        drop(batcher);
+        let (status, body) = get(router(), "/livez").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "stopped: ec2 batcher");
+        assert_eq!(
+            get(router(), "/readyz").await.0,
+            StatusCode::OK,
+            "readiness is apart"
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod node;
 pub mod plan;
 pub mod publish;
+pub mod retire;
 pub mod tree_cmd;
 pub mod volcano;
 
@@ -66,6 +67,19 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Config(_) => "config",
             Error::Io(_) => "io",
+        }
+    }
+
+    /// The API server did not take the request at all (unreachable, overloaded, restarting, or
+    /// refusing our credentials): worth re-checking every node once it works again. A 404 or
+    /// 409 is about one node (deleted or changed meanwhile), not about the API server.
+    pub fn is_api_unavailable(&self) -> bool {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => {
+                s.code >= 500 || s.code == 429 || s.code == 401 || s.code == 403
+            }
+            Error::Kube(_) => true,
+            _ => false,
         }
     }
 

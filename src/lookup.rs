@@ -8,7 +8,7 @@
 //! and otherwise remembered, so they never cost a call per reconcile.
 
 use std::{
-    collections::{BTreeMap, HashMap, hash_map::Entry},
+    collections::{BTreeMap, HashMap, VecDeque, hash_map::Entry},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -64,21 +64,37 @@ pub enum Resolved {
         topology: Arc<InstanceTopology>,
         /// A refresh of an older answer failed; this is the older answer.
         refresh_error: Option<Ec2Error>,
+        /// The answer lacks a field EC2 fills in late (see [`InstanceTopology::settling`]): it
+        /// is asked for again this soon, and the node should be re-checked then.
+        recheck_in: Option<Duration>,
     },
     /// EC2 left the instance out or gave it no network nodes (unsupported type, not running
     /// yet, eventual consistency). Ask again no sooner than `retry_in`.
     NotDescribed { retry_in: Duration, attempts: u32 },
+    /// EC2 refused this instance ID (`InvalidInstanceID.*`: malformed, or unknown to this
+    /// account, which can also be a moment after launch). It is kept out of other calls, so it
+    /// cannot fail them, and asked about alone again no sooner than `retry_in`.
+    Rejected {
+        error: Ec2Error,
+        retry_in: Duration,
+        attempts: u32,
+    },
 }
 
 #[derive(Debug, Clone)]
 enum State {
     Known {
         topology: Arc<InstanceTopology>,
-        fetched_at: Instant,
+        /// Asked again from here: after the cache TTL, or soon while `settling`.
+        refresh_at: Instant,
+        /// Answers in a row that lacked a late field (0: complete).
+        settling: u32,
     },
+    /// Not described, or refused (`refused`): asked again at `retry_at`.
     NotDescribed {
         retry_at: Instant,
         attempts: u32,
+        refused: Option<Ec2Error>,
     },
 }
 
@@ -86,7 +102,6 @@ enum State {
 struct CacheEntry {
     boot_id: Option<String>,
     state: State,
-    used_at: Instant,
     /// Answers for this boot that could not be turned into labels (see [`Lookup::reject`]).
     rejected: u32,
 }
@@ -107,6 +122,19 @@ pub struct Lookup {
     requests: mpsc::UnboundedSender<Request>,
     metrics: Arc<Metrics>,
     recoveries: tokio::sync::watch::Receiver<u64>,
+    /// Retries are due on a grid of `not_described_retry` steps from here (see [`Self::next_ask`]).
+    epoch: Instant,
+    /// False once the batcher task has ended (it never should): `/livez` reports it.
+    batcher_alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sets its flag false when dropped: held by a task for its whole life, panics included.
+struct AliveGuard(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Lookup {
@@ -129,14 +157,43 @@ impl Lookup {
                 recovered,
             }),
         };
-        tokio::spawn(batcher.run(rx));
+        let batcher_alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let guard = AliveGuard(batcher_alive.clone());
+        tokio::spawn(async move {
+            let _alive = guard;
+            batcher.run(rx).await;
+        });
         Self {
             cfg,
             cache: Arc::default(),
             requests: tx,
             metrics,
             recoveries,
+            epoch: Instant::now(),
+            batcher_alive,
         }
+    }
+
+    /// Whether the batcher task still runs: without it every lookup fails.
+    pub fn batcher_running(&self) -> bool {
+        self.batcher_alive.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// When to ask again about an instance EC2 did not describe (or refused) `attempts` times:
+    /// after the capped exponential backoff, rounded up to a multiple of that same backoff on a
+    /// clock shared by every instance. Instances that joined at different moments are then
+    /// asked about together, one call per round rather than one each: at one backoff level they
+    /// share the same ticks, and the ticks of each level (15, 30, 60 s… apart) fall on ticks of
+    /// the levels below; at the cap (the not-described TTL) every instance shares one tick.
+    fn next_ask(&self, now: Instant, attempts: u32) -> (Instant, Duration) {
+        let backoff = self.not_described_backoff(attempts);
+        let earliest = now + backoff;
+        let step = backoff.max(Duration::from_millis(100)).as_nanos();
+        let since = earliest.saturating_duration_since(self.epoch).as_nanos();
+        let steps = since.div_ceil(step);
+        let at = self.epoch
+            + Duration::from_nanos(u64::try_from(steps.saturating_mul(step)).unwrap_or(u64::MAX));
+        (at, at.saturating_duration_since(now))
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, CacheEntry>> {
@@ -151,31 +208,58 @@ impl Lookup {
         instance_id: &str,
         boot_id: Option<&str>,
     ) -> Result<Resolved, Ec2Error> {
+        self.resolve_expecting(region, instance_id, boot_id, false)
+            .await
+    }
+
+    /// As [`Self::resolve`]; `capacity_block_expected` when the node carries a capacity-block
+    /// label already, so an answer without one is asked for again soon.
+    pub async fn resolve_expecting(
+        &self,
+        region: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        capacity_block_expected: bool,
+    ) -> Result<Resolved, Ec2Error> {
         let now = Instant::now();
         let stale = {
             let mut cache = self.cache();
             match cache.get_mut(instance_id) {
                 Some(e) if !rebooted(e.boot_id.as_deref(), boot_id) => {
-                    e.used_at = now;
                     if e.boot_id.is_none() {
                         e.boot_id = boot_id.map(str::to_owned);
                     }
                     match &e.state {
                         State::Known {
                             topology,
-                            fetched_at,
-                        } if now.saturating_duration_since(*fetched_at) < self.cfg.cache_ttl => {
+                            refresh_at,
+                            settling,
+                        } if now < *refresh_at
+                            // A complete answer without a capacity block, for a node that has
+                            // one: ask again now, then on the settling schedule.
+                            && !(*settling == 0 && topology.settling(capacity_block_expected)) =>
+                        {
                             self.metrics.cache_hit();
                             return Ok(Resolved::Topology {
                                 topology: topology.clone(),
                                 refresh_error: None,
+                                recheck_in: (*settling > 0).then(|| *refresh_at - now),
                             });
                         }
-                        State::NotDescribed { retry_at, attempts } if now < *retry_at => {
+                        State::NotDescribed {
+                            retry_at,
+                            attempts,
+                            refused,
+                        } if now < *retry_at => {
                             self.metrics.cache_hit();
-                            return Ok(Resolved::NotDescribed {
-                                retry_in: *retry_at - now,
-                                attempts: *attempts,
+                            let (retry_in, attempts) = (*retry_at - now, *attempts);
+                            return Ok(match refused {
+                                Some(error) => Resolved::Rejected {
+                                    error: error.clone(),
+                                    retry_in,
+                                    attempts,
+                                },
+                                None => Resolved::NotDescribed { retry_in, attempts },
                             });
                         }
                         _ => Some(e.clone()),
@@ -206,6 +290,13 @@ impl Lookup {
             }) => Some(topology.clone()),
             _ => None,
         };
+        let previous_settling = match &stale {
+            Some(CacheEntry {
+                state: State::Known { settling, .. },
+                ..
+            }) => *settling,
+            _ => 0,
+        };
         let previous_attempts = match &stale {
             Some(CacheEntry {
                 state: State::NotDescribed { attempts, .. },
@@ -213,17 +304,58 @@ impl Lookup {
             }) => *attempts,
             _ => 0,
         };
+        // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
+        // instance's alone): remember it, with the not-described backoff, unless EC2 described
+        // it before in this boot (then the earlier answer stands, as for any failed refresh).
+        let answer = match answer {
+            Err(e) if e.is_instance_id_error() && previous_topology.is_none() => {
+                let attempts = previous_attempts.saturating_add(1);
+                let (retry_at, retry_in) = self.next_ask(now, attempts);
+                self.cache().insert(
+                    instance_id.to_string(),
+                    CacheEntry {
+                        boot_id: boot_id.map(str::to_owned),
+                        state: State::NotDescribed {
+                            retry_at,
+                            attempts,
+                            refused: Some(e.clone()),
+                        },
+                        rejected: stale.as_ref().map_or(0, |e| e.rejected),
+                    },
+                );
+                return Ok(Resolved::Rejected {
+                    error: e,
+                    retry_in,
+                    attempts,
+                });
+            }
+            other => other,
+        };
         let (state, resolved) = match answer {
             Ok(Some(t)) if !t.network_nodes.is_empty() => {
+                // Within one boot, fields EC2 left out of this answer keep their earlier values.
+                let t = match &previous_topology {
+                    Some(earlier) => t.filled_from(earlier),
+                    None => t,
+                };
+                let (refresh_at, settling, recheck_in) = if t.settling(capacity_block_expected) {
+                    let settling = previous_settling.saturating_add(1);
+                    let (at, recheck_in) = self.next_ask(now, settling);
+                    (at, settling, Some(recheck_in))
+                } else {
+                    (now + self.cfg.cache_ttl, 0, None)
+                };
                 let topology = Arc::new(t);
                 (
                     State::Known {
                         topology: topology.clone(),
-                        fetched_at: now,
+                        refresh_at,
+                        settling,
                     },
                     Resolved::Topology {
                         topology,
                         refresh_error: None,
+                        recheck_in,
                     },
                 )
             }
@@ -233,20 +365,23 @@ impl Lookup {
                 Some(topology) => (
                     State::Known {
                         topology: topology.clone(),
-                        fetched_at: now,
+                        refresh_at: now + self.cfg.cache_ttl,
+                        settling: 0,
                     },
                     Resolved::Topology {
                         topology,
                         refresh_error: None,
+                        recheck_in: None,
                     },
                 ),
                 None => {
                     let attempts = previous_attempts.saturating_add(1);
-                    let retry_in = self.not_described_backoff(attempts);
+                    let (retry_at, retry_in) = self.next_ask(now, attempts);
                     (
                         State::NotDescribed {
-                            retry_at: now + retry_in,
+                            retry_at,
                             attempts,
+                            refused: None,
                         },
                         Resolved::NotDescribed { retry_in, attempts },
                     )
@@ -257,6 +392,7 @@ impl Lookup {
                     Some(topology) => Ok(Resolved::Topology {
                         topology,
                         refresh_error: Some(e),
+                        recheck_in: None,
                     }),
                     None => Err(e),
                 };
@@ -268,7 +404,6 @@ impl Lookup {
             CacheEntry {
                 boot_id: boot_id.map(str::to_owned),
                 state,
-                used_at: now,
                 rejected,
             },
         );
@@ -292,20 +427,21 @@ impl Lookup {
             return self.cfg.not_described_retry;
         };
         e.rejected = e.rejected.saturating_add(1);
-        let retry_in = self.not_described_backoff(e.rejected);
+        let (retry_at, retry_in) = self.next_ask(now, e.rejected);
         e.state = State::NotDescribed {
-            retry_at: now + retry_in,
+            retry_at,
             attempts: e.rejected,
+            refused: None,
         };
         retry_in
     }
 
-    /// Drop entries no reconcile has asked about for `unused_for` (deleted nodes).
-    pub fn evict_unused(&self, unused_for: Duration) -> usize {
-        let now = Instant::now();
+    /// Keep only the entries of instances some node still runs on; returns how many went.
+    /// Age plays no part: an instance retried with a long backoff keeps its backoff.
+    pub fn retain_instances(&self, live: &std::collections::HashSet<String>) -> usize {
         let mut cache = self.cache();
         let before = cache.len();
-        cache.retain(|_, e| now.saturating_duration_since(e.used_at) < unused_for);
+        cache.retain(|id, _| live.contains(id));
         before - cache.len()
     }
 
@@ -335,13 +471,46 @@ struct Batcher<S> {
     health: Arc<Health>,
 }
 
-/// Whether EC2 calls are failing, to notice the moment they stop.
+/// Whether EC2 calls are failing (errors, or throttling that outlasted its re-sends), to notice
+/// the moment they stop.
 struct Health {
     failing: std::sync::atomic::AtomicBool,
     recovered: tokio::sync::watch::Sender<u64>,
 }
 
-type BatchResult = (String, Vec<String>, Result<Vec<InstanceTopology>, Ec2Error>);
+impl Health {
+    fn failed(&self) {
+        self.failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A call succeeded: if calls were failing, every node waiting out a per-node backoff can
+    /// be re-checked now.
+    fn answered(&self) {
+        if self
+            .failing
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.recovered.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// One call's worth of instance IDs of one region.
+#[derive(Debug, Clone)]
+struct Batch {
+    region: String,
+    ids: Vec<String>,
+    /// How often EC2 throttled this very batch so far.
+    throttled: u32,
+}
+
+type BatchResult = (Batch, Result<Vec<InstanceTopology>, Ec2Error>);
+
+/// A throttled batch is sent again (after the shared limiter's pause, ahead of new calls) this
+/// many times before its waiters get the error: throttling is a request to slow down, not a
+/// failure of the instances, so it costs their nodes a short wait, not a per-node backoff.
+const THROTTLED_RESENDS: u32 = 5;
 
 /// IDs of one region waiting for a call.
 struct Waiting {
@@ -402,12 +571,51 @@ impl<S: TopologySource> Batcher<S> {
         let mut in_flight = FuturesUnordered::new();
         let mut open = true;
         let max_batch = self.cfg.max_batch.clamp(1, MAX_IDS_PER_CALL);
+        // Calls to send as they are (never merged back into a queue), before anything else:
+        // the parts of a call EC2 refused for one of its instance IDs, and throttled calls.
+        let mut splits: VecDeque<Batch> = VecDeque::new();
+        // While EC2 fails (down, erroring), the last failed batch is sent again every probe
+        // interval when nothing else goes out, so the moment EC2 answers again is noticed (and
+        // every waiting node re-checked) within that interval.
+        let mut probe: Option<Batch> = None;
+        let mut last_sent = Instant::now();
+        let probe_interval = self.cfg.batch_max_wait.max(Duration::from_millis(500));
 
         loop {
             let now = Instant::now();
             if blocked_until.is_none_or(|b| now >= b) {
                 blocked_until = None;
-                loop {
+                while !splits.is_empty() {
+                    if let Err(wait) = self.limiter.try_acquire() {
+                        blocked_until = Some(now + wait);
+                        break;
+                    }
+                    if let Some(batch) = splits.pop_front() {
+                        last_sent = now;
+                        in_flight.push(self.call(batch));
+                    }
+                }
+                if probe.is_some()
+                    && in_flight.is_empty()
+                    && blocked_until.is_none()
+                    && now >= last_sent + probe_interval
+                    && self
+                        .health
+                        .failing
+                        .load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    match self.limiter.try_acquire() {
+                        Err(wait) => blocked_until = Some(now + wait),
+                        Ok(()) => {
+                            if let Some(batch) = probe.take() {
+                                debug!(region = %batch.region, "EC2 has been failing; probing with the last failed call");
+                                last_sent = now;
+                                in_flight.push(self.call(batch));
+                            }
+                        }
+                    }
+                }
+                while blocked_until.is_none() {
                     // Send the longest-waiting queue that is due (all are due once closing).
                     let next = queued
                         .iter()
@@ -429,13 +637,29 @@ impl<S: TopologySource> Batcher<S> {
                     if w.ids.is_empty() && take < max_batch {
                         queued.remove(&region);
                     }
-                    in_flight.push(self.call(region, batch));
+                    last_sent = now;
+                    in_flight.push(self.call(Batch {
+                        region,
+                        ids: batch,
+                        throttled: 0,
+                    }));
                 }
             }
-            if !open && queued.values().all(|w| w.ids.is_empty()) && in_flight.is_empty() {
+            if !open
+                && queued.values().all(|w| w.ids.is_empty())
+                && in_flight.is_empty()
+                && splits.is_empty()
+            {
                 return;
             }
             let wake = blocked_until.or_else(|| {
+                if !splits.is_empty() {
+                    return Some(now);
+                }
+                let probe_at = probe
+                    .as_ref()
+                    .filter(|_| open)
+                    .map(|_| (last_sent + probe_interval).max(now));
                 queued
                     .values()
                     .filter(|w| !w.ids.is_empty())
@@ -446,6 +670,7 @@ impl<S: TopologySource> Batcher<S> {
                             now
                         }
                     })
+                    .chain(probe_at)
                     .min()
             });
             tokio::select! {
@@ -482,8 +707,40 @@ impl<S: TopologySource> Batcher<S> {
                     }
                 }
                 _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
-                Some((region, ids, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    deliver(&mut waiting, &region, &ids, result);
+                Some((batch, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let Batch { region, ids, throttled } = batch;
+                    match result {
+                        Err(e) if e.is_instance_id_error() && ids.len() > 1 => {
+                            let (refused, rest) = isolate(&e, ids);
+                            warn!(%region, error = %e, refused = refused.len(), resent = rest.iter().map(Vec::len).sum::<usize>(),
+                                "EC2 refused a call for one of its instance IDs; sending the others again without it");
+                            deliver(&mut waiting, &region, &refused, Err(e));
+                            splits.extend(rest.into_iter().map(|ids| Batch {
+                                region: region.clone(),
+                                ids,
+                                throttled: 0,
+                            }));
+                        }
+                        Err(e) if e.is_throttle() && throttled < THROTTLED_RESENDS && open => {
+                            // Sent again once the limiter's pause is over, ahead of new calls.
+                            splits.push_back(Batch { region, ids, throttled: throttled + 1 });
+                        }
+                        Err(e) => {
+                            if !e.is_throttle() {
+                                probe = Some(Batch {
+                                    region: region.clone(),
+                                    ids: ids.clone(),
+                                    throttled: 0,
+                                });
+                            }
+                            self.health.failed();
+                            deliver(&mut waiting, &region, &ids, Err(e));
+                        }
+                        Ok(found) => {
+                            probe = None;
+                            deliver(&mut waiting, &region, &ids, Ok(found));
+                        }
+                    }
                 }
             }
         }
@@ -491,24 +748,19 @@ impl<S: TopologySource> Batcher<S> {
 
     fn call(
         &self,
-        region: String,
-        ids: Vec<String>,
+        batch: Batch,
     ) -> impl std::future::Future<Output = BatchResult> + Send + 'static {
         let source = self.source.clone();
         let limiter = self.limiter.clone();
         let metrics = self.metrics.clone();
         let health = self.health.clone();
         async move {
+            let (region, ids) = (&batch.region, &batch.ids);
             let started = std::time::Instant::now();
-            let result = source.describe(&region, &ids).await;
-            metrics.ec2_call(&region, ids.len(), started.elapsed(), result.as_ref().err());
-            let ok = result.is_ok();
-            if health
-                .failing
-                .swap(!ok, std::sync::atomic::Ordering::SeqCst)
-                && ok
-            {
-                health.recovered.send_modify(|n| *n += 1);
+            let result = source.describe(region, ids).await;
+            metrics.ec2_call(region, ids.len(), started.elapsed(), result.as_ref().err());
+            if result.is_ok() {
+                health.answered();
             }
             match &result {
                 Ok(found) => {
@@ -523,9 +775,24 @@ impl<S: TopologySource> Batcher<S> {
                     warn!(%region, asked = ids.len(), error = %e, "DescribeInstanceTopology failed")
                 }
             }
-            (region, ids, result)
+            (batch, result)
         }
     }
+}
+
+/// A call of several IDs failed for one (or some) of them: the IDs the error names are refused;
+/// the rest go out again, whole when the culprits are named, else in two halves (bisection,
+/// about 2·log2(n) more calls for one bad ID in n).
+fn isolate(e: &Ec2Error, ids: Vec<String>) -> (Vec<String>, Vec<Vec<String>>) {
+    let (named, rest): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| e.names_instance(id));
+    if !named.is_empty() {
+        let rest = if rest.is_empty() { vec![] } else { vec![rest] };
+        return (named, rest);
+    }
+    let mut first = rest;
+    let second = first.split_off(first.len() / 2);
+    (vec![], vec![first, second])
 }
 
 fn deliver(
@@ -580,12 +847,21 @@ mod tests {
 
     type CallLog = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
-    /// A fake EC2: describes instances with an even number, records each call.
+    /// A fake EC2: describes instances with an even number, records each call. A call that
+    /// holds a poisoned ID fails whole with `InvalidInstanceID.NotFound`, naming the ID only when
+    /// `name_poison` is set (EC2 names it; a client must not rely on it).
     #[derive(Clone, Default)]
     struct Fake {
         calls: CallLog,
         fail_next: Arc<AtomicUsize>,
         layer: Arc<Mutex<String>>,
+        poison: Arc<Mutex<Vec<String>>>,
+        name_poison: Arc<std::sync::atomic::AtomicBool>,
+        /// What the next `fail_next` calls fail with (throttling when unset).
+        fail_with: Arc<Mutex<Option<Ec2Error>>>,
+        /// Every answer's instance type (p5 when unset) and capacity block.
+        instance_type: Arc<Mutex<String>>,
+        capacity_block: Arc<Mutex<Option<String>>>,
     }
 
     impl Fake {
@@ -607,7 +883,27 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             if self.fail_next.load(Ordering::SeqCst) > 0 {
                 self.fail_next.fetch_sub(1, Ordering::SeqCst);
-                return Err(Ec2Error::from_code("RequestLimitExceeded", "slow down"));
+                return Err(self
+                    .fail_with
+                    .lock()
+                    .unwrap()
+                    .clone()
+                    .unwrap_or_else(|| Ec2Error::from_code("RequestLimitExceeded", "slow down")));
+            }
+            let poisoned: Vec<String> = {
+                let poison = self.poison.lock().unwrap();
+                ids.iter()
+                    .filter(|id| poison.contains(id))
+                    .cloned()
+                    .collect()
+            };
+            if !poisoned.is_empty() {
+                let message = if self.name_poison.load(Ordering::SeqCst) {
+                    format!("The instance IDs '{}' do not exist", poisoned.join(", "))
+                } else {
+                    "The request refers to an instance that does not exist".to_string()
+                };
+                return Err(Ec2Error::from_code("InvalidInstanceID.NotFound", &message));
             }
             let layer = self.layer.lock().unwrap().clone();
             Ok(ids
@@ -615,6 +911,9 @@ mod tests {
                 .filter(|id| u64::from_str_radix(&id[2..], 16).is_ok_and(|n| n % 2 == 0))
                 .map(|id| InstanceTopology {
                     instance_id: id.clone(),
+                    instance_type: Some(self.instance_type.lock().unwrap().clone()),
+                    zone_id: Some("usw2-az1".into()),
+                    capacity_block_id: self.capacity_block.lock().unwrap().clone(),
                     network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.clone()],
                     ..InstanceTopology::default()
                 })
@@ -626,8 +925,13 @@ mod tests {
         format!("i-{n:017x}")
     }
 
+    fn internal_error() -> Ec2Error {
+        Ec2Error::from_code("InternalError", "An internal error has occurred.")
+    }
+
     fn lookup(fake: &Fake) -> Lookup {
         *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+        *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
         Lookup::spawn(
             fake.clone(),
             Arc::new(Limiter::new(LimiterConfig {
@@ -860,7 +1164,12 @@ mod tests {
         let Resolved::NotDescribed { retry_in, attempts } = first else {
             panic!("{first:?}")
         };
-        assert_eq!((retry_in, attempts), (Duration::from_secs(15), 1));
+        // The 15 s backoff, rounded up to the next multiple of 15 s on the shared clock.
+        assert_eq!(attempts, 1);
+        assert!(
+            retry_in >= Duration::from_secs(15) && retry_in <= Duration::from_secs(30),
+            "{retry_in:?}"
+        );
         for _ in 0..10 {
             assert!(matches!(
                 l.resolve("r", &id(1), Some("b")).await.unwrap(),
@@ -868,11 +1177,16 @@ mod tests {
             ));
         }
         assert_eq!(fake.calls().len(), 1, "no call per reconcile");
-        tokio::time::advance(Duration::from_secs(16)).await;
+        tokio::time::advance(retry_in - Duration::from_millis(10)).await;
+        l.resolve("r", &id(1), Some("b")).await.unwrap();
+        assert_eq!(fake.calls().len(), 1, "not before its time");
+        tokio::time::advance(Duration::from_millis(20)).await;
         let second = l.resolve("r", &id(1), Some("b")).await.unwrap();
         assert_eq!(fake.calls().len(), 2);
         assert!(
-            matches!(second, Resolved::NotDescribed { attempts: 2, retry_in } if retry_in == Duration::from_secs(30))
+            matches!(second, Resolved::NotDescribed { attempts: 2, retry_in }
+                if retry_in >= Duration::from_secs(30) && retry_in < Duration::from_secs(60)),
+            "{second:?}"
         );
         // The backoff is capped at the not-described TTL (1h).
         for _ in 0..12 {
@@ -891,14 +1205,16 @@ mod tests {
         let l = lookup(&fake);
         l.resolve("r", &id(2), Some("b")).await.unwrap();
         tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+        *fake.fail_with.lock().unwrap() = Some(internal_error());
         fake.fail_next.store(1, Ordering::SeqCst);
         let r = l.resolve("r", &id(2), Some("b")).await.unwrap();
         match r {
             Resolved::Topology {
                 refresh_error: Some(e),
                 topology,
+                ..
             } => {
-                assert!(e.is_throttle());
+                assert_eq!(e.category(), "service");
                 assert_eq!(topology.network_nodes.len(), 3, "the older answer is kept");
             }
             other => panic!("{other:?}"),
@@ -911,10 +1227,14 @@ mod tests {
     async fn errors_reach_every_waiter_and_are_not_cached() {
         let fake = Fake::default();
         let l = lookup(&fake);
+        *fake.fail_with.lock().unwrap() = Some(internal_error());
         fake.fail_next.store(1, Ordering::SeqCst);
         let (i2, i4) = (id(2), id(4));
         let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i4, None));
-        assert!(a.unwrap_err().is_throttle() && b.unwrap_err().is_throttle());
+        assert_eq!(
+            (a.unwrap_err().category(), b.unwrap_err().category()),
+            ("service", "service")
+        );
         assert_eq!(l.cached(), 0);
         assert!(l.resolve("r", &id(2), None).await.is_ok());
     }
@@ -934,21 +1254,24 @@ mod tests {
         let fake = Fake::default();
         let l = lookup(&fake);
         l.resolve("r", &id(2), Some("b")).await.unwrap();
-        assert_eq!(l.reject(&id(2)), Duration::from_secs(15));
+        let wait = l.reject(&id(2));
+        assert!(
+            wait >= Duration::from_secs(15) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
         assert!(matches!(
             l.resolve("r", &id(2), Some("b")).await.unwrap(),
             Resolved::NotDescribed { .. }
         ));
         assert_eq!(fake.calls().len(), 1, "not asked again before the backoff");
-        tokio::time::advance(Duration::from_secs(16)).await;
+        tokio::time::advance(wait + Duration::from_millis(10)).await;
         assert!(matches!(
             l.resolve("r", &id(2), Some("b")).await.unwrap(),
             Resolved::Topology { .. }
         ));
         assert_eq!(fake.calls().len(), 2);
-        assert_eq!(
-            l.reject(&id(2)),
-            Duration::from_secs(30),
+        assert!(
+            l.reject(&id(2)) >= Duration::from_secs(30),
             "a second rejection waits longer"
         );
     }
@@ -960,6 +1283,7 @@ mod tests {
         let mut rx = l.recoveries();
         l.resolve("r", &id(2), None).await.unwrap();
         assert!(!rx.has_changed().unwrap(), "no failure, no recovery");
+        *fake.fail_with.lock().unwrap() = Some(internal_error());
         fake.fail_next.store(2, Ordering::SeqCst);
         assert!(l.resolve("r", &id(4), None).await.is_err());
         assert!(l.resolve("r", &id(4), None).await.is_err());
@@ -971,14 +1295,263 @@ mod tests {
         assert!(!rx.has_changed().unwrap(), "once");
     }
 
+    /// An UltraServer instance whose first answers lack its capacity block: asked for again on
+    /// the short schedule (not after the 6 h cache TTL) until EC2 has it; once known in a boot,
+    /// an answer without it does not lose it.
     #[tokio::test(start_paused = true)]
-    async fn unused_entries_are_evicted() {
+    async fn a_capacity_block_that_arrives_late_is_asked_for_until_it_comes() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        *fake.instance_type.lock().unwrap() = "p6e-gb200.36xlarge".into();
+        let first = l.resolve("r", &id(2), Some("b")).await.unwrap();
+        let Resolved::Topology {
+            topology,
+            recheck_in: Some(recheck_in),
+            ..
+        } = first
+        else {
+            panic!("a settling answer is to be re-checked soon: {first:?}")
+        };
+        assert_eq!(topology.capacity_block_id, None);
+        assert!(recheck_in <= Duration::from_secs(30), "{recheck_in:?}");
+        *fake.capacity_block.lock().unwrap() = Some("cr-0123456789abcdef0".into());
+        tokio::time::advance(recheck_in + Duration::from_millis(10)).await;
+        let second = l.resolve("r", &id(2), Some("b")).await.unwrap();
+        assert_eq!(fake.calls().len(), 2);
+        let Resolved::Topology {
+            topology,
+            recheck_in: None,
+            ..
+        } = second
+        else {
+            panic!("complete now: {second:?}")
+        };
+        assert_eq!(
+            topology.capacity_block_id.as_deref(),
+            Some("cr-0123456789abcdef0")
+        );
+        // Refreshed after the TTL, EC2 leaves it out again: the boot's known value stays.
+        *fake.capacity_block.lock().unwrap() = None;
+        tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+        match l.resolve("r", &id(2), Some("b")).await.unwrap() {
+            Resolved::Topology { topology, .. } => assert_eq!(
+                topology.capacity_block_id.as_deref(),
+                Some("cr-0123456789abcdef0")
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A node that carries a capacity-block label while EC2's answer has none: asked again
+    /// soon rather than trusting the answer for the cache TTL.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_with_a_capacity_block_label_gets_its_answer_checked_again_soon() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        l.resolve("r", &id(2), Some("b")).await.unwrap();
+        let again = l
+            .resolve_expecting("r", &id(2), Some("b"), true)
+            .await
+            .unwrap();
+        assert_eq!(fake.calls().len(), 2, "asked again at once");
+        assert!(
+            matches!(
+                again,
+                Resolved::Topology {
+                    recheck_in: Some(_),
+                    ..
+                }
+            ),
+            "{again:?}"
+        );
+    }
+
+    /// 20 unsupported instances whose nodes joined over 10 s (their first asks are separate
+    /// calls), each re-asked exactly when told: every later round is one call for all of them.
+    #[tokio::test(start_paused = true)]
+    async fn retries_of_instances_ec2_does_not_describe_share_calls() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let asks = (0..20).map(|k| {
+            let l = l.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(500 * k)).await;
+                let until = Instant::now() + Duration::from_secs(125);
+                while Instant::now() < until {
+                    match l.resolve("r", &id(2 * k as usize + 1), Some("b")).await {
+                        Ok(Resolved::NotDescribed { retry_in, .. }) => {
+                            tokio::time::sleep(retry_in).await
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+        });
+        futures::future::join_all(asks).await;
+        let calls = fake.calls();
+        let first_round = calls.iter().take_while(|(_, ids)| ids.len() == 1).count();
+        let later: Vec<usize> = calls[first_round..]
+            .iter()
+            .map(|(_, ids)| ids.len())
+            .collect();
+        // Rounds at the 30 s, 60 s and 120 s grid steps (backoff 15, 30, 60 s), one call each.
+        assert!(
+            later.len() <= 4,
+            "{} calls after the first round: {later:?}",
+            later.len()
+        );
+        assert!(later.contains(&20), "a round asks about all 20: {later:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_call_is_sent_again_and_its_waiters_answered() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        fake.fail_next.store(2, Ordering::SeqCst);
+        let (i2, i4) = (id(2), id(4));
+        let started = Instant::now();
+        let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i4, None));
+        assert!(
+            matches!(a, Ok(Resolved::Topology { .. }))
+                && matches!(b, Ok(Resolved::Topology { .. }))
+        );
+        assert_eq!(
+            fake.calls().len(),
+            3,
+            "throttled twice, then answered: the same batch three times"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "waited the limiter's pauses, not a per-node backoff: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_that_outlasts_the_resends_reaches_the_waiters() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        fake.fail_next.store(100, Ordering::SeqCst);
+        let e = l.resolve("r", &id(2), None).await.unwrap_err();
+        assert!(e.is_throttle());
+        assert_eq!(fake.calls().len(), 1 + THROTTLED_RESENDS as usize);
+    }
+
+    /// EC2 down, then back: the batcher notices within its probe interval, by itself, so every
+    /// node waiting out a per-node backoff can be re-checked at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_an_outage_is_noticed_without_waiting_for_a_reconcile() {
+        let fake = Fake::default();
+        let l = lookup(&fake);
+        let rx = l.recoveries();
+        *fake.fail_with.lock().unwrap() = Some(Ec2Error::Transport("connection refused".into()));
+        fake.fail_next.store(1_000, Ordering::SeqCst);
+        assert!(l.resolve("r", &id(2), None).await.is_err());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let probes = fake.calls().len() - 1;
+        assert!(
+            (3..=6).contains(&probes),
+            "probed every ~2 s while down: {probes} probes in 10 s"
+        );
+        assert!(!rx.has_changed().unwrap());
+        fake.fail_next.store(0, Ordering::SeqCst);
+        let back = Instant::now();
+        while !rx.has_changed().unwrap() {
+            assert!(
+                back.elapsed() < Duration::from_secs(3),
+                "recovery not noticed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let calls = fake.calls().len();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(fake.calls().len(), calls, "no probes once EC2 answers");
+    }
+
+    /// 100 instances asked at once, one of which EC2 refuses: every other one is answered in
+    /// the same pass, the refused one is reported as such, and it is not asked about again
+    /// within its backoff. Returns the sizes of the calls.
+    async fn one_refused_id_in_a_full_batch(fake: &Fake) -> Vec<usize> {
+        let l = lookup(fake);
+        let bad = id(2 * 37);
+        fake.poison.lock().unwrap().push(bad.clone());
+        let asks = (0..100).map(|n| {
+            let l = l.clone();
+            async move { (id(n * 2), l.resolve("r", &id(n * 2), Some("b")).await) }
+        });
+        for (i, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(Resolved::Rejected { error, .. }) if i == bad => {
+                    assert!(error.is_instance_id_error())
+                }
+                Ok(Resolved::Topology { .. }) if i != bad => {}
+                other => panic!("{i}: {other:?}"),
+            }
+        }
+        let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+        for _ in 0..5 {
+            assert!(matches!(
+                l.resolve("r", &bad, Some("b")).await,
+                Ok(Resolved::Rejected { .. })
+            ));
+        }
+        assert_eq!(
+            fake.calls().len(),
+            sizes.len(),
+            "not asked again within its backoff"
+        );
+        sizes
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_id_ec2_refuses_and_names_costs_one_more_call() {
+        let fake = Fake::default();
+        fake.name_poison.store(true, Ordering::SeqCst);
+        let sizes = one_refused_id_in_a_full_batch(&fake).await;
+        assert_eq!(
+            sizes,
+            vec![100, 99],
+            "the named ID dropped, the rest sent again"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_id_ec2_refuses_without_naming_it_is_found_by_halving() {
+        let fake = Fake::default();
+        let sizes = one_refused_id_in_a_full_batch(&fake).await;
+        // 100, then two halves per level down to the culprit: 1 + 2 * ceil(log2 100) at most.
+        assert!(sizes.len() <= 15, "{sizes:?}");
+        assert_eq!(sizes[0], 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_go_with_their_instances_and_keep_their_backoff() {
         let fake = Fake::default();
         let l = lookup(&fake);
         l.resolve("r", &id(2), None).await.unwrap();
-        tokio::time::advance(Duration::from_secs(10)).await;
-        l.resolve("r", &id(4), None).await.unwrap();
-        assert_eq!(l.evict_unused(Duration::from_secs(5)), 1);
+        // An unsupported instance, asked about three times: its next ask is a minute away.
+        for _ in 0..3 {
+            let Resolved::NotDescribed { retry_in, .. } =
+                l.resolve("r", &id(1), None).await.unwrap()
+            else {
+                panic!("not described")
+            };
+            tokio::time::advance(retry_in + Duration::from_millis(10)).await;
+        }
+        let calls = fake.calls().len();
+        tokio::time::advance(Duration::from_secs(3 * 3600)).await;
+        let live = [id(1)].into_iter().collect();
+        assert_eq!(
+            l.retain_instances(&live),
+            1,
+            "the other instance's node is gone"
+        );
         assert_eq!(l.cached(), 1);
+        let r = l.resolve("r", &id(1), None).await.unwrap();
+        assert!(
+            matches!(r, Resolved::NotDescribed { attempts: 4, .. }),
+            "however old, the entry kept its attempts: {r:?}"
+        );
+        assert_eq!(fake.calls().len(), calls + 1);
     }
 }

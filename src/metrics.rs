@@ -43,6 +43,8 @@ pub enum NodeState {
     Labelled,
     /// EC2 does not describe the instance (unsupported type, not running yet).
     NotDescribed,
+    /// EC2 refuses the instance ID (`InvalidInstanceID.*`).
+    Rejected,
     /// Not an EC2 instance we can look up; the reason is `SkipReason::as_str`.
     Skipped(&'static str),
     /// Waiting for its first answer.
@@ -58,6 +60,7 @@ impl NodeState {
         match self {
             NodeState::Labelled => "labelled".into(),
             NodeState::NotDescribed => "not_described".into(),
+            NodeState::Rejected => "rejected".into(),
             NodeState::Skipped(reason) => format!("skipped_{reason}"),
             NodeState::Pending => "pending".into(),
             NodeState::Failing => "failing".into(),

@@ -64,6 +64,13 @@ pub async fn plan_nodes(
                     "EC2 does not describe this instance (unsupported type or not running)".into(),
                 );
             }
+            Ok(Assessment::Rejected {
+                instance_id, error, ..
+            }) => {
+                p.instance_id = Some(instance_id);
+                p.status = "rejected";
+                p.reason = Some(error.to_string());
+            }
             Ok(Assessment::Invalid { instance_id, error }) => {
                 p.instance_id = Some(instance_id);
                 p.status = "invalid";
@@ -90,6 +97,36 @@ pub async fn plan_nodes(
         p
     });
     join_all(plans).await
+}
+
+/// Labels we wrote under an earlier configuration and no longer manage: `run` removes them at
+/// start-up, so the plan shows them as removals.
+pub fn add_retired(
+    plans: &mut [NodePlan],
+    retired: Vec<(kube::api::ObjectMeta, crate::retire::Retired)>,
+) {
+    let by_node: BTreeMap<String, crate::retire::Retired> = retired
+        .into_iter()
+        .filter_map(|(meta, r)| Some((meta.name?, r)))
+        .collect();
+    for p in plans.iter_mut() {
+        let Some(r) = by_node.get(&p.node) else {
+            continue;
+        };
+        p.labels.remove.extend(r.labels.clone());
+        p.annotations.remove.extend(r.annotations.clone());
+        let note = format!(
+            "no longer configured (removed at start-up): {}",
+            r.labels.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+        p.reason = Some(match p.reason.take() {
+            Some(earlier) => format!("{earlier}; {note}"),
+            None => note,
+        });
+        if p.status == "up-to-date" {
+            p.status = "change";
+        }
+    }
 }
 
 /// Render the plan as an aligned table.
@@ -172,10 +209,12 @@ pub async fn list_nodes(api: &Api<LiteNode>, scheme: &LabelScheme) -> Result<Vec
 pub async fn run(args: PlanArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
-    let api: Api<LiteNode> = Api::all(client);
+    let api: Api<LiteNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
-    let plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup).await;
+    let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup).await;
+    let retired = crate::retire::find(&Api::all(client), &scheme).await?;
+    add_retired(&mut plans, retired);
     let text = match args.output {
         OutputFormat::Table => render_table(&plans),
         OutputFormat::Json => {

@@ -35,7 +35,7 @@ pub struct Publishers {
     pub args: PublishArgs,
     pub scheme: LabelScheme,
     pub reader: Store<crate::node::LiteNode>,
-    pub leader: Arc<AtomicBool>,
+    pub leader: crate::leader::Leadership,
     /// Set once the node cache has synced.
     pub synced: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
@@ -49,17 +49,22 @@ impl Publishers {
         args.kueue_topology || args.volcano_hypernodes
     }
 
-    pub async fn run(self) {
+    /// Publish until the process stops; `_alive` tells `/livez` this task still runs.
+    pub async fn run(self, _alive: crate::http::TaskGuard) {
         let mut tick =
             tokio::time::interval(self.args.publish_interval.0.max(Duration::from_millis(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut hypernodes = HyperNodeSync::new(self.client.clone());
+        let mut hypernodes = HyperNodeSync::new(
+            self.client.clone(),
+            &self.args.volcano_hypernode_prefix,
+            self.leader.clone(),
+        );
         let mut kueue_checked: Option<Instant> = None;
         let mut kueue_reported: Option<Vec<String>> = None;
         let mut last_conflicts: Vec<Conflict> = Vec::new();
         loop {
             tick.tick().await;
-            if !self.leader.load(Ordering::SeqCst) {
+            if !self.leader.is_leader() {
                 // A new leader compares with the cluster afresh.
                 hypernodes.reset();
                 kueue_checked = None;

@@ -208,9 +208,21 @@ pub struct SyncStats {
     pub unchanged: usize,
 }
 
+/// Whether HyperNode `name` is one this installation made: our `managed-by` label alone is not
+/// enough (two installations in one cluster carry the same one), so the name must also be
+/// `<prefix>-t<tier>-…`, as [`hypernode_name`] makes them.
+pub fn owned_by(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix("-t"))
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(tier, _)| !tier.is_empty() && tier.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Applies the difference between the desired HyperNodes and those we own.
 pub struct HyperNodeSync {
     api: Api<DynamicObject>,
+    prefix: String,
+    leader: crate::leader::Leadership,
     last: Option<u64>,
 }
 
@@ -222,9 +234,13 @@ pub fn api_resource() -> ApiResource {
 }
 
 impl HyperNodeSync {
-    pub fn new(client: Client) -> Self {
+    /// `prefix`: this installation's HyperNode name prefix; `leader`: checked again right
+    /// before every write and delete.
+    pub fn new(client: Client, prefix: &str, leader: crate::leader::Leadership) -> Self {
         Self {
             api: Api::all_with(client, &api_resource()),
+            prefix: prefix.to_string(),
+            leader,
             last: None,
         }
     }
@@ -246,6 +262,7 @@ impl HyperNodeSync {
             .items
             .into_iter()
             .map(|o| (o.name_any(), o))
+            .filter(|(name, _)| owned_by(&self.prefix, name))
             .collect();
         let mut stats = SyncStats::default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -258,6 +275,9 @@ impl HyperNodeSync {
                 stats.unchanged += 1;
                 continue;
             }
+            if !self.leader.is_leader() {
+                return Ok(stats);
+            }
             self.api
                 .patch(&hn.name, &params, &Patch::Apply(object))
                 .await?;
@@ -265,6 +285,11 @@ impl HyperNodeSync {
         }
         let wanted: BTreeSet<&str> = desired.iter().map(|h| h.name.as_str()).collect();
         for name in existing.keys().filter(|n| !wanted.contains(n.as_str())) {
+            // The list may be seconds old under load; a replica that lost the lease meanwhile
+            // must not delete what the new leader just made.
+            if !self.leader.is_leader() {
+                return Ok(stats);
+            }
             match self.api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => stats.deleted += 1,
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -309,6 +334,24 @@ mod tests {
 
     fn view(name: &str, path: &[&str]) -> NodeView {
         NodeView::labelled(name, &LabelScheme::default(), path)
+    }
+
+    /// Two installations in one cluster (prefixes `ec2tl` and `ec2tl2`, both labelled
+    /// managed-by us): each owns only its own names, so neither deletes the other's HyperNodes.
+    #[test]
+    fn hypernodes_are_ours_by_label_and_name_prefix() {
+        let ours = hypernode_name("ec2tl", 2, "nn-a1");
+        assert!(owned_by("ec2tl", &ours), "{ours}");
+        for theirs in [
+            hypernode_name("ec2tl2", 2, "nn-a1"),
+            hypernode_name("other", 1, "nn-s1"),
+            "ec2tl-tx-nn".to_string(),
+            "ec2tl".to_string(),
+            "ec2tl-t-nn".to_string(),
+        ] {
+            assert!(!owned_by("ec2tl", &theirs), "{theirs}");
+        }
+        assert!(owned_by("ec2tl2", &hypernode_name("ec2tl2", 10, "nn-x")));
     }
 
     #[test]

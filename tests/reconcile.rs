@@ -53,6 +53,7 @@ impl Fake {
             ID.into(),
             InstanceTopology {
                 instance_id: ID.into(),
+                instance_type: Some("p5.48xlarge".into()),
                 zone_id: Some("usw2-az1".into()),
                 network_nodes: nodes.iter().map(|s| s.to_string()).collect(),
                 ..InstanceTopology::default()
@@ -85,6 +86,11 @@ fn node(labels: &[(&str, &str)]) -> LiteNode {
 }
 
 fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
+    let (ctx, handle) = setup_context(fake);
+    (Arc::new(ctx), handle)
+}
+
+fn setup_context(fake: &Fake) -> (Context, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let metrics = Arc::new(Metrics::new());
@@ -105,7 +111,7 @@ fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
         Duration::from_secs(3600),
         metrics,
     );
-    (Arc::new(ctx), handle)
+    (ctx, handle)
 }
 
 struct Seen {
@@ -145,6 +151,23 @@ async fn answer(handle: &mut Handle, reply: Value) -> Seen {
 }
 
 /// After the context (the only client) is gone, the mock API server must have seen nothing more.
+/// Run a reconcile that must send no request. Without this, one that does would wait for an
+/// answer forever and hang the test instead of failing it.
+async fn without_requests<T>(
+    handle: &mut Handle,
+    reconcile: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::select! {
+        out = tokio::time::timeout(Duration::from_secs(10), reconcile) => {
+            out.expect("the reconcile finished within 10 s")
+        }
+        req = handle.next_request() => match req {
+            Some((r, _)) => panic!("no request may be sent; got {} {}", r.method(), r.uri()),
+            None => panic!("the API client was dropped"),
+        },
+    }
+}
+
 async fn assert_no_more_requests(ctx: Arc<Context>, mut handle: Handle) {
     drop(ctx);
     let next = tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await;
@@ -196,7 +219,7 @@ async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
 async fn a_node_already_right_costs_no_request() {
     let fake = Fake::default();
     fake.set(&["nn-a", "nn-b", "nn-c"]);
-    let (ctx, handle) = setup(&fake);
+    let (ctx, mut handle) = setup(&fake);
     let n = Arc::new(node(&[
         ("topology.k8s.aws/network-node-layer-1", "nn-a"),
         ("topology.k8s.aws/network-node-layer-2", "nn-b"),
@@ -204,7 +227,9 @@ async fn a_node_already_right_costs_no_request() {
         ("topology.k8s.aws/zone-id", "usw2-az1"),
     ]));
     for _ in 0..3 {
-        let action = reconcile(n.clone(), ctx.clone()).await.expect("no-op");
+        let action = without_requests(&mut handle, reconcile(n.clone(), ctx.clone()))
+            .await
+            .expect("no-op");
         assert_ne!(
             action,
             Action::await_change(),
@@ -314,10 +339,11 @@ async fn a_stale_fourth_layer_co_owned_elsewhere_is_removed_explicitly() {
         ("topology.k8s.aws/zone-id", "usw2-az1"),
     ]));
     // The apply leaves layer-4 in place: another manager (EKS) owns it too.
-    let after_apply = node_json(json!({
+    let mut after_apply = node_json(json!({
         format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
         format!("{L}4"): "nn-d", "topology.k8s.aws/zone-id": "usw2-az1"
     }));
+    after_apply["metadata"]["resourceVersion"] = json!("42");
     let verify = async {
         let apply = answer(&mut handle, after_apply).await;
         assert!(
@@ -338,8 +364,9 @@ async fn a_stale_fourth_layer_co_owned_elsewhere_is_removed_explicitly() {
     assert_eq!(removal.content_type, "application/merge-patch+json");
     assert_eq!(
         removal.body,
-        json!({"metadata": {"labels": {format!("{L}4"): null}}}),
-        "exactly the stale key, nothing else"
+        json!({"metadata": {"resourceVersion": "42", "labels": {format!("{L}4"): null}}}),
+        "exactly the stale key, and only if nobody wrote the node since our apply (a fresh \
+         value written in between must not be deleted)"
     );
     assert_no_more_requests(ctx, handle).await;
 }
@@ -368,9 +395,11 @@ async fn a_stale_key_we_solely_owned_goes_with_the_apply_alone() {
 async fn ec2_down_is_an_error_and_nothing_is_written() {
     let fake = Fake::default();
     fake.0.down.store(true, Ordering::SeqCst);
-    let (ctx, handle) = setup(&fake);
+    let (ctx, mut handle) = setup(&fake);
     let n = Arc::new(node(&[("topology.k8s.aws/network-node-layer-1", "nn-a")]));
-    let err = reconcile(n, ctx.clone()).await.unwrap_err();
+    let err = without_requests(&mut handle, reconcile(n, ctx.clone()))
+        .await
+        .unwrap_err();
     assert_eq!(err.category(), "ec2_transport");
     assert_no_more_requests(ctx, handle).await;
 }
@@ -378,9 +407,11 @@ async fn ec2_down_is_an_error_and_nothing_is_written() {
 #[tokio::test]
 async fn an_instance_ec2_does_not_describe_keeps_its_labels() {
     let fake = Fake::default();
-    let (ctx, handle) = setup(&fake);
+    let (ctx, mut handle) = setup(&fake);
     let n = Arc::new(node(&[("topology.k8s.aws/network-node-layer-1", "nn-a")]));
-    let action = reconcile(n, ctx.clone()).await.expect("not an error");
+    let action = without_requests(&mut handle, reconcile(n, ctx.clone()))
+        .await
+        .expect("not an error");
     assert_ne!(action, Action::await_change(), "asked again later");
     assert_no_more_requests(ctx, handle).await;
 }
@@ -389,9 +420,10 @@ async fn an_instance_ec2_does_not_describe_keeps_its_labels() {
 async fn a_follower_neither_asks_ec2_nor_writes() {
     let fake = Fake::default();
     fake.0.down.store(true, Ordering::SeqCst);
-    let (ctx, handle) = setup(&fake);
-    ctx.leader.store(false, Ordering::SeqCst);
-    let action = reconcile(Arc::new(node(&[])), ctx.clone())
+    let (mut ctx, mut handle) = setup_context(&fake);
+    ctx.leader = ec2_topology_labeler::leader::Leadership::follower();
+    let ctx = Arc::new(ctx);
+    let action = without_requests(&mut handle, reconcile(Arc::new(node(&[])), ctx.clone()))
         .await
         .expect("no EC2 call, so no EC2 error");
     assert_eq!(action, Action::await_change(), "re-checked when elected");
@@ -401,7 +433,7 @@ async fn a_follower_neither_asks_ec2_nor_writes() {
 #[tokio::test]
 async fn nodes_that_are_not_ec2_instances_wait_for_a_change() {
     let fake = Fake::default();
-    let (ctx, handle) = setup(&fake);
+    let (ctx, mut handle) = setup(&fake);
     for pid in [
         "",
         "aws:///us-east-1b/0123/fargate-ip-10-0-0-1.ec2.internal",
@@ -410,8 +442,65 @@ async fn nodes_that_are_not_ec2_instances_wait_for_a_change() {
     ] {
         let mut n = node(&[]);
         n.spec.provider_id = Some(pid.into());
-        let action = reconcile(Arc::new(n), ctx.clone()).await.expect("skipped");
+        let action = without_requests(&mut handle, reconcile(Arc::new(n), ctx.clone()))
+            .await
+            .expect("skipped");
         assert_eq!(action, Action::await_change(), "{pid}");
     }
     assert_no_more_requests(ctx, handle).await;
+}
+
+/// Answer the next request with an API error `code`.
+async fn refuse(handle: &mut Handle, code: u16) {
+    let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("a request within 5 s")
+        .expect("a request");
+    let status = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+        "reason": if code == 409 { "Conflict" } else { "ServiceUnavailable" },
+        "message": "refused by the test"
+    });
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(&status).unwrap()))
+            .unwrap(),
+    );
+}
+
+/// A write refused because that node changed or went meanwhile (409, 404) says nothing about
+/// the API server: the next successful write must not re-check the whole fleet. After a 503 it
+/// must (nodes waiting out their backoff are re-checked at once).
+#[tokio::test]
+async fn only_an_unavailable_api_server_makes_the_next_write_recheck_every_node() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (mut ctx, mut handle) = setup_context(&fake);
+    let (kicks, mut kicked) = futures::channel::mpsc::unbounded();
+    ctx.kicks = Some(kicks);
+    let ctx = Arc::new(ctx);
+    let labelled = node_json(json!({
+        format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
+        "topology.k8s.aws/zone-id": "usw2-az1"
+    }));
+    for (code, rechecks) in [(409, false), (404, false), (503, true)] {
+        // A node of its own per case: rewriting one node would count as a label fight.
+        let mut n = node(&[]);
+        n.metadata.name = Some(format!("ip-10-0-0-{code}.us-west-2.compute.internal"));
+        let n = Arc::new(n);
+        let (failed, _) =
+            tokio::join!(reconcile(n.clone(), ctx.clone()), refuse(&mut handle, code));
+        assert!(failed.is_err(), "{code} is an error");
+        let (ok, _) = tokio::join!(
+            reconcile(n.clone(), ctx.clone()),
+            answer(&mut handle, labelled.clone())
+        );
+        ok.expect("written");
+        assert_eq!(
+            kicked.try_recv().is_ok(),
+            rechecks,
+            "after a {code}, the next write re-checks every node: {rechecks}"
+        );
+    }
 }

@@ -17,6 +17,7 @@ use crate::process::{Proc, free_port};
 /// Namespace the controller runs in, and so its ServiceAccount identity.
 pub const NAMESPACE: &str = "ec2-topology-labeler";
 pub const SERVICE_ACCOUNT: &str = "ec2-topology-labeler";
+pub const SECOND_SERVICE_ACCOUNT: &str = "ec2-topology-labeler-b";
 
 /// The directory holding `kube-apiserver` and `etcd`, building them if needed.
 pub fn control_plane_bin_dir() -> anyhow::Result<PathBuf> {
@@ -28,6 +29,9 @@ pub struct ControlPlane {
     pub server: String,
     pub admin_kubeconfig: PathBuf,
     pub controller_kubeconfig: PathBuf,
+    /// A second controller identity (ServiceAccount [`SECOND_SERVICE_ACCOUNT`]), with no
+    /// permissions until a test binds some: to cut one replica off without the other.
+    pub second_controller_kubeconfig: PathBuf,
     bin: PathBuf,
     etcd: Proc,
     apiserver: std::sync::Mutex<Option<Proc>>,
@@ -95,19 +99,29 @@ impl ControlPlane {
             "-out",
             path(&sa_pub),
         ])?;
-        let (admin_token, controller_token) = (token(), token());
+        let (admin_token, controller_token, second_token) = (token(), token(), token());
         let sa_user = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
+        let second_user = format!("system:serviceaccount:{NAMESPACE}:{SECOND_SERVICE_ACCOUNT}");
+        let groups = format!(
+            "system:serviceaccounts,system:serviceaccounts:{NAMESPACE},system:authenticated"
+        );
         std::fs::write(
             dir.join("tokens.csv"),
             format!(
-                "{admin_token},e2e-admin,e2e-admin,\"system:masters\"\n{controller_token},{sa_user},{sa_uid},\"system:serviceaccounts,system:serviceaccounts:{NAMESPACE},system:authenticated\"\n",
+                "{admin_token},e2e-admin,e2e-admin,\"system:masters\"\n{controller_token},{sa_user},{sa_uid},\"{groups}\"\n{second_token},{second_user},{second_uid},\"{groups}\"\n",
                 sa_uid = "00000000-0000-4000-8000-00000000e2e0",
+                second_uid = "00000000-0000-4000-8000-00000000e2e1",
             ),
         )?;
         let server = format!("https://127.0.0.1:{secure_port}");
         let ca = dir.join("certs/apiserver.crt");
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         let controller_kubeconfig = dir.join("controller.kubeconfig");
+        let second_controller_kubeconfig = dir.join("controller-b.kubeconfig");
+        std::fs::write(
+            &second_controller_kubeconfig,
+            kubeconfig(&server, &ca, SECOND_SERVICE_ACCOUNT, &second_token),
+        )?;
         std::fs::write(
             &admin_kubeconfig,
             kubeconfig(&server, &ca, "e2e-admin", &admin_token),
@@ -137,6 +151,7 @@ impl ControlPlane {
             server,
             admin_kubeconfig,
             controller_kubeconfig,
+            second_controller_kubeconfig,
             bin,
             etcd,
             apiserver: std::sync::Mutex::new(None),

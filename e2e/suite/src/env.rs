@@ -130,37 +130,74 @@ pub fn start_labeler(
     dir: &Path,
     name: &str,
 ) -> anyhow::Result<Labeler> {
+    start_labeler_with(kubeconfig, ec2_url, dir, name, &[])
+}
+
+/// [`start_labeler`] with `extra` flags, which replace the usual value of the same flag.
+pub fn start_labeler_with(
+    kubeconfig: &Path,
+    ec2_url: &str,
+    dir: &Path,
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<Labeler> {
+    let mut args: Vec<String> = vec![
+        format!("--resync-period={}s", RESYNC.as_secs()),
+        // A test machine may stall for a few hundred ms (CI shares two cores between the API
+        // server, etcd, the controller and the test); a wider quiet window keeps a burst of
+        // node creations in full calls there. The default (200 ms) is unit-tested.
+        "--batch-window=500ms".into(),
+        "--batch-max-wait=3s".into(),
+        "--not-described-retry=2s".into(),
+        "--not-described-ttl=10s".into(),
+        "--ec2-rate=50".into(),
+        "--ec2-burst=100".into(),
+        "--ec2-throttle-backoff-max=2s".into(),
+        "--leader-election=true".into(),
+        format!("--leader-election-namespace={NAMESPACE}"),
+        format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
+        "--leader-election-renew-grace=2s".into(),
+        "--kueue-topology=true".into(),
+        "--kueue-topology-four-layer=true".into(),
+        "--volcano-hypernodes=true".into(),
+        "--publish-interval=1s".into(),
+        "--conflict-backoff=10s".into(),
+    ];
+    // An extra flag replaces the usual value of the same flag.
+    let name_of = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+    args.retain(|a| !extra.iter().any(|e| name_of(e) == name_of(a)));
+    args.extend(extra.iter().map(|a| a.to_string()));
     Labeler::start(LabelerOptions {
         kubeconfig,
         ec2_url,
         dir,
-        args: vec![
-            format!("--resync-period={}s", RESYNC.as_secs()),
-            // A test machine may stall for a few hundred ms (CI shares two cores between the API
-            // server, etcd, the controller and the test); a wider quiet window keeps a burst of
-            // node creations in full calls there. The default (200 ms) is unit-tested.
-            "--batch-window=500ms".into(),
-            "--batch-max-wait=3s".into(),
-            "--not-described-retry=2s".into(),
-            "--not-described-ttl=10s".into(),
-            "--ec2-rate=50".into(),
-            "--ec2-burst=100".into(),
-            "--ec2-throttle-backoff-max=2s".into(),
-            "--leader-election=true".into(),
-            format!("--leader-election-namespace={NAMESPACE}"),
-            format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
-            "--leader-election-renew-grace=2s".into(),
-            "--kueue-topology=true".into(),
-            "--kueue-topology-four-layer=true".into(),
-            "--volcano-hypernodes=true".into(),
-            "--publish-interval=1s".into(),
-            "--conflict-backoff=10s".into(),
-        ],
+        args,
         log_filter: &std::env::var("E2E_CONTROLLER_LOG")
             .unwrap_or_else(|_| "info,ec2_topology_labeler=debug".into()),
         log_name: &format!("{name}.log"),
         env: vec![("POD_NAME".into(), name.into())],
     })
+}
+
+/// `plan -o json` against the environment's cluster and EC2, as an operator runs it.
+pub fn plan_json(env: &Env, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let out = std::process::Command::new(crate::bin_dir().join("ec2-topology-labeler"))
+        .arg("plan")
+        .args(["-o", "json"])
+        .args(extra)
+        .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
+        .env("AWS_ENDPOINT_URL_EC2", &env.ec2_url)
+        .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+        .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("RUST_LOG", "warn")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "plan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Wait until the controller's own `leader` gauge says `leader`.

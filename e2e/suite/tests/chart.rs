@@ -168,7 +168,7 @@ fn rbac_is_exactly_what_the_code_uses() {
                 .map(|v| v.as_str().unwrap())
         })
         .collect();
-    assert_eq!(verbs, ["create", "get", "patch"]);
+    assert_eq!(verbs, ["create", "get", "update"]);
     // Publishers add exactly their own rules.
     let docs = render(&[
         "config.kueueTopology=true".into(),

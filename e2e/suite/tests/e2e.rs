@@ -319,25 +319,7 @@ async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
 async fn plan_shows_changes_and_writes_nothing(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let writes_before = kube_util::node_writes(&c).await?;
-    let run = |extra: &[&str]| -> anyhow::Result<serde_json::Value> {
-        let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
-            .arg("plan")
-            .args(["-o", "json"])
-            .args(extra)
-            .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
-            .env("AWS_ENDPOINT_URL_EC2", &env.ec2_url)
-            .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-            .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("RUST_LOG", "warn")
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "plan failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(serde_json::from_slice(&out.stdout)?)
-    };
+    let run = |extra: &[&str]| e2e::env::plan_json(env, extra);
     // With the controller's own scheme, every labelled node is up to date.
     let same = run(&[])?;
     let nodes = same.as_array().context("a JSON array")?;
@@ -372,6 +354,116 @@ async fn plan_shows_changes_and_writes_nothing(env: &Env) -> anyhow::Result<()> 
     );
     let writes = kube_util::node_writes(&c).await? - writes_before;
     ensure!(writes == 0.0, "plan wrote {writes} times");
+    Ok(())
+}
+
+/// EC2 leaves `capacityBlockId` out of its first answers after launch (documented eventual
+/// consistency): the node is labelled with its layers at once, and gets its capacity-block
+/// label when EC2 has it, seconds later, without waiting for the cache TTL (6 h).
+async fn capacity_block_arrives_late(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x113, 1, "p6e-gb200.36xlarge");
+    let nodes = ["nn-spine-g", "nn-agg-g1", "nn-leaf-g11"];
+    let mut i = s.instance(&nodes);
+    label_and_wait(env, &c, &[(s.clone(), i.clone())]).await?;
+    let arrived = Instant::now();
+    i.capacity_block_id = Some("cr-0c0ffee0c0ffee0c0".into());
+    env.mock_admin.upsert(&i).await?;
+    let want = expected(
+        &nodes,
+        &[(
+            "ec2-topology-labeler.io/capacity-block-id",
+            "cr-0c0ffee0c0ffee0c0",
+        )],
+    );
+    wait_for_topology(&c, &s.name, &want, Duration::from_secs(20))
+        .await
+        .context("the capacity block EC2 reported late never became a label")?;
+    eprintln!(
+        "    capacity block labelled {:.1}s after EC2 first reported it",
+        arrived.elapsed().as_secs_f64()
+    );
+    // EC2 leaves it out again (a lagging replica): the label stays.
+    let with_block = i.clone();
+    i.capacity_block_id = None;
+    env.mock_admin.upsert(&i).await?;
+    tokio::time::sleep(RESYNC * 2).await;
+    let kept = wait_for_topology(&c, &s.name, &want, Duration::from_secs(1)).await;
+    // EC2 consistent again (an instance left without its block would rightly be asked about
+    // again and again by a controller started later).
+    env.mock_admin.upsert(&with_block).await?;
+    kept.context("an answer without the capacity block removed its label")
+}
+
+/// Turning an extra off (`--capacity-block-label=false`) removes the labels we wrote for it, at
+/// start-up, not silently at some later write; `plan` shows it beforehand; keys we never wrote
+/// stay.
+async fn turned_off_extras_are_removed_at_start_up(env: &Env) -> anyhow::Result<()> {
+    const CB: &str = "ec2-topology-labeler.io/capacity-block-id";
+    const OTHERS: &str = "example.com/capacity-block-id";
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x114, 1, "p6e-gb200.36xlarge");
+    let nodes = ["nn-spine-o", "nn-agg-o1", "nn-leaf-o11"];
+    let mut i = s.instance(&nodes);
+    i.capacity_block_id = Some("cr-0fee1dead0fee1de".into());
+    label_and_wait(env, &c, &[(s.clone(), i)]).await?;
+    // Someone else's label with a similar key: never ours to remove.
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    api.patch(
+        &s.name,
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": s.name, "labels": {OTHERS: "x"}}})),
+    )
+    .await?;
+    let plan = e2e::env::plan_json(env, &["--capacity-block-label=false"])?;
+    let entry = plan
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["node"] == s.name.as_str()))
+        .context("the node in the plan")?;
+    ensure!(
+        entry["labels"]["remove"][CB] == "cr-0fee1dead0fee1de"
+            && entry["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no longer configured")),
+        "plan does not show the removal: {entry}"
+    );
+    let kc = env.cluster.controller_kubeconfig.clone().context("local")?;
+    let mut guard = env.labeler.lock().await;
+    if let Some(mut old) = guard.take() {
+        old.stop();
+    }
+    let restarted = Instant::now();
+    let mut l = e2e::env::start_labeler_with(
+        &kc,
+        &env.ec2_url,
+        &env.dir,
+        "controller-1",
+        &["--capacity-block-label=false"],
+    )?;
+    l.wait_ready(Duration::from_secs(30)).await?;
+    *guard = Some(l);
+    drop(guard);
+    let result = wait_for_topology(&c, &s.name, &expected(&nodes, &[]), WAIT).await;
+    let took = restarted.elapsed();
+    let others_kept = kube_util::labels(&c, &s.name).await?.get(OTHERS).cloned();
+    // Back to the usual controller for the scenarios after this one.
+    let mut guard = env.labeler.lock().await;
+    if let Some(mut l) = guard.take() {
+        l.stop();
+    }
+    let mut l = start_labeler(&kc, &env.ec2_url, &env.dir, "controller-1")?;
+    l.wait_ready(Duration::from_secs(30)).await?;
+    wait_leader(&l, true).await?;
+    *guard = Some(l);
+    result.context("the capacity-block label we wrote is still there")?;
+    ensure!(
+        others_kept.as_deref() == Some("x"),
+        "another manager's label was removed"
+    );
+    eprintln!(
+        "    retired label removed {:.1}s after the restart",
+        took.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -1075,6 +1167,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(provider_id_set_later, false),
         scenario!(reboot_and_move, false),
         scenario!(four_to_three_layers, false),
+        scenario!(capacity_block_arrives_late, false),
         scenario!(burst_is_batched, false),
         scenario!(throttled_half_the_time, false),
         scenario!(ec2_down_removes_nothing, true),
@@ -1082,6 +1175,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
+        scenario!(turned_off_extras_are_removed_at_start_up, true),
         scenario!(hypernodes_follow_nodes, true),
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),

@@ -1,0 +1,272 @@
+//! Labels we wrote under an earlier configuration and no longer manage (an extra turned off,
+//! `--layer-label-prefix` changed): found from each Node's managed fields and removed at start-up
+//! by the leader, in one pass, logged and counted — not silently at whatever write happens next
+//! (server-side apply drops keys we owned and no longer send). `plan` shows them.
+//!
+//! Only keys our field manager owns are touched. A key another manager co-owns (EKS's cloud
+//! controller writes the same layer keys) stays on the node: we only give up our share of it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, ObjectMeta, Patch, PatchParams},
+};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::{FIELD_MANAGER, labels::LabelScheme};
+
+/// Label and annotation keys `manager` owns, as the managed fields record them.
+pub fn owned_keys(
+    managed: &[ManagedFieldsEntry],
+    manager: &str,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut labels = BTreeSet::new();
+    let mut annotations = BTreeSet::new();
+    for entry in managed
+        .iter()
+        .filter(|e| e.manager.as_deref() == Some(manager))
+    {
+        let Some(fields) = entry.fields_v1.as_ref() else {
+            continue;
+        };
+        let meta = &fields.0["f:metadata"];
+        for (set, key) in [
+            (&mut labels, "f:labels"),
+            (&mut annotations, "f:annotations"),
+        ] {
+            if let Some(map) = meta[key].as_object() {
+                set.extend(
+                    map.keys()
+                        .filter_map(|k| k.strip_prefix("f:"))
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    (labels, annotations)
+}
+
+/// What one node carries that we wrote and no longer manage, and what we still manage.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retired {
+    /// Keys to give up (removed when only we own them).
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Keys we own and still manage, with their current values: re-applied as they are, so
+    /// that the apply gives up exactly the retired ones.
+    keep_labels: BTreeMap<String, String>,
+    keep_annotations: BTreeMap<String, String>,
+}
+
+impl Retired {
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+}
+
+/// The keys on this node that our field manager owns but `scheme` no longer manages.
+pub fn retired(scheme: &LabelScheme, meta: &ObjectMeta) -> Retired {
+    let (owned_labels, owned_annotations) = owned_keys(
+        meta.managed_fields.as_deref().unwrap_or_default(),
+        FIELD_MANAGER,
+    );
+    let mut out = Retired::default();
+    for (k, v) in meta.labels.iter().flatten() {
+        if !owned_labels.contains(k) {
+            continue;
+        }
+        let map = if scheme.is_family_label(k) {
+            &mut out.keep_labels
+        } else {
+            &mut out.labels
+        };
+        map.insert(k.clone(), v.clone());
+    }
+    for (k, v) in meta.annotations.iter().flatten() {
+        if !owned_annotations.contains(k) {
+            continue;
+        }
+        let map = if scheme.is_family_annotation(k) {
+            &mut out.keep_annotations
+        } else {
+            &mut out.annotations
+        };
+        map.insert(k.clone(), v.clone());
+    }
+    out
+}
+
+/// The server-side apply that gives up the retired keys: everything else we own, as it is.
+/// Carries the UID and resourceVersion, so it applies to the node as read or not at all.
+pub fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
+    let mut metadata = json!({ "name": meta.name, "labels": r.keep_labels });
+    if !r.keep_annotations.is_empty() {
+        metadata["annotations"] = json!(r.keep_annotations);
+    }
+    if let Some(uid) = &meta.uid {
+        metadata["uid"] = json!(uid);
+    }
+    if let Some(rv) = &meta.resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
+    json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
+}
+
+/// Retired keys per node name, from one paginated list of the Nodes' metadata.
+pub async fn find(
+    api: &Api<Node>,
+    scheme: &LabelScheme,
+) -> kube::Result<Vec<(ObjectMeta, Retired)>> {
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        for item in page.items {
+            let r = retired(scheme, &item.metadata);
+            if !r.is_empty() {
+                out.push((item.metadata, r));
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Remove, once, every key we wrote and no longer manage. `leader` is asked before each write.
+/// Returns how many nodes were changed.
+pub async fn retire_all(
+    api: &Api<Node>,
+    scheme: &LabelScheme,
+    leader: &crate::leader::Leadership,
+    metrics: &crate::metrics::Metrics,
+) -> kube::Result<usize> {
+    let found = find(api, scheme).await?;
+    if found.is_empty() {
+        return Ok(0);
+    }
+    let changed = stream::iter(found)
+        .map(|(meta, r)| async move {
+            if !leader.is_leader() {
+                return false;
+            }
+            let name = meta.name.clone().unwrap_or_default();
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            match api
+                .patch(&name, &params, &Patch::Apply(apply_body(&meta, &r)))
+                .await
+            {
+                Ok(node) => {
+                    let still: Vec<&String> = r
+                        .labels
+                        .keys()
+                        .filter(|k| node.labels().contains_key(*k))
+                        .collect();
+                    metrics.label_write("retire");
+                    info!(node = %name, retired = ?r.labels.keys().collect::<Vec<_>>(), kept_by_other_managers = ?still,
+                        "removed labels this configuration no longer manages");
+                    true
+                }
+                // Changed or deleted since the list: the next start-up (or plan) sees it again.
+                Err(e) => {
+                    warn!(node = %name, error = %e, "could not remove labels this configuration no longer manages");
+                    false
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .filter(|changed| std::future::ready(*changed))
+        .count()
+        .await;
+    Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+
+    fn entry(manager: &str, labels: &[&str], annotations: &[&str]) -> ManagedFieldsEntry {
+        let f = |keys: &[&str]| -> serde_json::Value {
+            keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect()
+        };
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(json!({ "f:metadata": {
+                "f:labels": f(labels), "f:annotations": f(annotations)
+            }}))),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    const CB: &str = "ec2-topology-labeler.io/capacity-block-id";
+    const L3: &str = "topology.k8s.aws/network-node-layer-3";
+
+    fn meta() -> ObjectMeta {
+        ObjectMeta {
+            name: Some("n".into()),
+            uid: Some("u".into()),
+            resource_version: Some("7".into()),
+            labels: Some(
+                [(L3, "nn-c"), (CB, "cr-1"), ("kubernetes.io/hostname", "n")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+            ),
+            managed_fields: Some(vec![
+                entry(FIELD_MANAGER, &[L3, CB], &[]),
+                entry("kubelet", &["kubernetes.io/hostname"], &[]),
+            ]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// `--capacity-block-label=false`: the capacity-block label we wrote is given up (the apply
+    /// that does it sends every other key we own, unchanged); other managers' keys are never
+    /// considered.
+    #[test]
+    fn an_extra_turned_off_is_retired_and_nothing_else() {
+        let scheme = LabelScheme {
+            capacity_block_key: None,
+            ..LabelScheme::default()
+        };
+        let r = retired(&scheme, &meta());
+        assert_eq!(r.labels, [(CB.to_string(), "cr-1".to_string())].into());
+        assert!(r.annotations.is_empty());
+        let body = apply_body(&meta(), &r);
+        assert_eq!(body["metadata"]["labels"], json!({ L3: "nn-c" }));
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["metadata"]["uid"], "u");
+        assert!(
+            retired(&LabelScheme::default(), &meta()).is_empty(),
+            "all still managed"
+        );
+    }
+
+    #[test]
+    fn a_new_layer_prefix_retires_the_old_layer_keys_we_own() {
+        let scheme = LabelScheme {
+            layer_prefix: "example.com/tier-".into(),
+            ..LabelScheme::default()
+        };
+        let r = retired(&scheme, &meta());
+        assert_eq!(r.labels.keys().collect::<Vec<_>>(), vec![L3]);
+    }
+
+    #[test]
+    fn keys_only_others_own_are_never_retired() {
+        let mut m = meta();
+        m.managed_fields = Some(vec![entry("eks", &[L3, CB], &[])]);
+        let scheme = LabelScheme {
+            capacity_block_key: None,
+            layer_prefix: "example.com/tier-".into(),
+            ..LabelScheme::default()
+        };
+        assert!(retired(&scheme, &m).is_empty());
+    }
+}

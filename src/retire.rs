@@ -74,30 +74,34 @@ pub fn retired(scheme: &LabelScheme, meta: &ObjectMeta) -> Retired {
         meta.managed_fields.as_deref().unwrap_or_default(),
         FIELD_MANAGER,
     );
-    let mut out = Retired::default();
-    for (k, v) in meta.labels.iter().flatten() {
-        if !owned_labels.contains(k) {
-            continue;
-        }
-        let map = if scheme.is_family_label(k) {
-            &mut out.keep_labels
-        } else {
-            &mut out.labels
-        };
-        map.insert(k.clone(), v.clone());
+    let (labels, keep_labels) = split(meta.labels.as_ref(), &owned_labels, |k| {
+        scheme.is_family_label(k)
+    });
+    let (annotations, keep_annotations) =
+        split(meta.annotations.as_ref(), &owned_annotations, |k| {
+            scheme.is_family_annotation(k)
+        });
+    Retired {
+        labels,
+        annotations,
+        keep_labels,
+        keep_annotations,
     }
-    for (k, v) in meta.annotations.iter().flatten() {
-        if !owned_annotations.contains(k) {
-            continue;
-        }
-        let map = if scheme.is_family_annotation(k) {
-            &mut out.keep_annotations
-        } else {
-            &mut out.annotations
-        };
-        map.insert(k.clone(), v.clone());
-    }
-    out
+}
+
+type Map = BTreeMap<String, String>;
+
+/// The entries of `map` that we own, split into (no longer managed, still managed).
+fn split(
+    map: Option<&Map>,
+    owned: &BTreeSet<String>,
+    managed: impl Fn(&str) -> bool,
+) -> (Map, Map) {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, _)| owned.contains(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .partition(|(k, _)| !managed(k))
 }
 
 /// The server-side apply that gives up the retired keys: everything else we own, as it is.

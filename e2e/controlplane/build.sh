@@ -8,12 +8,26 @@
 #
 #   e2e/controlplane/build.sh              build if needed, print the bin dir
 #   e2e/controlplane/build.sh --print-replaces   the replace block for a new k8s.io/kubernetes pin
+#   e2e/controlplane/build.sh --print-ldflags    the Go linker flags that stamp the version
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
 k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' go.mod)
+
+# Stamp the version into both places /version reads it from; without it a binary reports v0.0.0.
+# Also used for the kind node image's binaries (e2e/kind/node-image.sh: --print-ldflags).
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X ${pkg}.gitVersion=${k8s_version} -X ${pkg}.gitMajor=1"
+  ldflags+=" -X ${pkg}.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
+  ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+done
+if [[ "${1:-}" == "--print-ldflags" ]]; then
+  echo "$ldflags"
+  exit 0
+fi
 
 if [[ "${1:-}" == "--print-replaces" ]]; then
   # Module zips omit nested modules: every ./staging/src/k8s.io/X replace of k8s.io/kubernetes
@@ -41,13 +55,6 @@ fi
 
 mkdir -p "$out.partial"
 start=$(date +%s)
-# Stamp the version into both places /version reads it from; without it the server reports v0.0.0.
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X ${pkg}.gitVersion=${k8s_version} -X ${pkg}.gitMajor=1"
-  ldflags+=" -X ${pkg}.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
-  ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
-done
 echo "building kube-apiserver ${k8s_version} and etcd (cold: ~6-10 min on 2 cores)..." >&2
 # Static (no cgo): the kind node image (e2e/kind/node-image.sh) runs these very binaries in
 # images that hold nothing else.

@@ -59,12 +59,7 @@ cp_bin=$("$cp_dir/build.sh")
 bin="$cache/kind/bin-$(cat "$cp_dir/go.mod" "$cp_dir/go.sum" "$here/images/coredns/go.mod" "$here/images/coredns/go.sum" "$here/images/coredns/main.go" "$here/images/pause/pause.c" | sha256sum | cut -c1-12)"
 if [[ ! -x "$bin/coredns" ]]; then
   mkdir -p "$bin.partial"
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X ${pkg}.gitVersion=${k8s_version} -X ${pkg}.gitMajor=1"
-    ldflags+=" -X ${pkg}.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
-    ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
-  done
+  ldflags=$("$cp_dir/build.sh" --print-ldflags)
   for cmd in kubeadm kubelet kubectl kube-controller-manager kube-scheduler kube-proxy; do
     log "building $cmd $k8s_version"
     (cd "$cp_dir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \

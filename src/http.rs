@@ -1,10 +1,14 @@
 //! The admin HTTP server: `/metrics`, `/livez` (the tasks the controller cannot work without
 //! still run), `/readyz` (ready once the node cache synced).
+//!
+//! Owns: the admin endpoints. Never changes the controller's state.
 
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicBool, Ordering},
 };
+
+use clap::Args;
 
 use axum::{
     Router, extract::State, http::StatusCode, http::header, response::IntoResponse, routing::get,
@@ -12,6 +16,17 @@ use axum::{
 use tracing::{error, info};
 
 use crate::metrics::Metrics;
+
+/// What the deployment sets itself (the chart owns these flags).
+#[derive(Debug, Clone, Args, PartialEq)]
+pub struct ServeArgs {
+    /// Record Kubernetes Events on a Node when its labels change or it cannot be labelled.
+    #[arg(long, env = "LABELER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
+    /// Address of the HTTP server for /metrics, /livez and /readyz.
+    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+}
 
 type Check = Box<dyn Fn() -> bool + Send + Sync>;
 

@@ -1,26 +1,27 @@
 //! ec2-topology-labeler: keeps Kubernetes node labels in step with EC2 network topology.
 //!
-//! Pure logic ([`provider_id`], [`labels`]) is kept apart from I/O ([`ec2`], [`controller`]);
-//! EC2 sits behind [`topology::TopologySource`], reached through the batching cache in
-//! [`lookup`] and the shared [`limiter`].
+//! Pure logic ([`provider_id`], [`labels`], [`tree`]: the `ec2-topology-core` crate) is kept
+//! apart from I/O. [`run`] wires the controller: the Node watch feeds [`reconcile`], which asks
+//! [`lookup`] (cache → batcher → limiter → EC2, behind [`topology::TopologySource`]) and writes
+//! labels; [`leader`] decides who may write; [`publish`] keeps scheduler objects in step;
+//! [`retire`] removes labels no longer configured; [`http`] serves metrics and probes. `plan` and
+//! `tree` ([`plan`], [`tree_cmd`]) read and write nothing.
 
-pub mod chart;
 pub mod config;
-pub mod conflict;
-pub mod controller;
-pub mod ec2;
+pub mod duration;
 pub mod http;
-pub mod kueue;
+pub mod reconcile;
+pub mod run;
+
 pub mod leader;
-pub mod limiter;
 pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod plan;
 pub mod publish;
 pub mod retire;
+pub mod scheme;
 pub mod tree_cmd;
-pub mod volcano;
 
 pub use ec2_topology_core::{labels, provider_id, topology, tree};
 use topology::Ec2Error;

@@ -33,7 +33,7 @@ async fn main() -> ExitCode {
     // installed before any client is built. It can only fail if one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let result = match cli.command {
-        Command::Run(args) => ec2_topology_labeler::controller::run(args).await,
+        Command::Run(args) => ec2_topology_labeler::run::run(args).await,
         Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
         Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
     };

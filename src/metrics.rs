@@ -1,10 +1,8 @@
 //! Prometheus metrics (`prometheus-client`), all prefixed `ec2_topology_labeler_`.
+//!
+//! Owns: the metric families and their encoding. Never holds per-node state (node records do).
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, atomic::AtomicI64},
-    time::Duration,
-};
+use std::{sync::atomic::AtomicI64, time::Duration};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -82,7 +80,6 @@ pub struct Metrics {
     label_writes: Family<WriteLabels, Counter>,
     skips: Family<OutcomeLabels, Counter>,
     nodes: Family<StateLabels, Gauge>,
-    node_states: Mutex<HashMap<String, NodeState>>,
     leader: Gauge<i64, AtomicI64>,
     publish_errors: Family<PublisherLabels, Counter>,
     hypernodes: Gauge<i64, AtomicI64>,
@@ -237,7 +234,6 @@ impl Metrics {
             label_writes,
             skips,
             nodes,
-            node_states: Mutex::new(HashMap::new()),
             leader,
             publish_errors,
             hypernodes,
@@ -334,16 +330,18 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
-    /// Record a node's state; returns the previous one (so callers can log transitions once).
-    pub fn set_node_state(&self, node: &str, state: NodeState) -> Option<NodeState> {
-        let mut states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = states.insert(node.to_string(), state.clone());
-        if previous.as_ref() != Some(&state) {
-            if let Some(p) = &previous {
-                self.nodes
-                    .get_or_create(&StateLabels { state: p.name() })
-                    .dec();
-            }
+    /// A node went from one state to another (`None`: unknown, or forgotten). The states
+    /// themselves live in each node's record (`reconcile::nodes`).
+    pub fn node_state_changed(&self, from: Option<&NodeState>, to: Option<&NodeState>) {
+        if from == to {
+            return;
+        }
+        if let Some(p) = from {
+            self.nodes
+                .get_or_create(&StateLabels { state: p.name() })
+                .dec();
+        }
+        if let Some(state) = to {
             self.nodes
                 .get_or_create(&StateLabels {
                     state: state.name(),
@@ -357,35 +355,6 @@ impl Metrics {
                     .inc();
             }
         }
-        previous
-    }
-
-    /// A node seen for the first time is pending until its first reconcile settles.
-    pub fn pending_if_new(&self, node: &str) {
-        let known = self
-            .node_states
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(node);
-        if !known {
-            self.set_node_state(node, NodeState::Pending);
-        }
-    }
-
-    /// A node is gone: forget its state.
-    pub fn forget_node(&self, node: &str) {
-        let mut states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = states.remove(node) {
-            self.nodes
-                .get_or_create(&StateLabels { state: p.name() })
-                .dec();
-        }
-    }
-
-    /// Names of nodes we hold a state for.
-    pub fn known_nodes(&self) -> Vec<String> {
-        let states = self.node_states.lock().unwrap_or_else(|e| e.into_inner());
-        states.keys().cloned().collect()
     }
 }
 
@@ -396,14 +365,16 @@ mod tests {
     #[test]
     fn node_state_gauge_follows_transitions() {
         let m = Metrics::new();
-        m.set_node_state("a", NodeState::Pending);
-        m.set_node_state("b", NodeState::Pending);
-        assert_eq!(
-            m.set_node_state("a", NodeState::Labelled),
-            Some(NodeState::Pending)
+        let (pending, labelled, fargate) = (
+            NodeState::Pending,
+            NodeState::Labelled,
+            NodeState::Skipped("fargate"),
         );
-        m.set_node_state("b", NodeState::Skipped("fargate"));
-        m.set_node_state("b", NodeState::Skipped("fargate"));
+        m.node_state_changed(None, Some(&pending));
+        m.node_state_changed(None, Some(&pending));
+        m.node_state_changed(Some(&pending), Some(&labelled));
+        m.node_state_changed(Some(&pending), Some(&fargate));
+        m.node_state_changed(Some(&fargate), Some(&fargate));
         let text = m.render();
         assert!(
             text.contains("ec2_topology_labeler_nodes{state=\"labelled\"} 1"),
@@ -412,7 +383,7 @@ mod tests {
         assert!(text.contains("ec2_topology_labeler_nodes{state=\"pending\"} 0"));
         assert!(text.contains("ec2_topology_labeler_nodes{state=\"skipped_fargate\"} 1"));
         assert!(text.contains("ec2_topology_labeler_skipped_nodes_total{outcome=\"fargate\"} 1"));
-        m.forget_node("a");
+        m.node_state_changed(Some(&labelled), None);
         assert!(
             m.render()
                 .contains("ec2_topology_labeler_nodes{state=\"labelled\"} 0")
@@ -448,7 +419,7 @@ mod tests {
         let dashboard = include_str!("../deploy/grafana-dashboard.json");
         // Families appear in a scrape once they have a series: give each one.
         let m = Metrics::new();
-        m.set_node_state("n", NodeState::Skipped("fargate"));
+        m.node_state_changed(None, Some(&NodeState::Skipped("fargate")));
         m.reconcile_failed("ec2_throttled");
         m.ec2_call("r", 1, Duration::from_millis(1), None);
         m.label_write("apply");

@@ -4,6 +4,8 @@
 //! it as `k8s_openapi`'s `Node` allocates all of that for every event of every node; this type
 //! lets serde skip what we never read, so the watch costs less CPU and the cache and every
 //! event in flight stay small. It is still the `v1` Node resource (same API path, same verbs).
+//!
+//! Owns: how a Node is read (serde skips the rest). Never writes one.
 
 use std::{borrow::Cow, collections::BTreeMap};
 

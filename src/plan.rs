@@ -1,4 +1,6 @@
 //! `plan`: what `run` would do, without writing anything.
+//!
+//! Owns: the report. Never writes to the cluster.
 
 use std::{collections::BTreeMap, io::Write, sync::Arc};
 
@@ -12,11 +14,12 @@ use serde::Serialize;
 use crate::{
     Error, Result,
     config::{OutputFormat, PlanArgs},
-    controller::{Assessment, assess, lookup_from, prune},
     labels::{LabelScheme, MapDiff},
     lookup::Lookup,
     metrics::Metrics,
     node::LiteNode,
+    reconcile::{Assessment, assess},
+    run::{lookup_from, prune},
 };
 
 /// One node's line of the plan.

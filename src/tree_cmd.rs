@@ -1,4 +1,6 @@
 //! `tree`: the cluster's topology as its labels describe it (reads Nodes, writes nothing).
+//!
+//! Owns: the `tree` output. Never writes to the cluster.
 
 use std::io::Write;
 

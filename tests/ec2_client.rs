@@ -5,8 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use aws_sdk_ec2::config::{Credentials, Region};
 use ec2_topology_labeler::{
-    ec2::AwsTopology,
-    limiter::{Limiter, LimiterConfig},
+    lookup::ec2::AwsTopology,
+    lookup::limiter::{Limiter, LimiterConfig},
     lookup::{Lookup, LookupConfig, Resolved},
     metrics::Metrics,
     topology::{Ec2Error, TopologySource},

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ec2_topology_labeler::{ec2::AwsTopology, topology::TopologySource};
+use ec2_topology_labeler::{lookup::ec2::AwsTopology, topology::TopologySource};
 use mock_ec2::{Instance, MockEc2, Scenario};
 
 #[tokio::test]

@@ -10,9 +10,9 @@ use ec2_topology_labeler::{
         sanitize_label_value,
     },
     provider_id,
+    publish::volcano,
     topology::InstanceTopology,
     tree::{Forest, NodeView},
-    volcano,
 };
 use proptest::prelude::*;
 

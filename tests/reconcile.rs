@@ -11,12 +11,12 @@ use std::{
 };
 
 use ec2_topology_labeler::{
-    controller::{Context, reconcile},
     labels::LabelScheme,
-    limiter::{Limiter, LimiterConfig},
+    lookup::limiter::{Limiter, LimiterConfig},
     lookup::{Lookup, LookupConfig},
     metrics::Metrics,
     node::{LiteNode, LiteNodeInfo, LiteSpec, LiteStatus},
+    reconcile::{Context, reconcile},
     topology::{Ec2Error, InstanceTopology, TopologySource},
 };
 use http::{Method, Request, Response};

@@ -21,7 +21,6 @@ pub const MAX_LAYERS: usize = 16;
 
 /// How layer labels are numbered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum, schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum LayerNumbering {
     /// `…-1` is the top of the hierarchy, `…-<depth>` the switch above the instance (EKS's scheme).

@@ -4,6 +4,9 @@
 //! Pod Identity); `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` redirect calls (tests use a mock).
 //! The SDK's own retries are off: throttling and retries are handled once, for every caller, by
 //! the shared limiter and the reconciler's backoff.
+//!
+//! Owns: the AWS SDK clients (one per region, at most [`MAX_REGIONS`]) and how their answers are
+//! read and refused. Never caches or retries: the cache, the batcher and the limiter do.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
@@ -15,7 +18,15 @@ use aws_sdk_ec2::{
 };
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 
-use crate::topology::{Ec2Error, InstanceTopology, TopologySource};
+use clap::Args;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::limiter::LimiterConfig;
+use crate::{
+    duration::HumanDuration,
+    topology::{Ec2Error, InstanceTopology, TopologySource},
+};
 
 /// Pages followed for one batch before giving up (EC2 answers up to 100 IDs in one page; this
 /// only guards against a misbehaving endpoint that keeps sending `nextToken`).
@@ -23,6 +34,40 @@ const MAX_PAGES: usize = 10;
 
 /// EC2 clients kept at most, one per region.
 pub const MAX_REGIONS: usize = 32;
+
+/// How we talk to EC2.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Ec2Args {
+    /// AWS region for every node; by default derived from each node's zone (us-west-2b →
+    /// us-west-2).
+    #[arg(long, env = "AWS_REGION")]
+    pub region: Option<String>,
+    /// Sustained DescribeInstanceTopology calls per second (EC2's account-wide bucket refills at
+    /// about 20/s and is shared with every other tool).
+    #[arg(long, env = "LABELER_EC2_RATE", default_value_t = 5.0)]
+    pub ec2_rate: f64,
+    /// Calls allowed back to back.
+    #[arg(long, env = "LABELER_EC2_BURST", default_value_t = 20.0)]
+    pub ec2_burst: f64,
+    /// Timeout of one call.
+    #[arg(long, env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
+    pub ec2_timeout: HumanDuration,
+    /// Longest pause every caller takes after EC2 throttles (RequestLimitExceeded).
+    #[arg(long, env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
+    pub ec2_throttle_backoff_max: HumanDuration,
+}
+
+impl Ec2Args {
+    pub fn limiter(&self) -> LimiterConfig {
+        LimiterConfig {
+            rate: self.ec2_rate,
+            burst: self.ec2_burst,
+            backoff_cap: self.ec2_throttle_backoff_max.0,
+            ..LimiterConfig::default()
+        }
+    }
+}
 
 pub struct AwsTopology {
     base: aws_config::SdkConfig,

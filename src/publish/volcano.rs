@@ -5,10 +5,13 @@
 //! the HyperNodes below by exact name. On 4-layer instance types the top layer is therefore
 //! tier 4, on 3-layer types tier 3: `highestTierAllowed: N` always means "within N hops of the
 //! nodes". [`desired`] is pure; [`HyperNodeSync`] applies the difference.
+//!
+//! Owns: HyperNodes ours by label and name prefix. Never touches any other.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     hash::{DefaultHasher, Hash, Hasher},
+    sync::Arc,
 };
 
 use kube::{
@@ -24,6 +27,7 @@ use tracing::{info, warn};
 use crate::{
     FIELD_MANAGER,
     labels::{LabelScheme, LayerNumbering},
+    metrics::Metrics,
     tree::{Conflict, NodeView, path_of},
 };
 
@@ -324,6 +328,87 @@ pub fn report_conflicts(conflicts: &[Conflict]) {
             parents = ?c.parents,
             "not publishing HyperNodes: a network node would have two parents (inconsistent labels)"
         );
+    }
+}
+
+/// Keeps the HyperNode tree in step with the labelled nodes; publishes nothing while the labels
+/// put a network node under two parents (reported once per distinct set).
+pub struct VolcanoPublisher {
+    sync: HyperNodeSync,
+    prefix: String,
+    scheme: LabelScheme,
+    metrics: Arc<Metrics>,
+    last_conflicts: Vec<Conflict>,
+    /// The last error logged (each distinct one is logged once).
+    last_error: Option<String>,
+}
+
+impl VolcanoPublisher {
+    pub fn new(
+        client: Client,
+        prefix: &str,
+        scheme: LabelScheme,
+        metrics: Arc<Metrics>,
+        leader: crate::leader::Leadership,
+    ) -> Self {
+        Self {
+            sync: HyperNodeSync::new(client, prefix, leader),
+            prefix: prefix.to_string(),
+            scheme,
+            metrics,
+            last_conflicts: Vec::new(),
+            last_error: None,
+        }
+    }
+
+    async fn publish_views(&mut self, views: &[NodeView]) {
+        match desired(&self.scheme, views, &self.prefix) {
+            Ok(desired) => {
+                self.last_conflicts.clear();
+                self.metrics.hypernode_conflicts(0);
+                match self.sync.sync(&desired).await {
+                    Ok(stats) => {
+                        self.metrics
+                            .hypernodes(desired.len(), stats.applied, stats.deleted);
+                        self.last_error = None;
+                    }
+                    Err(e) => {
+                        self.sync.reset();
+                        self.metrics.publish_failed("volcano");
+                        // Once per distinct error, not once per interval.
+                        let text = e.to_string();
+                        if self.last_error.replace(text.clone()) != Some(text) {
+                            warn!(error = %e, "cannot sync Volcano HyperNodes; trying again every interval");
+                        }
+                    }
+                }
+            }
+            Err(conflicts) => {
+                self.metrics.hypernode_conflicts(conflicts.len());
+                if conflicts != self.last_conflicts {
+                    report_conflicts(&conflicts);
+                    self.last_conflicts = conflicts;
+                }
+            }
+        }
+    }
+}
+
+impl super::Publisher for VolcanoPublisher {
+    fn name(&self) -> &'static str {
+        "volcano"
+    }
+
+    fn needs_nodes(&self) -> bool {
+        true
+    }
+
+    fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(self.publish_views(nodes))
+    }
+
+    fn reset(&mut self) {
+        self.sync.reset();
     }
 }
 

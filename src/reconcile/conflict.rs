@@ -5,9 +5,11 @@
 //! short window the guard holds further writes to that node for a growing pause, so the writes
 //! stay bounded; the reconciler reports the conflict (naming the other field managers) once per
 //! hold. A new boot of the node starts afresh. Pure: time is passed in.
+//!
+//! Owns: the hold decision, per node (kept in its record). Never does I/O.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::VecDeque,
     time::{Duration, Instant},
 };
 
@@ -43,8 +45,9 @@ pub enum Verdict {
     },
 }
 
-#[derive(Debug, Default)]
-struct Entry {
+/// One node's history of corrections, kept in its record (see `super::nodes`).
+#[derive(Debug, Default, Clone)]
+pub struct History {
     boot_id: Option<String>,
     wrote: bool,
     corrections: VecDeque<Instant>,
@@ -52,83 +55,59 @@ struct Entry {
     holds: u32,
 }
 
-#[derive(Debug, Default)]
-pub struct ConflictGuard {
-    cfg: GuardConfig,
-    entries: HashMap<String, Entry>,
-}
-
-impl ConflictGuard {
-    pub fn new(cfg: GuardConfig) -> Self {
-        Self {
-            cfg,
-            entries: HashMap::new(),
-        }
-    }
-
+impl History {
     /// May we write this node's labels now?
-    pub fn before_write(&mut self, node: &str, boot_id: Option<&str>, now: Instant) -> Verdict {
-        let e = self.entries.entry(node.to_string()).or_default();
-        if boot_id.is_some() && e.boot_id.as_deref() != boot_id {
+    pub fn before_write(
+        &mut self,
+        cfg: &GuardConfig,
+        boot_id: Option<&str>,
+        now: Instant,
+    ) -> Verdict {
+        if boot_id.is_some() && self.boot_id.as_deref() != boot_id {
             // A new boot: the node may legitimately need new labels.
-            *e = Entry {
+            *self = History {
                 boot_id: boot_id.map(str::to_owned),
-                ..Entry::default()
+                ..History::default()
             };
         }
-        if let Some(until) = e.held_until {
+        if let Some(until) = self.held_until {
             if now < until {
                 return Verdict::Hold {
                     until,
                     first: false,
                 };
             }
-            e.held_until = None;
+            self.held_until = None;
         }
-        if !e.wrote {
+        if !self.wrote {
             return Verdict::Write;
         }
         // We labelled this node during this boot already: this write corrects someone.
-        e.corrections.push_back(now);
-        while e
+        self.corrections.push_back(now);
+        while self
             .corrections
             .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) > self.cfg.window)
+            .is_some_and(|t| now.saturating_duration_since(*t) > cfg.window)
         {
-            e.corrections.pop_front();
+            self.corrections.pop_front();
         }
-        if e.corrections.len() > self.cfg.max_corrections {
-            e.holds = e.holds.saturating_add(1);
-            let pause = self
-                .cfg
+        if self.corrections.len() > cfg.max_corrections {
+            self.holds = self.holds.saturating_add(1);
+            let pause = cfg
                 .backoff
-                .saturating_mul(1u32 << (e.holds - 1).min(16))
-                .min(self.cfg.backoff_max);
+                .saturating_mul(1u32 << (self.holds - 1).min(16))
+                .min(cfg.backoff_max);
             let until = now + pause;
-            e.held_until = Some(until);
-            e.corrections.clear();
+            self.held_until = Some(until);
+            self.corrections.clear();
             return Verdict::Hold { until, first: true };
         }
         Verdict::Write
     }
 
     /// We wrote this node's labels.
-    pub fn written(&mut self, node: &str) {
-        if let Some(e) = self.entries.get_mut(node) {
-            e.wrote = true;
-        }
-    }
-
-    pub fn forget(&mut self, node: &str) {
-        self.entries.remove(node);
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+    pub fn written(&mut self) {
+        self.wrote = true;
     }
 }
 
@@ -159,13 +138,33 @@ pub fn other_owners(
 mod tests {
     use super::*;
 
-    fn guard() -> ConflictGuard {
-        ConflictGuard::new(GuardConfig {
-            max_corrections: 3,
-            window: Duration::from_secs(600),
-            backoff: Duration::from_secs(60),
-            backoff_max: Duration::from_secs(240),
-        })
+    /// The histories of a few nodes, as the node records keep them.
+    struct Guard(GuardConfig, std::collections::HashMap<String, History>);
+
+    impl Guard {
+        fn before_write(&mut self, node: &str, boot: Option<&str>, now: Instant) -> Verdict {
+            let cfg = self.0;
+            self.1
+                .entry(node.into())
+                .or_default()
+                .before_write(&cfg, boot, now)
+        }
+
+        fn written(&mut self, node: &str) {
+            self.1.entry(node.into()).or_default().written();
+        }
+    }
+
+    fn guard() -> Guard {
+        Guard(
+            GuardConfig {
+                max_corrections: 3,
+                window: Duration::from_secs(600),
+                backoff: Duration::from_secs(60),
+                backoff_max: Duration::from_secs(240),
+            },
+            Default::default(),
+        )
     }
 
     #[test]

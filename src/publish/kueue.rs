@@ -2,17 +2,27 @@
 //!
 //! Kueue's levels are immutable: an existing Topology with other levels is never changed, only
 //! reported (log, Event, metric). `kueue.x-k8s.io/v1beta2` is used where served, else `v1beta1`.
+//!
+//! Owns: the Kueue Topologies we create. Never changes or deletes one we did not create.
 
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
 use kube::{
     Api, Client, Resource,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
     discovery::{Discovery, verbs},
+    runtime::events::{Event, EventType, Recorder},
 };
 use serde_json::{Value, json};
+use tracing::{error, info, warn};
 
+use super::{PublishArgs, Publisher};
 use crate::{
     FIELD_MANAGER,
     labels::{LabelScheme, LayerNumbering},
+    metrics::Metrics,
+    tree::NodeView,
 };
 
 pub const GROUP: &str = "kueue.x-k8s.io";
@@ -39,7 +49,7 @@ pub fn topology_object(api_version: &str, name: &str, levels: &[String]) -> Valu
         "kind": "Topology",
         "metadata": {
             "name": name,
-            "labels": { crate::volcano::MANAGED_BY.0: crate::volcano::MANAGED_BY.1 }
+            "labels": { super::volcano::MANAGED_BY.0: super::volcano::MANAGED_BY.1 }
         },
         "spec": { "levels": levels }
     })
@@ -122,6 +132,124 @@ pub fn object_ref(
     ar: &ApiResource,
 ) -> k8s_openapi::api::core::v1::ObjectReference {
     obj.object_ref(ar)
+}
+
+/// An existing Kueue Topology is checked again every this many publish intervals.
+const RECHECK_INTERVALS: u32 = 12;
+
+/// Keeps the Kueue Topologies of our layer labels: created when missing, checked every
+/// `RECHECK_INTERVALS` intervals, a level mismatch reported once (log, Event, metric).
+pub struct KueuePublisher {
+    client: Client,
+    /// Name and levels of each Topology.
+    topologies: Vec<(String, Vec<String>)>,
+    recheck: std::time::Duration,
+    checked: Option<std::time::Instant>,
+    /// The Topologies found mismatched at the last check (each reported once).
+    reported: Option<Vec<String>>,
+    metrics: Arc<Metrics>,
+    recorder: Option<Recorder>,
+}
+
+impl KueuePublisher {
+    pub fn new(
+        client: Client,
+        args: &PublishArgs,
+        scheme: &LabelScheme,
+        metrics: Arc<Metrics>,
+        recorder: Option<Recorder>,
+    ) -> Self {
+        let hostname = args.kueue_topology_hostname_level;
+        let mut topologies = vec![(
+            args.kueue_topology_name.clone(),
+            levels(scheme, 3, hostname),
+        )];
+        if args.kueue_topology_four_layer {
+            topologies.push((
+                args.kueue_topology_four_layer_name.clone(),
+                levels(scheme, 4, hostname),
+            ));
+        }
+        Self {
+            client,
+            topologies,
+            recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
+            checked: None,
+            reported: None,
+            metrics,
+            recorder,
+        }
+    }
+
+    async fn check(&mut self) {
+        let mut mismatched = Vec::new();
+        for (name, levels) in self.topologies.clone() {
+            match ensure(&self.client, &name, &levels).await {
+                Ok((Outcome::Created, _)) => {
+                    info!(topology = %name, ?levels, "created Kueue Topology");
+                    self.metrics.kueue_topology_mismatch(&name, false);
+                }
+                Ok((Outcome::UpToDate, _)) => self.metrics.kueue_topology_mismatch(&name, false),
+                Ok((Outcome::Mismatch { have }, obj)) => {
+                    self.metrics.kueue_topology_mismatch(&name, true);
+                    mismatched.push(name.clone());
+                    if self.reported.as_ref().is_none_or(|r| !r.contains(&name)) {
+                        warn!(topology = %name, have = ?have, want = ?levels, "Kueue Topology exists with other levels; levels are immutable, so it is left alone: delete it to let us recreate it, or point ResourceFlavors at another name");
+                        if let (Some(recorder), Some(obj)) = (&self.recorder, obj)
+                            && let Ok(Some(ar)) = topology_resource(&self.client).await
+                        {
+                            let event = Event {
+                                type_: EventType::Warning,
+                                reason: "TopologyLevelsMismatch".into(),
+                                note: Some(format!(
+                                    "levels {have:?} differ from the labels ec2-topology-labeler writes {levels:?}; levels are immutable, left alone"
+                                )),
+                                action: "PublishTopology".into(),
+                                secondary: None,
+                            };
+                            let _ = recorder.publish(&event, &object_ref(&obj, &ar)).await;
+                        }
+                    }
+                }
+                Ok((Outcome::NotServed, _)) => {
+                    if self.reported.is_none() {
+                        error!(
+                            "--kueue-topology is on but the cluster serves no kueue.x-k8s.io Topology API (is Kueue installed?)"
+                        );
+                    }
+                    self.metrics.publish_failed("kueue");
+                }
+                Err(e) => {
+                    warn!(topology = %name, error = %e, "cannot check the Kueue Topology; trying again later");
+                    self.metrics.publish_failed("kueue");
+                }
+            }
+        }
+        self.reported = Some(mismatched);
+    }
+}
+
+impl Publisher for KueuePublisher {
+    fn name(&self) -> &'static str {
+        "kueue"
+    }
+
+    fn needs_nodes(&self) -> bool {
+        false
+    }
+
+    fn publish<'a>(&'a mut self, _nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if self.checked.is_none_or(|t| t.elapsed() >= self.recheck) {
+                self.checked = Some(std::time::Instant::now());
+                self.check().await;
+            }
+        })
+    }
+
+    fn reset(&mut self) {
+        self.checked = None;
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! 20/s refill) that every other tool in the account draws from too. We keep our own, smaller
 //! bucket so we never take more than our share, and when EC2 still says `RequestLimitExceeded`
 //! every caller waits out one shared, jittered, exponentially growing pause — no retry storms.
+//!
+//! Owns: the pace of EC2 calls. Never calls EC2 itself.
 
 use std::{sync::Mutex, time::Duration};
 

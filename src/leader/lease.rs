@@ -1,0 +1,249 @@
+//! The Lease protocol (client-go's `leaderelection`): acquire when free, released, or unchanged
+//! for a whole lease duration on our own clock; every write a `replace` carrying the
+//! resourceVersion read; renew every retry period; give up at the renew deadline.
+//!
+//! Owns: the Lease object. Never touches anything else.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube::{Api, api::PostParams};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::{Leadership, Timings};
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub(super) struct Candidate {
+    pub(super) api: Api<Lease>,
+    pub(super) name: String,
+    pub(super) identity: String,
+    pub(super) timings: Timings,
+    pub(super) leadership: Leadership,
+}
+
+/// The Lease as we last read it, and when (on our clock) we first saw it in that state.
+struct Observed {
+    spec: LeaseSpec,
+    at: Instant,
+}
+
+enum Attempt {
+    /// We hold the Lease; the write that says so was sent at this instant.
+    Held(Instant),
+    /// Someone else holds it.
+    Other(String),
+}
+
+impl Candidate {
+    pub(super) async fn run(self, metrics: Arc<Metrics>, elected: UnboundedSender<()>) {
+        let mut observed: Option<Observed> = None;
+        let mut denied_logged = false;
+        loop {
+            // Candidate: look every retry period (jittered) until the Lease is ours.
+            match self.try_acquire(&mut observed).await {
+                Ok(Attempt::Held(sent_at)) => {
+                    self.leadership.renewed(sent_at);
+                    metrics.set_leader(true);
+                    info!(identity = %self.identity, "became leader: looking up EC2 and writing labels");
+                    let _ = elected.unbounded_send(());
+                    self.hold(sent_at).await;
+                    self.leadership.lost();
+                    metrics.set_leader(false);
+                    observed = None;
+                    denied_logged = false;
+                }
+                Ok(Attempt::Other(holder)) => {
+                    debug!(%holder, "the lease is held by another replica");
+                }
+                Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => {
+                    if !std::mem::replace(&mut denied_logged, true) {
+                        error!(error = %e, lease = %self.name, "not allowed to use the leader-election Lease: the ServiceAccount needs get, update and create on leases (the chart's Role); retrying");
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, lease = %self.name, "cannot reach the leader-election Lease; retrying")
+                }
+            }
+            let jitter = 1.0 + fastrand::f64() * 0.2;
+            tokio::time::sleep(self.timings.retry_period.mul_f64(jitter)).await;
+        }
+    }
+
+    /// Renew every retry period until the Lease is lost or the renew deadline passes.
+    async fn hold(&self, mut renewed_at: Instant) {
+        loop {
+            tokio::time::sleep(self.timings.retry_period).await;
+            // A renewal that hangs must not keep us leader past the deadline.
+            let remaining = self
+                .timings
+                .renew_deadline
+                .saturating_sub(renewed_at.elapsed());
+            let sent_at = Instant::now();
+            match tokio::time::timeout(remaining, self.renew()).await {
+                Ok(Ok(true)) => {
+                    renewed_at = sent_at;
+                    self.leadership.renewed(sent_at);
+                }
+                Ok(Ok(false)) => {
+                    warn!(identity = %self.identity, "lost leadership: another replica holds the lease; no longer writing");
+                    return;
+                }
+                Ok(Err(e)) if renewed_at.elapsed() < self.timings.renew_deadline => {
+                    warn!(error = %e, "renewing the lease failed; retrying until the renew deadline");
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, deadline_ms = self.timings.renew_deadline.as_millis() as u64,
+                        "lost leadership: no successful lease renewal within the renew deadline; no longer writing");
+                    return;
+                }
+                Err(_) => {
+                    warn!(
+                        deadline_ms = self.timings.renew_deadline.as_millis() as u64,
+                        "lost leadership: the lease renewal did not complete within the renew deadline; no longer writing"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    fn spec(&self, previous: Option<&LeaseSpec>, now: Timestamp) -> LeaseSpec {
+        let ours = previous.is_some_and(|p| p.holder_identity.as_deref() == Some(&self.identity));
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.timings.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: if ours {
+                previous.and_then(|p| p.acquire_time.clone())
+            } else {
+                Some(MicroTime(now))
+            },
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: match previous {
+                None => Some(0),
+                Some(p) if ours => p.lease_transitions,
+                Some(p) => Some(p.lease_transitions.unwrap_or(0).saturating_add(1)),
+            },
+            ..LeaseSpec::default()
+        }
+    }
+
+    async fn try_acquire(&self, observed: &mut Option<Observed>) -> Result<Attempt, kube::Error> {
+        let sent_at = Instant::now();
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(self.spec(None, Timestamp::now())),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(Attempt::Held(sent_at)),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Other(String::new())),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        if let Some(holder) = holder.as_deref()
+            && holder != self.identity
+        {
+            // Held by another replica: it is expired only once it has not changed for a whole
+            // lease duration on our clock.
+            let duration = spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(self.timings.lease_duration, Duration::from_secs);
+            match observed {
+                Some(o) if o.spec == spec => {
+                    if o.at.elapsed() < duration {
+                        return Ok(Attempt::Other(holder.to_string()));
+                    }
+                    info!(%holder, "the lease was not renewed for its whole duration; taking it over");
+                }
+                _ => {
+                    *observed = Some(Observed {
+                        spec,
+                        at: Instant::now(),
+                    });
+                    return Ok(Attempt::Other(holder.to_string()));
+                }
+            }
+        }
+        lease.spec = Some(self.spec(Some(&spec), Timestamp::now()));
+        // `replace` carries the resourceVersion we read: if anyone wrote the Lease since, this
+        // fails with a conflict instead of making two leaders.
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(Attempt::Held(sent_at)),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Other(String::new())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One renewal: `Ok(false)` when the Lease is no longer ours.
+    async fn renew(&self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(&self.identity) {
+            return Ok(false);
+        }
+        lease.spec = Some(self.spec(Some(&spec), Timestamp::now()));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Written meanwhile: ours only if a re-read still says so (next renewal).
+                let now_holder = self
+                    .api
+                    .get_opt(&self.name)
+                    .await?
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity);
+                Ok(now_holder.as_deref() == Some(&self.identity))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Give the Lease up (holder cleared), if it is still ours.
+    pub(super) async fn release(&self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(&self.identity) {
+            return Ok(false);
+        }
+        lease.spec = Some(LeaseSpec {
+            lease_transitions: spec.lease_transitions,
+            ..LeaseSpec::default()
+        });
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, following client-go's `leaderelection`
+//! protocol, with its renew deadline:
+//!
+//! - a candidate takes the Lease when it is free, released, or has not changed for a whole lease
+//!   duration *as observed on this replica's own clock* (never by comparing another replica's
+//!   timestamps with ours, so clock skew between nodes does not matter);
+//! - every write to the Lease is a `replace` carrying the resourceVersion that was read, so two
+//!   candidates can never both win: the second gets a conflict;
+//! - the leader renews every retry period and **stops acting as leader on its own** once its last
+//!   successful renewal is older than the renew deadline (lease duration − renew grace), whether
+//!   renewals fail with errors, 403s or hang. The deadline is shorter than the lease duration, so
+//!   a leader cut off from the API server has stopped before any other replica can take over.
+//!
+//! [`Leadership::is_leader`] is what every writer asks, right before it writes. Every replica
+//! watches Nodes and stays ready; only the leader looks up EC2 and writes. On becoming leader a
+//! replica re-checks every node at once.
+//!
+//! (kube-lease-manager, used before, reports leadership only after a successful sync: a leader
+//! whose renewals failed kept acting after another replica took over.)
+//!
+//! Owns: whether this replica leads. Never writes anything but its Lease (see `lease`).
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Args;
+use futures::channel::mpsc::UnboundedSender;
+use kube::{Api, Client};
+use tokio::{task::JoinHandle, time::Instant};
+use tracing::{debug, info, warn};
+
+use crate::{Error, Result, duration::HumanDuration, metrics::Metrics};
+use lease::Candidate;
+
+mod lease;
+#[cfg(test)]
+mod tests;
+
+/// Leader election, for running more than one replica (the chart sets these).
+#[derive(Debug, Clone, Args, PartialEq)]
+pub struct LeaderArgs {
+    /// Elect a leader on a Lease; only the leader looks up EC2 and writes. Needed with more than
+    /// one replica.
+    #[arg(long, env = "LABELER_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Namespace of the Lease (default: the namespace the controller runs in).
+    #[arg(long, env = "LABELER_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_LEASE_NAME",
+        default_value = "ec2-topology-labeler"
+    )]
+    pub leader_election_lease_name: String,
+    /// How long a leader's lease lasts without renewal: the longest a failover takes.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_LEASE_DURATION",
+        default_value = "15s"
+    )]
+    pub leader_election_lease_duration: HumanDuration,
+    /// The leader renews this long before its lease would expire.
+    #[arg(
+        long,
+        env = "LABELER_LEADER_ELECTION_RENEW_GRACE",
+        default_value = "5s"
+    )]
+    pub leader_election_renew_grace: HumanDuration,
+    /// This replica's identity in the election (the chart passes the Pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+/// The lease duration and renew grace, refused at start-up unless 1 s ≤ grace < duration in
+/// whole seconds (the Lease records whole seconds).
+pub fn lease_seconds(args: &LeaderArgs) -> Result<(u64, u64)> {
+    let (d, g) = (
+        args.leader_election_lease_duration.0,
+        args.leader_election_renew_grace.0,
+    );
+    let whole = |x: Duration| x.subsec_nanos() == 0 && x.as_secs() >= 1;
+    if !whole(d) || !whole(g) {
+        return Err(Error::Config(format!(
+            "the lease duration ({}) and renew grace ({}) must be whole seconds, at least 1s",
+            humantime::format_duration(d),
+            humantime::format_duration(g)
+        )));
+    }
+    if g >= d {
+        return Err(Error::Config(format!(
+            "the renew grace ({}) must be shorter than the lease duration ({})",
+            humantime::format_duration(g),
+            humantime::format_duration(d)
+        )));
+    }
+    Ok((d.as_secs(), g.as_secs()))
+}
+
+/// The election's timings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// How long a Lease nobody renews stays held.
+    pub lease_duration: Duration,
+    /// The leader stops acting once its last successful renewal is older than this.
+    pub renew_deadline: Duration,
+    /// How often the leader renews and candidates look.
+    pub retry_period: Duration,
+}
+
+impl Timings {
+    /// From the flags: renew deadline = duration − grace; renewals every grace / 2 (at most 2 s,
+    /// client-go's period), so several renewals fit in the deadline.
+    pub fn from_args(args: &LeaderArgs) -> Result<Self> {
+        let (duration, grace) = lease_seconds(args)?;
+        let grace = Duration::from_secs(grace);
+        Ok(Self {
+            lease_duration: Duration::from_secs(duration),
+            renew_deadline: Duration::from_secs(duration) - grace,
+            retry_period: (grace / 2).clamp(Duration::from_millis(200), Duration::from_secs(2)),
+        })
+    }
+}
+
+/// Whether this replica may act as leader, shared by everything that looks EC2 up or writes.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    state: Arc<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Without election: always leader.
+    always: bool,
+    /// We hold the Lease (as far as the last successful read or write said).
+    holding: AtomicBool,
+    /// When the request of our last successful acquire or renew was sent.
+    renewed_at: Mutex<Option<Instant>>,
+    renew_deadline: Duration,
+}
+
+impl Leadership {
+    /// A single replica without election: always leader.
+    pub fn always() -> Self {
+        Self::new(true, Duration::MAX)
+    }
+
+    /// A replica that does not lead (until an election says otherwise).
+    pub fn follower() -> Self {
+        Self::new(false, Duration::ZERO)
+    }
+
+    fn new(always: bool, renew_deadline: Duration) -> Self {
+        Self {
+            state: Arc::new(State {
+                always,
+                holding: AtomicBool::new(false),
+                renewed_at: Mutex::new(None),
+                renew_deadline,
+            }),
+        }
+    }
+
+    /// May we act as leader right now? Checked again right before every write.
+    pub fn is_leader(&self) -> bool {
+        if self.state.always {
+            return true;
+        }
+        self.state.holding.load(Ordering::SeqCst)
+            && self
+                .renewed_at()
+                .is_some_and(|at| at.elapsed() < self.state.renew_deadline)
+    }
+
+    fn renewed_at(&self) -> Option<Instant> {
+        *self
+            .state
+            .renewed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn renewed(&self, sent_at: Instant) {
+        *self
+            .state
+            .renewed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sent_at);
+        self.state.holding.store(true, Ordering::SeqCst);
+    }
+
+    fn lost(&self) {
+        self.state.holding.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A running election.
+pub struct Election {
+    task: JoinHandle<()>,
+    candidate: Candidate,
+}
+
+impl Election {
+    /// Join the election on Lease `namespace/name`. `elected` gets a message each time this
+    /// replica becomes leader.
+    pub fn start(
+        client: Client,
+        args: &LeaderArgs,
+        identity: String,
+        metrics: Arc<Metrics>,
+        elected: UnboundedSender<()>,
+        alive: crate::http::TaskGuard,
+    ) -> Result<(Self, Leadership)> {
+        let timings = Timings::from_args(args)?;
+        let namespace = args
+            .leader_election_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let leadership = Leadership::new(false, timings.renew_deadline);
+        metrics.set_leader(false);
+        let candidate = Candidate {
+            api: Api::namespaced(client, &namespace),
+            name: args.leader_election_lease_name.clone(),
+            identity,
+            timings,
+            leadership: leadership.clone(),
+        };
+        info!(identity = %candidate.identity, lease = %format!("{namespace}/{}", candidate.name),
+            renew_deadline_ms = timings.renew_deadline.as_millis() as u64, "joined leader election");
+        let running = candidate.clone();
+        let task = tokio::spawn(async move {
+            let _alive = alive;
+            running.run(metrics, elected).await;
+        });
+        Ok((Self { task, candidate }, leadership))
+    }
+
+    /// Leave the election and release the Lease if we hold it, so another replica takes over
+    /// at once.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        let was_leader = self.candidate.leadership.is_leader();
+        self.candidate.leadership.lost();
+        if !was_leader {
+            return;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), self.candidate.release()).await {
+            Ok(Ok(true)) => info!("lease released"),
+            Ok(Ok(false)) => debug!("the lease was no longer ours to release"),
+            Ok(Err(e)) => warn!(error = %e, "releasing the lease failed; it expires on its own"),
+            Err(_) => warn!("releasing the lease timed out; it expires on its own"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Election")
+            .field("lease", &self.candidate.api.resource_url())
+            .finish()
+    }
+}

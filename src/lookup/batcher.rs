@@ -1,0 +1,423 @@
+//! The batcher: one task that turns every lookup's miss into few `DescribeInstanceTopology`
+//! calls. IDs of one region wait in a queue that goes out when 100 wait, when the burst they
+//! belong to has gone quiet, or at the latest after the max wait — and only when the shared
+//! limiter has a token. A call EC2 refuses for one ID is split to find it; a throttled call is
+//! sent again after the limiter's pause; while EC2 fails, the last failed call is repeated as a
+//! probe, so its recovery is noticed at once.
+//!
+//! Owns: the queues, the calls in flight, EC2's health. Never touches the cache or the
+//! Kubernetes API: answers go back to the waiting lookups.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque, hash_map::Entry},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{StreamExt, stream::FuturesUnordered};
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    time::Instant,
+};
+use tracing::{debug, warn};
+
+use super::{Answer, LookupConfig, Request, limiter::Limiter};
+use crate::{
+    metrics::Metrics,
+    topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
+};
+
+pub(super) struct Batcher<S> {
+    source: Arc<S>,
+    limiter: Arc<Limiter>,
+    cfg: LookupConfig,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// Whether EC2 calls are failing (errors, or throttling that outlasted its re-sends), to notice
+/// the moment they stop.
+pub(super) struct Health {
+    failing: AtomicBool,
+    recovered: watch::Sender<u64>,
+}
+
+impl Health {
+    pub(super) fn new(recovered: watch::Sender<u64>) -> Self {
+        Self {
+            failing: AtomicBool::new(false),
+            recovered,
+        }
+    }
+
+    fn failed(&self) {
+        self.failing.store(true, Ordering::SeqCst);
+    }
+
+    /// A call succeeded: if calls were failing, every node waiting out a per-node backoff can
+    /// be re-checked now.
+    fn answered(&self) {
+        if self.failing.swap(false, Ordering::SeqCst) {
+            self.recovered.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// One call's worth of instance IDs of one region.
+#[derive(Debug, Clone)]
+struct Batch {
+    region: String,
+    ids: Vec<String>,
+    /// How often EC2 throttled this very batch so far.
+    throttled: u32,
+}
+
+type BatchResult = (Batch, Result<Vec<InstanceTopology>, Ec2Error>);
+
+/// A throttled batch is sent again (after the shared limiter's pause, ahead of new calls) this
+/// many times before its waiters get the error: throttling is a request to slow down, not a
+/// failure of the instances, so it costs their nodes a short wait, not a per-node backoff.
+pub(super) const THROTTLED_RESENDS: u32 = 5;
+
+/// IDs of one region waiting for a call.
+struct Waiting {
+    ids: Vec<String>,
+    /// When the oldest of `ids` arrived.
+    first_at: Instant,
+    last_at: Instant,
+    /// The burst these IDs belong to: when it began and how many IDs have arrived since,
+    /// counting those already sent in full calls. A full call that empties the queue keeps
+    /// this, so the rest of a burst that arrives in clumps is judged by the burst's rate.
+    burst_at: Instant,
+    burst_len: usize,
+}
+
+impl Waiting {
+    /// When this queue should be sent, seen at `now`: at once when full; otherwise after a
+    /// quiet `window` since the last arrival — unless the queue has been filling so fast that,
+    /// at that rate, it would be full within a few windows (a burst that stalled for a moment:
+    /// a busy machine delays watch events in clumps; the rate is the burst's, counting IDs
+    /// already sent) — then until three windows after the last arrival at most; never later
+    /// than `max_wait` after the oldest waiting ID arrived.
+    fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
+        let len = self.ids.len();
+        if len >= max_batch {
+            return self.first_at;
+        }
+        let cap = self.first_at + cfg.batch_max_wait;
+        let quiet = self.last_at + cfg.batch_window;
+        if now < quiet || self.burst_len < 2 {
+            return quiet.min(cap);
+        }
+        let elapsed = now.saturating_duration_since(self.burst_at).as_secs_f64();
+        if elapsed <= 0.0 {
+            return quiet.min(cap);
+        }
+        let rate = (self.burst_len - 1) as f64 / elapsed;
+        let to_fill = Duration::from_secs_f64((max_batch - len) as f64 / rate);
+        if to_fill <= cfg.batch_window.saturating_mul(3) {
+            // Held for a stall, not for a burst that has ended: three windows after the last
+            // arrival at most.
+            let stall = self.last_at + cfg.batch_window.saturating_mul(3);
+            (now + to_fill).min(cap).min(stall)
+        } else {
+            quiet.min(cap)
+        }
+    }
+}
+
+impl<S: TopologySource> Batcher<S> {
+    pub(super) fn new(
+        source: Arc<S>,
+        limiter: Arc<Limiter>,
+        cfg: LookupConfig,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Self {
+        Self {
+            source,
+            limiter,
+            cfg,
+            metrics,
+            health,
+        }
+    }
+
+    pub(super) async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>) {
+        // Waiters per (region, instance): queued or in flight. A second ask for an instance that
+        // is already on its way joins the first.
+        let mut waiting: HashMap<(String, String), Vec<oneshot::Sender<Answer>>> = HashMap::new();
+        let mut queued: BTreeMap<String, Waiting> = BTreeMap::new();
+        // The shared limiter has no token before this: IDs keep joining the queue meanwhile, so a
+        // throttled or rate-limited period produces fuller calls rather than more of them.
+        let mut blocked_until: Option<Instant> = None;
+        let mut in_flight = FuturesUnordered::new();
+        let mut open = true;
+        let max_batch = self.cfg.max_batch.clamp(1, MAX_IDS_PER_CALL);
+        // Calls to send as they are (never merged back into a queue), before anything else:
+        // the parts of a call EC2 refused for one of its instance IDs, and throttled calls.
+        let mut splits: VecDeque<Batch> = VecDeque::new();
+        // While EC2 fails (down, erroring), the last failed batch is sent again every probe
+        // interval when nothing else goes out, so the moment EC2 answers again is noticed (and
+        // every waiting node re-checked) within that interval.
+        let mut probe: Option<Batch> = None;
+        let mut last_sent = Instant::now();
+        let probe_interval = self.cfg.batch_max_wait.max(Duration::from_millis(500));
+
+        loop {
+            let now = Instant::now();
+            if blocked_until.is_none_or(|b| now >= b) {
+                blocked_until = None;
+                while !splits.is_empty() {
+                    if let Err(wait) = self.limiter.try_acquire() {
+                        blocked_until = Some(now + wait);
+                        break;
+                    }
+                    if let Some(batch) = splits.pop_front() {
+                        last_sent = now;
+                        in_flight.push(self.call(batch));
+                    }
+                }
+                if probe.is_some()
+                    && in_flight.is_empty()
+                    && blocked_until.is_none()
+                    && now >= last_sent + probe_interval
+                    && self.health.failing.load(Ordering::SeqCst)
+                {
+                    match self.limiter.try_acquire() {
+                        Err(wait) => blocked_until = Some(now + wait),
+                        Ok(()) => {
+                            if let Some(batch) = probe.take() {
+                                debug!(region = %batch.region, "EC2 has been failing; probing with the last failed call");
+                                last_sent = now;
+                                in_flight.push(self.call(batch));
+                            }
+                        }
+                    }
+                }
+                while blocked_until.is_none() {
+                    // Send the longest-waiting queue that is due (all are due once closing).
+                    let next = queued
+                        .iter()
+                        .filter(|(_, w)| !w.ids.is_empty())
+                        .filter(|(_, w)| !open || w.due(&self.cfg, max_batch, now) <= now)
+                        .min_by_key(|(_, w)| w.first_at)
+                        .map(|(region, _)| region.clone());
+                    let Some(region) = next else { break };
+                    if let Err(wait) = self.limiter.try_acquire() {
+                        blocked_until = Some(now + wait);
+                        break;
+                    }
+                    let Some(w) = queued.get_mut(&region) else {
+                        break;
+                    };
+                    let take = w.ids.len().min(max_batch);
+                    let batch: Vec<String> = w.ids.drain(..take).collect();
+                    // An emptied queue is kept (for its burst) only after a full call.
+                    if w.ids.is_empty() && take < max_batch {
+                        queued.remove(&region);
+                    }
+                    last_sent = now;
+                    in_flight.push(self.call(Batch {
+                        region,
+                        ids: batch,
+                        throttled: 0,
+                    }));
+                }
+            }
+            if !open
+                && queued.values().all(|w| w.ids.is_empty())
+                && in_flight.is_empty()
+                && splits.is_empty()
+            {
+                return;
+            }
+            let wake = blocked_until.or_else(|| {
+                if !splits.is_empty() {
+                    return Some(now);
+                }
+                let probe_at = probe
+                    .as_ref()
+                    .filter(|_| open)
+                    .map(|_| (last_sent + probe_interval).max(now));
+                queued
+                    .values()
+                    .filter(|w| !w.ids.is_empty())
+                    .map(|w| {
+                        if open {
+                            w.due(&self.cfg, max_batch, now)
+                        } else {
+                            now
+                        }
+                    })
+                    .chain(probe_at)
+                    .min()
+            });
+            tokio::select! {
+                req = rx.recv(), if open => {
+                    let Some(req) = req else {
+                        // Nobody can ask any more: send what is queued, then stop.
+                        open = false;
+                        continue;
+                    };
+                    match waiting.entry((req.region.clone(), req.instance_id.clone())) {
+                        Entry::Occupied(mut e) => e.get_mut().push(req.reply),
+                        Entry::Vacant(e) => {
+                            e.insert(vec![req.reply]);
+                            let now = Instant::now();
+                            let w = queued.entry(req.region).or_insert_with(|| Waiting {
+                                ids: Vec::new(),
+                                first_at: now,
+                                last_at: now,
+                                burst_at: now,
+                                burst_len: 0,
+                            });
+                            if w.ids.is_empty() {
+                                w.first_at = now;
+                                if now > w.last_at + self.cfg.batch_window {
+                                    // Quiet since the last full call: a new burst.
+                                    w.burst_at = now;
+                                    w.burst_len = 0;
+                                }
+                            }
+                            w.ids.push(req.instance_id);
+                            w.last_at = now;
+                            w.burst_len += 1;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+                Some((batch, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let Batch { region, ids, throttled } = batch;
+                    match result {
+                        Err(e) if e.is_instance_id_error() && ids.len() > 1 => {
+                            let (refused, rest) = isolate(&e, ids);
+                            warn!(%region, error = %e, refused = refused.len(), resent = rest.iter().map(Vec::len).sum::<usize>(),
+                                "EC2 refused a call for one of its instance IDs; sending the others again without it");
+                            deliver(&mut waiting, &region, &refused, Err(e));
+                            splits.extend(rest.into_iter().map(|ids| Batch {
+                                region: region.clone(),
+                                ids,
+                                throttled: 0,
+                            }));
+                        }
+                        Err(e) if e.is_throttle() && throttled < THROTTLED_RESENDS && open => {
+                            // Sent again once the limiter's pause is over, ahead of new calls.
+                            splits.push_back(Batch { region, ids, throttled: throttled + 1 });
+                        }
+                        Err(e) => {
+                            if !e.is_throttle() {
+                                probe = Some(Batch {
+                                    region: region.clone(),
+                                    ids: ids.clone(),
+                                    throttled: 0,
+                                });
+                            }
+                            self.health.failed();
+                            deliver(&mut waiting, &region, &ids, Err(e));
+                        }
+                        Ok(found) => {
+                            probe = None;
+                            deliver(&mut waiting, &region, &ids, Ok(found));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn call(
+        &self,
+        batch: Batch,
+    ) -> impl std::future::Future<Output = BatchResult> + Send + 'static {
+        let source = self.source.clone();
+        let limiter = self.limiter.clone();
+        let metrics = self.metrics.clone();
+        let health = self.health.clone();
+        async move {
+            let (region, ids) = (&batch.region, &batch.ids);
+            let started = std::time::Instant::now();
+            let result = source.describe(region, ids).await;
+            metrics.ec2_call(region, ids.len(), started.elapsed(), result.as_ref().err());
+            if result.is_ok() {
+                health.answered();
+            }
+            match &result {
+                Ok(found) => {
+                    limiter.on_success();
+                    debug!(%region, asked = ids.len(), described = found.len(), "DescribeInstanceTopology");
+                }
+                Err(e) if e.is_throttle() => {
+                    let pause = limiter.on_throttle();
+                    warn!(%region, asked = ids.len(), pause_ms = pause.as_millis() as u64, "EC2 throttled DescribeInstanceTopology; every caller pauses");
+                }
+                Err(e) => {
+                    warn!(%region, asked = ids.len(), error = %e, "DescribeInstanceTopology failed")
+                }
+            }
+            (batch, result)
+        }
+    }
+}
+
+/// A call of several IDs failed for one (or some) of them: the IDs the error names are refused;
+/// the rest go out again, whole when the culprits are named, else in two halves (bisection,
+/// about 2·log2(n) more calls for one bad ID in n).
+fn isolate(e: &Ec2Error, ids: Vec<String>) -> (Vec<String>, Vec<Vec<String>>) {
+    let (named, rest): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| e.names_instance(id));
+    if !named.is_empty() {
+        let rest = if rest.is_empty() { vec![] } else { vec![rest] };
+        return (named, rest);
+    }
+    let mut first = rest;
+    let second = first.split_off(first.len() / 2);
+    (vec![], vec![first, second])
+}
+
+fn deliver(
+    waiting: &mut HashMap<(String, String), Vec<oneshot::Sender<Answer>>>,
+    region: &str,
+    ids: &[String],
+    result: Result<Vec<InstanceTopology>, Ec2Error>,
+) {
+    match result {
+        Ok(found) => {
+            let mut by_id: HashMap<String, InstanceTopology> = HashMap::with_capacity(found.len());
+            for t in found {
+                match by_id.entry(t.instance_id.clone()) {
+                    Entry::Vacant(e) => {
+                        e.insert(t);
+                    }
+                    Entry::Occupied(e) if *e.get() != t => {
+                        warn!(instance = %t.instance_id, "EC2 described an instance twice, differently; keeping the first answer");
+                    }
+                    Entry::Occupied(_) => {}
+                }
+            }
+            for id in ids {
+                let answer = by_id.get(id).cloned();
+                for reply in waiting
+                    .remove(&(region.to_string(), id.clone()))
+                    .unwrap_or_default()
+                {
+                    // A reconcile that gave up (node deleted, shutdown) no longer listens.
+                    let _ = reply.send(Ok(answer.clone()));
+                }
+            }
+        }
+        Err(e) => {
+            for id in ids {
+                for reply in waiting
+                    .remove(&(region.to_string(), id.clone()))
+                    .unwrap_or_default()
+                {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}

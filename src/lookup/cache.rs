@@ -1,0 +1,333 @@
+//! What we know about each instance, per boot: the state machine behind every lookup.
+//!
+//! States: **known** (an answer, fresh until its refresh time; refreshed soon while a field EC2
+//! fills in late is missing), **not described** (EC2 left it out or gave no network nodes; asked
+//! again with capped backoff), **refused** (EC2 refused the ID; same backoff). A new boot ID
+//! means the instance may have moved: its entry starts afresh.
+//!
+//! Owns: the entries and every retry time. Never does I/O: the caller asks EC2 (through the
+//! batcher) and hands the answer to [`Cache::record`]; time is passed in.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::{LookupConfig, Resolved};
+use crate::topology::{Ec2Error, InstanceTopology};
+
+/// What one call said about one instance: described (or not), or the call failed.
+pub type Answer = Result<Option<InstanceTopology>, Ec2Error>;
+
+#[derive(Debug, Clone)]
+enum State {
+    Known {
+        topology: Arc<InstanceTopology>,
+        /// Asked again from here: after the cache TTL, or soon while `settling`.
+        refresh_at: Instant,
+        /// Answers in a row that lacked a late field (0: complete).
+        settling: u32,
+    },
+    /// Not described, or refused (`refused`): asked again at `retry_at`.
+    NotDescribed {
+        retry_at: Instant,
+        attempts: u32,
+        refused: Option<Ec2Error>,
+    },
+}
+
+/// An instance's entry, as it was when a lookup found it not fresh.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    boot_id: Option<String>,
+    state: State,
+    /// Answers for this boot that could not be turned into labels (see [`Cache::reject`]).
+    rejected: u32,
+}
+
+impl Entry {
+    fn topology(&self) -> Option<Arc<InstanceTopology>> {
+        match &self.state {
+            State::Known { topology, .. } => Some(topology.clone()),
+            State::NotDescribed { .. } => None,
+        }
+    }
+
+    fn settling(&self) -> u32 {
+        match &self.state {
+            State::Known { settling, .. } => *settling,
+            State::NotDescribed { .. } => 0,
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        match &self.state {
+            State::NotDescribed { attempts, .. } => *attempts,
+            State::Known { .. } => 0,
+        }
+    }
+}
+
+/// The outcome of looking in the cache.
+pub enum Check {
+    /// The cache answers.
+    Answered(Resolved),
+    /// EC2 must be asked; `stale` is the entry of this boot, if any (its answer stands when the
+    /// new one fails or lacks something).
+    Ask { stale: Option<Entry> },
+}
+
+pub struct Cache {
+    cfg: LookupConfig,
+    /// Retries are due on a clock shared by every instance, counted from here (see
+    /// [`Cache::next_ask`]).
+    epoch: Instant,
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl Cache {
+    pub fn new(cfg: LookupConfig, epoch: Instant) -> Self {
+        Self {
+            cfg,
+            epoch,
+            entries: Mutex::default(),
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // Entries are replaced whole; a panic elsewhere cannot leave one half-written.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the cache knows about `instance_id` in the boot `boot_id`, at `now`.
+    pub fn check(
+        &self,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        capacity_block_expected: bool,
+        now: Instant,
+    ) -> Check {
+        let mut entries = self.entries();
+        let Some(e) = entries.get_mut(instance_id) else {
+            return Check::Ask { stale: None };
+        };
+        if rebooted(e.boot_id.as_deref(), boot_id) {
+            return Check::Ask { stale: None };
+        }
+        if e.boot_id.is_none() {
+            e.boot_id = boot_id.map(str::to_owned);
+        }
+        match &e.state {
+            State::Known {
+                topology,
+                refresh_at,
+                settling,
+            } if now < *refresh_at
+                // A complete answer without a capacity block, for a node that has one: ask
+                // again now, then on the settling schedule.
+                && !(*settling == 0 && topology.settling(capacity_block_expected)) =>
+            {
+                Check::Answered(Resolved::Topology {
+                    topology: topology.clone(),
+                    refresh_error: None,
+                    recheck_in: (*settling > 0).then(|| *refresh_at - now),
+                })
+            }
+            State::NotDescribed {
+                retry_at,
+                attempts,
+                refused,
+            } if now < *retry_at => {
+                let (retry_in, attempts) = (*retry_at - now, *attempts);
+                Check::Answered(match refused {
+                    Some(error) => Resolved::Rejected {
+                        error: error.clone(),
+                        retry_in,
+                        attempts,
+                    },
+                    None => Resolved::NotDescribed { retry_in, attempts },
+                })
+            }
+            _ => Check::Ask {
+                stale: Some(e.clone()),
+            },
+        }
+    }
+
+    /// Take EC2's `answer` about `instance_id` (asked because of `stale`) into the cache, and
+    /// say what it means.
+    pub fn record(
+        &self,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        stale: Option<Entry>,
+        answer: Answer,
+        capacity_block_expected: bool,
+        now: Instant,
+    ) -> Result<Resolved, Ec2Error> {
+        let previous = stale.as_ref().and_then(Entry::topology);
+        let previous_settling = stale.as_ref().map_or(0, Entry::settling);
+        let previous_attempts = stale.as_ref().map_or(0, Entry::attempts);
+        let rejected = stale.as_ref().map_or(0, |e| e.rejected);
+        let (state, resolved) = match answer {
+            // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
+            // instance's alone): remembered with the not-described backoff, unless EC2 described
+            // it before in this boot (then the earlier answer stands, as for any failed refresh).
+            Err(e) if e.is_instance_id_error() && previous.is_none() => {
+                let attempts = previous_attempts.saturating_add(1);
+                let (retry_at, retry_in) = self.next_ask(now, attempts);
+                (
+                    State::NotDescribed {
+                        retry_at,
+                        attempts,
+                        refused: Some(e.clone()),
+                    },
+                    Resolved::Rejected {
+                        error: e,
+                        retry_in,
+                        attempts,
+                    },
+                )
+            }
+            Ok(Some(t)) if !t.network_nodes.is_empty() => {
+                // Within one boot, fields EC2 left out of this answer keep their earlier values.
+                let t = match &previous {
+                    Some(earlier) => t.filled_from(earlier),
+                    None => t,
+                };
+                let (refresh_at, settling, recheck_in) = if t.settling(capacity_block_expected) {
+                    let settling = previous_settling.saturating_add(1);
+                    let (at, recheck_in) = self.next_ask(now, settling);
+                    (at, settling, Some(recheck_in))
+                } else {
+                    (now + self.cfg.cache_ttl, 0, None)
+                };
+                let topology = Arc::new(t);
+                (
+                    State::Known {
+                        topology: topology.clone(),
+                        refresh_at,
+                        settling,
+                    },
+                    Resolved::Topology {
+                        topology,
+                        refresh_error: None,
+                        recheck_in,
+                    },
+                )
+            }
+            Ok(_) => match previous {
+                // Described before in this boot, not now: EC2 is lagging or wrong. Keep what we
+                // knew (labels are never stripped on EC2's word alone) and ask again after a TTL.
+                Some(topology) => (
+                    State::Known {
+                        topology: topology.clone(),
+                        refresh_at: now + self.cfg.cache_ttl,
+                        settling: 0,
+                    },
+                    Resolved::Topology {
+                        topology,
+                        refresh_error: None,
+                        recheck_in: None,
+                    },
+                ),
+                None => {
+                    let attempts = previous_attempts.saturating_add(1);
+                    let (retry_at, retry_in) = self.next_ask(now, attempts);
+                    (
+                        State::NotDescribed {
+                            retry_at,
+                            attempts,
+                            refused: None,
+                        },
+                        Resolved::NotDescribed { retry_in, attempts },
+                    )
+                }
+            },
+            // A failed call is not cached: the earlier answer of this boot stands.
+            Err(e) => {
+                return match previous {
+                    Some(topology) => Ok(Resolved::Topology {
+                        topology,
+                        refresh_error: Some(e),
+                        recheck_in: None,
+                    }),
+                    None => Err(e),
+                };
+            }
+        };
+        self.entries().insert(
+            instance_id.to_string(),
+            Entry {
+                boot_id: boot_id.map(str::to_owned),
+                state,
+                rejected,
+            },
+        );
+        Ok(resolved)
+    }
+
+    fn not_described_backoff(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(20);
+        self.cfg
+            .not_described_retry
+            .saturating_mul(1u32 << exp)
+            .min(self.cfg.not_described_ttl)
+    }
+
+    /// When to ask again about an instance EC2 did not describe (or refused) `attempts` times:
+    /// after the capped exponential backoff, rounded up to a multiple of that same backoff on a
+    /// clock shared by every instance. Instances that joined at different moments are then
+    /// asked about together, one call per round rather than one each: at one backoff level they
+    /// share the same ticks, and the ticks of each level (15, 30, 60 s… apart) fall on ticks of
+    /// the levels below; at the cap (the not-described TTL) every instance shares one tick.
+    fn next_ask(&self, now: Instant, attempts: u32) -> (Instant, Duration) {
+        let backoff = self.not_described_backoff(attempts);
+        let earliest = now + backoff;
+        let step = backoff.max(Duration::from_millis(100)).as_nanos();
+        let since = earliest.saturating_duration_since(self.epoch).as_nanos();
+        let steps = since.div_ceil(step);
+        let at = self.epoch
+            + Duration::from_nanos(u64::try_from(steps.saturating_mul(step)).unwrap_or(u64::MAX));
+        (at, at.saturating_duration_since(now))
+    }
+
+    /// The answer cached for `instance_id` cannot be used (labels cannot be derived from it):
+    /// forget it, and ask again after the not-described backoff. Returns that wait.
+    pub fn reject(&self, instance_id: &str, now: Instant) -> Duration {
+        let mut entries = self.entries();
+        let Some(e) = entries.get_mut(instance_id) else {
+            return self.cfg.not_described_retry;
+        };
+        e.rejected = e.rejected.saturating_add(1);
+        let (retry_at, retry_in) = self.next_ask(now, e.rejected);
+        e.state = State::NotDescribed {
+            retry_at,
+            attempts: e.rejected,
+            refused: None,
+        };
+        retry_in
+    }
+
+    /// Keep only the entries of instances some node still runs on; returns how many went.
+    /// Age plays no part: an instance retried with a long backoff keeps its backoff.
+    pub fn retain(&self, live: &HashSet<String>) -> usize {
+        let mut entries = self.entries();
+        let before = entries.len();
+        entries.retain(|id, _| live.contains(id));
+        before - entries.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+}
+
+/// Only a change from one known boot to another counts: a boot ID that appears for the first
+/// time (kubelet reports it shortly after registration) is the same boot we looked up.
+fn rebooted(cached: Option<&str>, now: Option<&str>) -> bool {
+    matches!((cached, now), (Some(a), Some(b)) if a != b)
+}

@@ -1,0 +1,274 @@
+//! Topology lookups: a cache in front of a batcher in front of EC2.
+//!
+//! Every reconcile asks [`Lookup::resolve`] for its instance. The `cache` answers when it can
+//! (keyed by instance ID and the node's boot ID: a new boot means the instance may have moved).
+//! Misses from all reconciles are coalesced by one `batcher` task into `DescribeInstanceTopology`
+//! calls of at most 100 IDs, through the shared [`limiter`], to the [`ec2`] client (or any other
+//! [`TopologySource`]).
+//!
+//! Owns: what we know about instances, and every EC2 call. Never touches the Kubernetes API.
+
+mod batcher;
+mod cache;
+pub mod ec2;
+pub mod limiter;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Args;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    time::Instant,
+};
+
+use crate::{
+    duration::HumanDuration,
+    metrics::Metrics,
+    topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
+};
+use batcher::{Batcher, Health};
+use cache::{Answer, Cache, Check};
+use limiter::Limiter;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LookupConfig {
+    /// A call goes out once no new ID has joined the waiting ones for this long (a burst keeps
+    /// filling one call), or as soon as `max_batch` are waiting.
+    pub batch_window: Duration,
+    /// Longest any ID waits for its call to fill, however steadily others keep arriving.
+    pub batch_max_wait: Duration,
+    /// IDs per call (EC2 allows at most 100).
+    pub max_batch: usize,
+    /// Answers older than this are refreshed on the next reconcile (normally the periodic resync).
+    pub cache_ttl: Duration,
+    /// First retry after EC2 did not describe an instance; doubles per attempt.
+    pub not_described_retry: Duration,
+    /// Longest wait between asks about an instance EC2 does not describe (unsupported type).
+    pub not_described_ttl: Duration,
+}
+
+impl Default for LookupConfig {
+    fn default() -> Self {
+        Self {
+            batch_window: Duration::from_millis(200),
+            batch_max_wait: Duration::from_secs(2),
+            max_batch: MAX_IDS_PER_CALL,
+            cache_ttl: Duration::from_secs(6 * 3600),
+            not_described_retry: Duration::from_secs(15),
+            not_described_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What we know about an instance, as far as the reconciler is concerned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// EC2 described the instance with its network nodes.
+    Topology {
+        topology: Arc<InstanceTopology>,
+        /// A refresh of an older answer failed; this is the older answer.
+        refresh_error: Option<Ec2Error>,
+        /// The answer lacks a field EC2 fills in late (see [`InstanceTopology::settling`]): it
+        /// is asked for again this soon, and the node should be re-checked then.
+        recheck_in: Option<Duration>,
+    },
+    /// EC2 left the instance out or gave it no network nodes (unsupported type, not running
+    /// yet, eventual consistency). Ask again no sooner than `retry_in`.
+    NotDescribed { retry_in: Duration, attempts: u32 },
+    /// EC2 refused this instance ID (`InvalidInstanceID.*`: malformed, or unknown to this
+    /// account, which can also be a moment after launch). It is kept out of other calls, so it
+    /// cannot fail them, and asked about alone again no sooner than `retry_in`.
+    Rejected {
+        error: Ec2Error,
+        retry_in: Duration,
+        attempts: u32,
+    },
+}
+
+struct Request {
+    region: String,
+    instance_id: String,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Batching and caching of topology answers.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupArgs {
+    /// A DescribeInstanceTopology call goes out once no new instance has joined the waiting
+    /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
+    #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
+    pub batch_window: HumanDuration,
+    /// Longest an instance waits for its call to fill while others keep arriving.
+    #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
+    pub batch_max_wait: HumanDuration,
+    /// Answers older than this are refreshed (in batches) when their node is next reconciled.
+    #[arg(long, env = "LABELER_CACHE_TTL", default_value = "6h")]
+    pub cache_ttl: HumanDuration,
+    /// First retry after EC2 did not describe an instance (doubles per attempt).
+    #[arg(long, env = "LABELER_NOT_DESCRIBED_RETRY", default_value = "15s")]
+    pub not_described_retry: HumanDuration,
+    /// Longest wait before asking again about an instance EC2 does not describe (an unsupported
+    /// instance type).
+    #[arg(long, env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
+    pub not_described_ttl: HumanDuration,
+}
+
+impl LookupArgs {
+    pub fn lookup(&self) -> LookupConfig {
+        LookupConfig {
+            batch_window: self.batch_window.0,
+            batch_max_wait: self.batch_max_wait.0,
+            cache_ttl: self.cache_ttl.0,
+            not_described_retry: self.not_described_retry.0,
+            not_described_ttl: self.not_described_ttl.0,
+            ..LookupConfig::default()
+        }
+    }
+}
+
+/// Handle to the cache and the batcher. Cheap to clone.
+#[derive(Clone)]
+pub struct Lookup {
+    cache: Arc<Cache>,
+    requests: mpsc::UnboundedSender<Request>,
+    metrics: Arc<Metrics>,
+    recoveries: watch::Receiver<u64>,
+    /// False once the batcher task has ended (it never should): `/livez` reports it.
+    batcher_alive: Arc<AtomicBool>,
+}
+
+/// Sets its flag false when dropped: held by a task for its whole life, panics included.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Lookup {
+    /// Start the batcher task for `source` and return the handle.
+    pub fn spawn<S: TopologySource>(
+        source: S,
+        limiter: Arc<Limiter>,
+        cfg: LookupConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (recovered, recoveries) = watch::channel(0);
+        let batcher = Batcher::new(
+            Arc::new(source),
+            limiter,
+            cfg,
+            metrics.clone(),
+            Arc::new(Health::new(recovered)),
+        );
+        let batcher_alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(batcher_alive.clone());
+        tokio::spawn(async move {
+            let _alive = guard;
+            batcher.run(rx).await;
+        });
+        Self {
+            cache: Arc::new(Cache::new(cfg, Instant::now())),
+            requests: tx,
+            metrics,
+            recoveries,
+            batcher_alive,
+        }
+    }
+
+    /// Whether the batcher task still runs: without it every lookup fails.
+    pub fn batcher_running(&self) -> bool {
+        self.batcher_alive.load(Ordering::SeqCst)
+    }
+
+    /// The topology of `instance_id` (in `region`) during the boot `boot_id`.
+    pub async fn resolve(
+        &self,
+        region: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+    ) -> Result<Resolved, Ec2Error> {
+        self.resolve_expecting(region, instance_id, boot_id, false)
+            .await
+    }
+
+    /// As [`Self::resolve`]; `capacity_block_expected` when the node carries a capacity-block
+    /// label already, so an answer without one is asked for again soon.
+    pub async fn resolve_expecting(
+        &self,
+        region: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        capacity_block_expected: bool,
+    ) -> Result<Resolved, Ec2Error> {
+        let stale = match self.cache.check(
+            instance_id,
+            boot_id,
+            capacity_block_expected,
+            Instant::now(),
+        ) {
+            Check::Answered(resolved) => {
+                self.metrics.cache_hit();
+                return Ok(resolved);
+            }
+            Check::Ask { stale } => stale,
+        };
+        self.metrics.cache_miss();
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(Request {
+                region: region.to_string(),
+                instance_id: instance_id.to_string(),
+                reply,
+            })
+            .map_err(|_| Ec2Error::Transport("topology batcher has stopped".into()))?;
+        let answer = answer
+            .await
+            .map_err(|_| Ec2Error::Transport("topology batcher dropped the request".into()))?;
+        self.cache.record(
+            instance_id,
+            boot_id,
+            stale,
+            answer,
+            capacity_block_expected,
+            Instant::now(),
+        )
+    }
+
+    /// The cached answer for `instance_id` cannot be used (labels cannot be derived from it):
+    /// forget it, and ask again after the not-described backoff. Returns that wait.
+    pub fn reject(&self, instance_id: &str) -> Duration {
+        self.cache.reject(instance_id, Instant::now())
+    }
+
+    /// Keep only the entries of instances some node still runs on; returns how many went.
+    /// Age plays no part: an instance retried with a long backoff keeps its backoff.
+    pub fn retain_instances(&self, live: &HashSet<String>) -> usize {
+        self.cache.retain(live)
+    }
+
+    /// Changes each time EC2 answers again after calls failed: nodes waiting out a per-node
+    /// backoff can be re-checked at once instead of one by one.
+    pub fn recoveries(&self) -> watch::Receiver<u64> {
+        self.recoveries.clone()
+    }
+
+    /// Number of cached instances.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}

@@ -1,0 +1,717 @@
+//! The lookup against a fake EC2 (paused time): batching, caching, backoff, refused IDs,
+//! throttling, recovery.
+
+use super::*;
+use super::{batcher::THROTTLED_RESENDS, limiter::LimiterConfig};
+use std::sync::{
+    Mutex,
+    atomic::{AtomicUsize, Ordering},
+};
+
+type CallLog = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+/// A fake EC2: describes instances with an even number, records each call. A call that
+/// holds a poisoned ID fails whole with `InvalidInstanceID.NotFound`, naming the ID only when
+/// `name_poison` is set (EC2 names it; a client must not rely on it).
+#[derive(Clone, Default)]
+struct Fake {
+    calls: CallLog,
+    fail_next: Arc<AtomicUsize>,
+    layer: Arc<Mutex<String>>,
+    poison: Arc<Mutex<Vec<String>>>,
+    name_poison: Arc<std::sync::atomic::AtomicBool>,
+    /// What the next `fail_next` calls fail with (throttling when unset).
+    fail_with: Arc<Mutex<Option<Ec2Error>>>,
+    /// Every answer's instance type (p5 when unset) and capacity block.
+    instance_type: Arc<Mutex<String>>,
+    capacity_block: Arc<Mutex<Option<String>>>,
+}
+
+impl Fake {
+    fn calls(&self) -> Vec<(String, Vec<String>)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl TopologySource for Fake {
+    async fn describe(
+        &self,
+        region: &str,
+        ids: &[String],
+    ) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((region.to_string(), ids.to_vec()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if self.fail_next.load(Ordering::SeqCst) > 0 {
+            self.fail_next.fetch_sub(1, Ordering::SeqCst);
+            return Err(self
+                .fail_with
+                .lock()
+                .unwrap()
+                .clone()
+                .unwrap_or_else(|| Ec2Error::from_code("RequestLimitExceeded", "slow down")));
+        }
+        let poisoned: Vec<String> = {
+            let poison = self.poison.lock().unwrap();
+            ids.iter()
+                .filter(|id| poison.contains(id))
+                .cloned()
+                .collect()
+        };
+        if !poisoned.is_empty() {
+            let message = if self.name_poison.load(Ordering::SeqCst) {
+                format!("The instance IDs '{}' do not exist", poisoned.join(", "))
+            } else {
+                "The request refers to an instance that does not exist".to_string()
+            };
+            return Err(Ec2Error::from_code("InvalidInstanceID.NotFound", &message));
+        }
+        let layer = self.layer.lock().unwrap().clone();
+        Ok(ids
+            .iter()
+            .filter(|id| u64::from_str_radix(&id[2..], 16).is_ok_and(|n| n % 2 == 0))
+            .map(|id| InstanceTopology {
+                instance_id: id.clone(),
+                instance_type: Some(self.instance_type.lock().unwrap().clone()),
+                zone_id: Some("usw2-az1".into()),
+                capacity_block_id: self.capacity_block.lock().unwrap().clone(),
+                network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.clone()],
+                ..InstanceTopology::default()
+            })
+            .collect())
+    }
+}
+
+fn id(n: usize) -> String {
+    format!("i-{n:017x}")
+}
+
+fn internal_error() -> Ec2Error {
+    Ec2Error::from_code("InternalError", "An internal error has occurred.")
+}
+
+fn lookup(fake: &Fake) -> Lookup {
+    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
+    Lookup::spawn(
+        fake.clone(),
+        Arc::new(Limiter::new(LimiterConfig {
+            rate: 1000.0,
+            burst: 1000.0,
+            ..LimiterConfig::default()
+        })),
+        LookupConfig::default(),
+        Arc::new(Metrics::default()),
+    )
+}
+
+/// Ask for instances `0..n`, the k-th `at(k)` ms after the start; every one must be
+/// answered. Returns the sizes of the calls EC2 saw.
+async fn arrivals(fake: &Fake, l: &Lookup, n: usize, at: impl Fn(usize) -> u64) -> Vec<usize> {
+    let asks = (0..n).map(|k| {
+        let l = l.clone();
+        let delay = Duration::from_millis(at(k));
+        async move {
+            tokio::time::sleep(delay).await;
+            l.resolve("r", &id(k * 2), None).await
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(answers.iter().all(Result::is_ok), "every lookup answered");
+    fake.calls().iter().map(|(_, ids)| ids.len()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_lookups_are_coalesced_into_calls_of_at_most_100() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let asks = (0..250).map(|n| {
+        let l = l.clone();
+        async move { l.resolve("us-west-2", &id(n * 2), Some("boot")).await }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Resolved::Topology { .. })))
+    );
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 3, "250 lookups cost 3 calls");
+    assert!(calls.iter().all(|(_, ids)| ids.len() <= 100));
+    assert_eq!(calls.iter().map(|(_, ids)| ids.len()).sum::<usize>(), 250);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_lookup_waits_only_the_batch_window() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let start = Instant::now();
+    l.resolve("us-west-2", &id(2), None).await.unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(300),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_of_arrivals_fills_calls_instead_of_sending_many_small_ones() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    // 150 nodes arriving 10 ms apart (1.5 s): each arrival restarts the quiet window.
+    let sizes = arrivals(&fake, &l, 150, |k| 10 * k as u64).await;
+    assert_eq!(sizes, vec![100, 50]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_arriving_in_clumps_is_sent_in_full_calls() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    // A busy API server delivers watch events in clumps: 116 at once every 400 ms. Each
+    // clump fills a call and leaves 16; those wait for the next clump rather than going
+    // out alone after the quiet window.
+    let start = Instant::now();
+    let sizes = arrivals(&fake, &l, 580, |k| 400 * (k / 116) as u64).await;
+    assert_eq!(
+        sizes,
+        vec![100, 100, 100, 100, 100, 80],
+        "ceil(580/100) calls"
+    );
+    let last_clump = Duration::from_millis(1600);
+    assert!(
+        start.elapsed() < last_clump + Duration::from_secs(1),
+        "the last 80 are not held long: {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_inside_a_burst_does_not_split_its_call() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    // 60 arrivals 5 ms apart, a 300 ms stall (longer than the 200 ms window), 40 more.
+    let sizes = arrivals(&fake, &l, 100, |k| {
+        5 * k as u64 + if k >= 60 { 300 } else { 0 }
+    })
+    .await;
+    assert_eq!(sizes, vec![100], "one full call despite the stall");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_small_burst_is_not_held_for_a_fill_that_will_not_come() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    // Three nodes 10 ms apart: at that rate 97 more would take ~1 s, so the quiet window
+    // applies and they go out ~200 ms after the last one.
+    let start = Instant::now();
+    let sizes = arrivals(&fake, &l, 3, |k| 10 * k as u64).await;
+    assert_eq!(sizes, vec![3]);
+    assert!(
+        start.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_trickle_waits_at_most_the_max_wait() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    // One arrival every 150 ms for 3 s never leaves a 200 ms quiet gap.
+    let asks = (0..20).map(|n| {
+        let l = l.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
+            let asked = Instant::now();
+            l.resolve("r", &id(n * 2), None)
+                .await
+                .map(|_| asked.elapsed())
+        }
+    });
+    let waits: Vec<Duration> = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        waits.iter().all(|w| *w <= Duration::from_millis(2050 + 10)),
+        "{waits:?}"
+    );
+    assert_eq!(fake.calls().len(), 2, "two calls for 20 instances over 3 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_the_limiter_has_no_token_calls_keep_filling() {
+    let fake = Fake::default();
+    let l = Lookup::spawn(
+        fake.clone(),
+        Arc::new(Limiter::new(LimiterConfig {
+            rate: 1.0,
+            burst: 1.0,
+            ..LimiterConfig::default()
+        })),
+        LookupConfig::default(),
+        Arc::new(Metrics::default()),
+    );
+    // Ten arrivals 300 ms apart: the first call takes the only token; the other nine wait
+    // for the next token (1/s) and share calls.
+    let asks = (0..10).map(|n| {
+        let l = l.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300 * n as u64)).await;
+            l.resolve("r", &id(n * 2), None).await
+        }
+    });
+    assert!(
+        futures::future::join_all(asks)
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
+    let calls = fake.calls();
+    assert!(calls.len() <= 4, "{} calls: {calls:?}", calls.len());
+    assert_eq!(calls.iter().map(|(_, ids)| ids.len()).sum::<usize>(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn regions_are_never_mixed_in_one_call() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let (i2, i4) = (id(2), id(4));
+    let (a, b) = tokio::join!(
+        l.resolve("us-west-2", &i2, None),
+        l.resolve("us-east-1", &i4, None)
+    );
+    assert!(a.is_ok() && b.is_ok());
+    let mut regions: Vec<String> = fake.calls().into_iter().map(|(r, _)| r).collect();
+    regions.sort();
+    assert_eq!(regions, vec!["us-east-1", "us-west-2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cached_answers_cost_nothing_until_the_boot_id_changes() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+    for _ in 0..5 {
+        l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+    }
+    assert_eq!(fake.calls().len(), 1);
+    *fake.layer.lock().unwrap() = "nn-leaf-2".into();
+    let moved = l.resolve("r", &id(2), Some("boot-2")).await.unwrap();
+    assert_eq!(fake.calls().len(), 2, "a new boot ID forces a new lookup");
+    match moved {
+        Resolved::Topology { topology, .. } => {
+            assert_eq!(topology.network_nodes[2], "nn-leaf-2")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_boot_id_appearing_for_the_first_time_is_not_a_reboot() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), None).await.unwrap();
+    l.resolve("r", &id(2), Some("boot-1")).await.unwrap();
+    assert_eq!(fake.calls().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn instances_ec2_does_not_describe_are_not_asked_again_within_their_backoff() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let first = l.resolve("r", &id(1), Some("b")).await.unwrap();
+    let Resolved::NotDescribed { retry_in, attempts } = first else {
+        panic!("{first:?}")
+    };
+    // The 15 s backoff, rounded up to the next multiple of 15 s on the shared clock.
+    assert_eq!(attempts, 1);
+    assert!(
+        retry_in >= Duration::from_secs(15) && retry_in <= Duration::from_secs(30),
+        "{retry_in:?}"
+    );
+    for _ in 0..10 {
+        assert!(matches!(
+            l.resolve("r", &id(1), Some("b")).await.unwrap(),
+            Resolved::NotDescribed { .. }
+        ));
+    }
+    assert_eq!(fake.calls().len(), 1, "no call per reconcile");
+    tokio::time::advance(retry_in - Duration::from_millis(10)).await;
+    l.resolve("r", &id(1), Some("b")).await.unwrap();
+    assert_eq!(fake.calls().len(), 1, "not before its time");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let second = l.resolve("r", &id(1), Some("b")).await.unwrap();
+    assert_eq!(fake.calls().len(), 2);
+    assert!(
+        matches!(second, Resolved::NotDescribed { attempts: 2, retry_in }
+            if retry_in >= Duration::from_secs(30) && retry_in < Duration::from_secs(60)),
+        "{second:?}"
+    );
+    // The backoff is capped at the not-described TTL (1h).
+    for _ in 0..12 {
+        tokio::time::advance(Duration::from_secs(3601)).await;
+        l.resolve("r", &id(1), Some("b")).await.unwrap();
+    }
+    let last = l.resolve("r", &id(1), Some("b")).await.unwrap();
+    assert!(
+        matches!(last, Resolved::NotDescribed { retry_in, .. } if retry_in <= Duration::from_secs(3600))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_answers_are_refreshed_and_kept_when_the_refresh_fails() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), Some("b")).await.unwrap();
+    tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+    *fake.fail_with.lock().unwrap() = Some(internal_error());
+    fake.fail_next.store(1, Ordering::SeqCst);
+    let r = l.resolve("r", &id(2), Some("b")).await.unwrap();
+    match r {
+        Resolved::Topology {
+            refresh_error: Some(e),
+            topology,
+            ..
+        } => {
+            assert_eq!(e.category(), "service");
+            assert_eq!(topology.network_nodes.len(), 3, "the older answer is kept");
+        }
+        other => panic!("{other:?}"),
+    }
+    l.resolve("r", &id(2), Some("b")).await.unwrap();
+    assert_eq!(fake.calls().len(), 3, "refreshed once the failure cleared");
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_reach_every_waiter_and_are_not_cached() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    *fake.fail_with.lock().unwrap() = Some(internal_error());
+    fake.fail_next.store(1, Ordering::SeqCst);
+    let (i2, i4) = (id(2), id(4));
+    let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i4, None));
+    assert_eq!(
+        (a.unwrap_err().category(), b.unwrap_err().category()),
+        ("service", "service")
+    );
+    assert_eq!(l.cached(), 0);
+    assert!(l.resolve("r", &id(2), None).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_instance_asked_twice_at_once_is_sent_once() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let i2 = id(2);
+    let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i2, None));
+    assert!(a.is_ok() && b.is_ok());
+    assert_eq!(fake.calls(), vec![("r".to_string(), vec![id(2)])]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_answer_is_asked_again_after_a_backoff() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), Some("b")).await.unwrap();
+    let wait = l.reject(&id(2));
+    assert!(
+        wait >= Duration::from_secs(15) && wait <= Duration::from_secs(30),
+        "{wait:?}"
+    );
+    assert!(matches!(
+        l.resolve("r", &id(2), Some("b")).await.unwrap(),
+        Resolved::NotDescribed { .. }
+    ));
+    assert_eq!(fake.calls().len(), 1, "not asked again before the backoff");
+    tokio::time::advance(wait + Duration::from_millis(10)).await;
+    assert!(matches!(
+        l.resolve("r", &id(2), Some("b")).await.unwrap(),
+        Resolved::Topology { .. }
+    ));
+    assert_eq!(fake.calls().len(), 2);
+    assert!(
+        l.reject(&id(2)) >= Duration::from_secs(30),
+        "a second rejection waits longer"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn recovery_after_failures_is_signalled_once() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let mut rx = l.recoveries();
+    l.resolve("r", &id(2), None).await.unwrap();
+    assert!(!rx.has_changed().unwrap(), "no failure, no recovery");
+    *fake.fail_with.lock().unwrap() = Some(internal_error());
+    fake.fail_next.store(2, Ordering::SeqCst);
+    assert!(l.resolve("r", &id(4), None).await.is_err());
+    assert!(l.resolve("r", &id(4), None).await.is_err());
+    assert!(!rx.has_changed().unwrap());
+    l.resolve("r", &id(4), None).await.unwrap();
+    assert!(rx.has_changed().unwrap(), "recovered");
+    rx.mark_unchanged();
+    l.resolve("r", &id(6), None).await.unwrap();
+    assert!(!rx.has_changed().unwrap(), "once");
+}
+
+/// An UltraServer instance whose first answers lack its capacity block: asked for again on
+/// the short schedule (not after the 6 h cache TTL) until EC2 has it; once known in a boot,
+/// an answer without it does not lose it.
+#[tokio::test(start_paused = true)]
+async fn a_capacity_block_that_arrives_late_is_asked_for_until_it_comes() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    *fake.instance_type.lock().unwrap() = "p6e-gb200.36xlarge".into();
+    let first = l.resolve("r", &id(2), Some("b")).await.unwrap();
+    let Resolved::Topology {
+        topology,
+        recheck_in: Some(recheck_in),
+        ..
+    } = first
+    else {
+        panic!("a settling answer is to be re-checked soon: {first:?}")
+    };
+    assert_eq!(topology.capacity_block_id, None);
+    assert!(recheck_in <= Duration::from_secs(30), "{recheck_in:?}");
+    *fake.capacity_block.lock().unwrap() = Some("cr-0123456789abcdef0".into());
+    tokio::time::advance(recheck_in + Duration::from_millis(10)).await;
+    let second = l.resolve("r", &id(2), Some("b")).await.unwrap();
+    assert_eq!(fake.calls().len(), 2);
+    let Resolved::Topology {
+        topology,
+        recheck_in: None,
+        ..
+    } = second
+    else {
+        panic!("complete now: {second:?}")
+    };
+    assert_eq!(
+        topology.capacity_block_id.as_deref(),
+        Some("cr-0123456789abcdef0")
+    );
+    // Refreshed after the TTL, EC2 leaves it out again: the boot's known value stays.
+    *fake.capacity_block.lock().unwrap() = None;
+    tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+    match l.resolve("r", &id(2), Some("b")).await.unwrap() {
+        Resolved::Topology { topology, .. } => assert_eq!(
+            topology.capacity_block_id.as_deref(),
+            Some("cr-0123456789abcdef0")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A node that carries a capacity-block label while EC2's answer has none: asked again
+/// soon rather than trusting the answer for the cache TTL.
+#[tokio::test(start_paused = true)]
+async fn a_node_with_a_capacity_block_label_gets_its_answer_checked_again_soon() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), Some("b")).await.unwrap();
+    let again = l
+        .resolve_expecting("r", &id(2), Some("b"), true)
+        .await
+        .unwrap();
+    assert_eq!(fake.calls().len(), 2, "asked again at once");
+    assert!(
+        matches!(
+            again,
+            Resolved::Topology {
+                recheck_in: Some(_),
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+}
+
+/// 20 unsupported instances whose nodes joined over 10 s (their first asks are separate
+/// calls), each re-asked exactly when told: every later round is one call for all of them.
+#[tokio::test(start_paused = true)]
+async fn retries_of_instances_ec2_does_not_describe_share_calls() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let asks = (0..20).map(|k| {
+        let l = l.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(500 * k)).await;
+            let until = Instant::now() + Duration::from_secs(125);
+            while Instant::now() < until {
+                match l.resolve("r", &id(2 * k as usize + 1), Some("b")).await {
+                    Ok(Resolved::NotDescribed { retry_in, .. }) => {
+                        tokio::time::sleep(retry_in).await
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    });
+    futures::future::join_all(asks).await;
+    let calls = fake.calls();
+    let first_round = calls.iter().take_while(|(_, ids)| ids.len() == 1).count();
+    let later: Vec<usize> = calls[first_round..]
+        .iter()
+        .map(|(_, ids)| ids.len())
+        .collect();
+    // Rounds at the 30 s, 60 s and 120 s grid steps (backoff 15, 30, 60 s), one call each.
+    assert!(
+        later.len() <= 4,
+        "{} calls after the first round: {later:?}",
+        later.len()
+    );
+    assert!(later.contains(&20), "a round asks about all 20: {later:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_call_is_sent_again_and_its_waiters_answered() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    fake.fail_next.store(2, Ordering::SeqCst);
+    let (i2, i4) = (id(2), id(4));
+    let started = Instant::now();
+    let (a, b) = tokio::join!(l.resolve("r", &i2, None), l.resolve("r", &i4, None));
+    assert!(
+        matches!(a, Ok(Resolved::Topology { .. })) && matches!(b, Ok(Resolved::Topology { .. }))
+    );
+    assert_eq!(
+        fake.calls().len(),
+        3,
+        "throttled twice, then answered: the same batch three times"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "waited the limiter's pauses, not a per-node backoff: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_that_outlasts_the_resends_reaches_the_waiters() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    fake.fail_next.store(100, Ordering::SeqCst);
+    let e = l.resolve("r", &id(2), None).await.unwrap_err();
+    assert!(e.is_throttle());
+    assert_eq!(fake.calls().len(), 1 + THROTTLED_RESENDS as usize);
+}
+
+/// EC2 down, then back: the batcher notices within its probe interval, by itself, so every
+/// node waiting out a per-node backoff can be re-checked at once.
+#[tokio::test(start_paused = true)]
+async fn the_end_of_an_outage_is_noticed_without_waiting_for_a_reconcile() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let rx = l.recoveries();
+    *fake.fail_with.lock().unwrap() = Some(Ec2Error::Transport("connection refused".into()));
+    fake.fail_next.store(1_000, Ordering::SeqCst);
+    assert!(l.resolve("r", &id(2), None).await.is_err());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let probes = fake.calls().len() - 1;
+    assert!(
+        (3..=6).contains(&probes),
+        "probed every ~2 s while down: {probes} probes in 10 s"
+    );
+    assert!(!rx.has_changed().unwrap());
+    fake.fail_next.store(0, Ordering::SeqCst);
+    let back = Instant::now();
+    while !rx.has_changed().unwrap() {
+        assert!(
+            back.elapsed() < Duration::from_secs(3),
+            "recovery not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = fake.calls().len();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(fake.calls().len(), calls, "no probes once EC2 answers");
+}
+
+/// 100 instances asked at once, one of which EC2 refuses: every other one is answered in
+/// the same pass, the refused one is reported as such, and it is not asked about again
+/// within its backoff. Returns the sizes of the calls.
+async fn one_refused_id_in_a_full_batch(fake: &Fake) -> Vec<usize> {
+    let l = lookup(fake);
+    let bad = id(2 * 37);
+    fake.poison.lock().unwrap().push(bad.clone());
+    let asks = (0..100).map(|n| {
+        let l = l.clone();
+        async move { (id(n * 2), l.resolve("r", &id(n * 2), Some("b")).await) }
+    });
+    for (i, answer) in futures::future::join_all(asks).await {
+        match answer {
+            Ok(Resolved::Rejected { error, .. }) if i == bad => {
+                assert!(error.is_instance_id_error())
+            }
+            Ok(Resolved::Topology { .. }) if i != bad => {}
+            other => panic!("{i}: {other:?}"),
+        }
+    }
+    let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+    for _ in 0..5 {
+        assert!(matches!(
+            l.resolve("r", &bad, Some("b")).await,
+            Ok(Resolved::Rejected { .. })
+        ));
+    }
+    assert_eq!(
+        fake.calls().len(),
+        sizes.len(),
+        "not asked again within its backoff"
+    );
+    sizes
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_id_ec2_refuses_and_names_costs_one_more_call() {
+    let fake = Fake::default();
+    fake.name_poison.store(true, Ordering::SeqCst);
+    let sizes = one_refused_id_in_a_full_batch(&fake).await;
+    assert_eq!(
+        sizes,
+        vec![100, 99],
+        "the named ID dropped, the rest sent again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_id_ec2_refuses_without_naming_it_is_found_by_halving() {
+    let fake = Fake::default();
+    let sizes = one_refused_id_in_a_full_batch(&fake).await;
+    // 100, then two halves per level down to the culprit: 1 + 2 * ceil(log2 100) at most.
+    assert!(sizes.len() <= 15, "{sizes:?}");
+    assert_eq!(sizes[0], 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_go_with_their_instances_and_keep_their_backoff() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    l.resolve("r", &id(2), None).await.unwrap();
+    // An unsupported instance, asked about three times: its next ask is a minute away.
+    for _ in 0..3 {
+        let Resolved::NotDescribed { retry_in, .. } = l.resolve("r", &id(1), None).await.unwrap()
+        else {
+            panic!("not described")
+        };
+        tokio::time::advance(retry_in + Duration::from_millis(10)).await;
+    }
+    let calls = fake.calls().len();
+    tokio::time::advance(Duration::from_secs(3 * 3600)).await;
+    let live = [id(1)].into_iter().collect();
+    assert_eq!(
+        l.retain_instances(&live),
+        1,
+        "the other instance's node is gone"
+    );
+    assert_eq!(l.cached(), 1);
+    let r = l.resolve("r", &id(1), None).await.unwrap();
+    assert!(
+        matches!(r, Resolved::NotDescribed { attempts: 4, .. }),
+        "however old, the entry kept its attempts: {r:?}"
+    );
+    assert_eq!(fake.calls().len(), calls + 1);
+}

@@ -1,0 +1,172 @@
+//! Publishers for schedulers, run by the leader beside the reconciler: a Kueue `Topology`
+//! ([`kueue`]) and Volcano `HyperNode`s ([`volcano`]), each behind the small [`Publisher`] trait.
+//! Each compares before it writes, so a steady cluster costs nothing.
+//!
+//! Owns: scheduler objects derived from the labels. Never writes node labels; never acts unless
+//! this replica leads.
+
+pub mod kueue;
+pub mod volcano;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Args;
+use futures::future::BoxFuture;
+use kube::{
+    Client, ResourceExt,
+    runtime::{events::Recorder, reflector::Store},
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    duration::HumanDuration, labels::LabelScheme, leader::Leadership, metrics::Metrics,
+    node::LiteNode, tree::NodeView,
+};
+
+/// What to publish for schedulers beyond labels.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishArgs {
+    /// Create a Kueue Topology whose levels are our layer labels (never changes an existing
+    /// one: Kueue's levels are immutable; a mismatch is reported).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kueue_topology: bool,
+    /// Name of that Topology (ResourceFlavors refer to it by `topologyName`).
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_NAME",
+        default_value = "aws-network"
+    )]
+    pub kueue_topology_name: String,
+    /// Also create a Topology with four layers, for 4-layer instance types (p6-b200, p6-b300).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kueue_topology_four_layer: bool,
+    /// Name of the 4-layer Topology.
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER_NAME",
+        default_value = "aws-network-4-layer"
+    )]
+    pub kueue_topology_four_layer_name: String,
+    /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kueue_topology_hostname_level: bool,
+    /// Keep a Volcano HyperNode tree in step with the labelled nodes.
+    #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub volcano_hypernodes: bool,
+    /// Prefix of the HyperNode names we own.
+    #[arg(
+        long,
+        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
+        default_value = "ec2tl"
+    )]
+    pub volcano_hypernode_prefix: String,
+    /// How often publishers compare what they publish with the labels (nothing is sent when
+    /// nothing changed).
+    #[arg(long, env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
+    pub publish_interval: HumanDuration,
+}
+
+/// One kind of scheduler object kept in step with the labels.
+pub trait Publisher: Send {
+    /// For logs and metrics.
+    fn name(&self) -> &'static str;
+    /// Whether [`Publisher::publish`] needs the labelled nodes (then it waits for the node
+    /// cache to sync).
+    fn needs_nodes(&self) -> bool;
+    /// Bring what this publisher owns in the cluster in step with `nodes` (empty unless it
+    /// needs them); nothing is sent when nothing changed.
+    fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()>;
+    /// This replica stopped leading: compare with the cluster afresh when it leads again.
+    fn reset(&mut self);
+}
+
+/// The enabled publishers and what they share.
+pub struct Publishers {
+    list: Vec<Box<dyn Publisher>>,
+    interval: Duration,
+    leader: Leadership,
+}
+
+impl Publishers {
+    /// The publishers `args` turn on (`None` when none is).
+    pub fn new(
+        client: &Client,
+        args: &PublishArgs,
+        scheme: &LabelScheme,
+        metrics: &Arc<Metrics>,
+        recorder: Option<Recorder>,
+        leader: &Leadership,
+    ) -> Option<Self> {
+        let mut list: Vec<Box<dyn Publisher>> = Vec::new();
+        if args.kueue_topology {
+            list.push(Box::new(kueue::KueuePublisher::new(
+                client.clone(),
+                args,
+                scheme,
+                metrics.clone(),
+                recorder,
+            )));
+        }
+        if args.volcano_hypernodes {
+            list.push(Box::new(volcano::VolcanoPublisher::new(
+                client.clone(),
+                &args.volcano_hypernode_prefix,
+                scheme.clone(),
+                metrics.clone(),
+                leader.clone(),
+            )));
+        }
+        (!list.is_empty()).then(|| Self {
+            list,
+            interval: args.publish_interval.0.max(Duration::from_millis(100)),
+            leader: leader.clone(),
+        })
+    }
+
+    /// Publish every interval until the process stops, from the node cache `reader` once
+    /// `synced`; `_alive` tells `/livez` this task runs.
+    pub async fn run(
+        mut self,
+        reader: Store<LiteNode>,
+        synced: Arc<AtomicBool>,
+        _alive: crate::http::TaskGuard,
+    ) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !self.leader.is_leader() {
+                self.list.iter_mut().for_each(|p| p.reset());
+                continue;
+            }
+            let synced = synced.load(Ordering::SeqCst);
+            let nodes: Vec<NodeView> = if synced && self.list.iter().any(|p| p.needs_nodes()) {
+                reader
+                    .state()
+                    .iter()
+                    .map(|n| NodeView {
+                        name: n.name_any(),
+                        ready: None,
+                        labels: n.metadata.labels.clone().unwrap_or_default(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            for p in &mut self.list {
+                if p.needs_nodes() && !synced {
+                    continue;
+                }
+                p.publish(&nodes).await;
+            }
+        }
+    }
+}

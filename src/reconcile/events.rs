@@ -1,0 +1,82 @@
+//! Kubernetes Events on Nodes: informative, on changes and transitions only, and never allowed
+//! to hold up a reconcile.
+//!
+//! Owns: Event text and delivery. Never changes labels.
+
+use std::time::Duration;
+
+use kube::{
+    Api, Resource, ResourceExt,
+    runtime::events::{Event, EventType},
+};
+use tracing::{debug, warn};
+
+use super::{Context, conflict::other_owners};
+use crate::{FIELD_MANAGER, labels::NodeDiff, node::LiteNode};
+
+/// Record an Event on the node. Events are informative: failing to record one is only logged.
+pub async fn record(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str, note: String) {
+    let Some(recorder) = &ctx.recorder else {
+        return;
+    };
+    // The Events API caps notes at 1 kB.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "LabelTopology".into(),
+        secondary: None,
+    };
+    // Events are informative: never let one hold up a reconcile.
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        recorder.publish(&event, &node.object_ref(&())),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!(error = %e, "could not record an event"),
+        Err(_) => debug!("recording an event timed out"),
+    }
+}
+
+/// Someone keeps changing our labels on this node: say who, once per hold.
+pub async fn report_conflict(
+    ctx: &Context,
+    node: &LiteNode,
+    diff: &NodeDiff,
+    until: std::time::Instant,
+) {
+    let keys: Vec<&String> = diff
+        .labels
+        .change
+        .keys()
+        .chain(diff.labels.remove.keys())
+        .collect();
+    // One GET of the full Node, once per hold: the cache keeps no managed fields.
+    let full: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.api.clone().into_client());
+    let owners = match full.get(&node.name_any()).await {
+        Ok(live) => other_owners(
+            live.metadata.managed_fields.as_deref().unwrap_or_default(),
+            &keys,
+            FIELD_MANAGER,
+        ),
+        Err(_) => Vec::new(),
+    };
+    let pause = until
+        .saturating_duration_since(std::time::Instant::now())
+        .as_secs();
+    let note = format!(
+        "another writer ({}) keeps changing {:?}; not correcting this node for {pause}s to avoid a write loop",
+        if owners.is_empty() {
+            "unknown field manager".to_string()
+        } else {
+            owners.join(", ")
+        },
+        keys
+    );
+    warn!(owners = ?owners, keys = ?keys, pause_s = pause, "label conflict: {note}");
+    ctx.metrics.label_conflict();
+    record(ctx, node, EventType::Warning, "TopologyLabelConflict", note).await;
+}

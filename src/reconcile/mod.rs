@@ -1,0 +1,359 @@
+//! The reconciler: one Node at a time, idempotent and cheap.
+//!
+//! [`assess`] reads (providerID → instance → cached or batched topology → desired labels →
+//! diff) and is shared with `plan`; [`reconcile`] decides and, only when the diff is not empty,
+//! writes ([`mod@write`]: one server-side apply of the full managed set, plus an explicit removal
+//! when a stale key is also owned by another field manager) and records an Event (`events`).
+//! What it remembers about each node is in one record ([`nodes`]).
+//!
+//! Owns: the decision for one node and its writes. Never calls EC2 itself (the lookup does);
+//! never writes unless this replica leads, checked again right before the write.
+
+mod assess;
+pub mod conflict;
+mod events;
+pub mod nodes;
+pub mod write;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use clap::Args;
+use kube::{
+    Api, ResourceExt,
+    runtime::{
+        controller::Action,
+        events::{EventType, Recorder},
+    },
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+pub use assess::{Assessment, assess, boot_id, provider_id_of};
+use conflict::{GuardConfig, Verdict};
+use nodes::Nodes;
+pub use write::{apply_body, write_labels};
+
+use crate::{
+    Error, Result,
+    duration::HumanDuration,
+    labels::LabelScheme,
+    leader::Leadership,
+    lookup::Lookup,
+    metrics::{Metrics, NodeState},
+    node::LiteNode,
+    provider_id,
+};
+
+/// The controller's own behaviour.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerArgs {
+    /// Every node is re-checked against the cached topology this often (with jitter).
+    #[arg(long, env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
+    pub resync_period: HumanDuration,
+    /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
+    #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
+    pub concurrency: u16,
+    /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
+    /// the load on the API server during a burst.
+    #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
+    pub write_concurrency: u16,
+    /// When another writer keeps changing our labels on a node (more than 3 corrections in 10
+    /// minutes), stop correcting it for this long (doubling, up to 1h) and report the conflict.
+    #[arg(long, env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]
+    pub conflict_backoff: HumanDuration,
+}
+
+/// Everything a reconcile needs. Built once, shared by every reconcile.
+pub struct Context {
+    /// Node API (the trimmed Node type the watch uses).
+    pub api: Api<LiteNode>,
+    pub lookup: Lookup,
+    pub scheme: LabelScheme,
+    /// Region for every node; `None` derives it from each node's zone.
+    pub region: Option<String>,
+    pub resync: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Whether this replica leads (always, without leader election). A follower neither asks
+    /// EC2 nor writes; a leader whose Lease renewals fail stops at its renew deadline.
+    pub leader: Leadership,
+    /// Kubernetes Events on Nodes, when enabled.
+    pub recorder: Option<Recorder>,
+    /// When to hold writes to a node whose labels someone else keeps changing.
+    pub conflict: GuardConfig,
+    /// Every node's record (failures, our last write, conflicts, state).
+    pub records: Nodes,
+    /// Bounds the label writes in flight.
+    pub writes: tokio::sync::Semaphore,
+    /// Set when a write failed; the next successful write re-checks every node (see `kicks`).
+    api_failing: AtomicBool,
+    /// Asks for every node to be reconciled (the API server accepts writes again).
+    pub kicks: Option<futures::channel::mpsc::UnboundedSender<()>>,
+    operator_error_logged_at: AtomicU64,
+}
+
+impl Context {
+    pub fn new(
+        nodes: Api<LiteNode>,
+        lookup: Lookup,
+        scheme: LabelScheme,
+        region: Option<String>,
+        resync: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            api: nodes,
+            lookup,
+            scheme,
+            region,
+            resync,
+            metrics: metrics.clone(),
+            leader: Leadership::always(),
+            recorder: None,
+            conflict: GuardConfig::default(),
+            records: Nodes::new(metrics.clone()),
+            writes: tokio::sync::Semaphore::new(32),
+            api_failing: AtomicBool::new(false),
+            kicks: None,
+            operator_error_logged_at: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Requeue after `d`, spread by up to a tenth so a fleet does not resync in lockstep.
+fn jittered(d: Duration) -> Duration {
+    d + d.mul_f64(fastrand::f64() / 10.0)
+}
+
+/// Requeue exactly when the lookup says the instance is due again: those times sit on a grid
+/// shared by every instance, so the nodes due in one round are asked about in one call.
+fn on_grid(retry_in: Duration) -> Action {
+    Action::requeue(retry_in + Duration::from_millis(5))
+}
+
+pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.leader.is_leader() {
+        // Followers keep their node cache warm and stay ready; the leader does the work. Every
+        // node is re-checked when this replica is elected.
+        return Ok(Action::await_change());
+    }
+    let name = node.name_any();
+    let span = info_span!("reconcile", node = %name, instance = tracing::field::Empty);
+    let started = Instant::now();
+    let result = reconcile_node(&node, &ctx).instrument(span.clone()).await;
+    ctx.metrics.reconciled(started.elapsed());
+    match &result {
+        Ok(_) => ctx.records.with(&node, |r| r.failures = 0),
+        Err(e) => {
+            ctx.metrics.reconcile_failed(e.category());
+            if ctx.records.set_state(&node, NodeState::Failing) != Some(NodeState::Failing) {
+                let note = format!(
+                    "cannot look up or write this node's topology labels; they are left as they are: {e}"
+                );
+                events::record(
+                    &ctx,
+                    &node,
+                    EventType::Warning,
+                    "TopologyLabelingFailed",
+                    note,
+                )
+                .instrument(span)
+                .await;
+            }
+        }
+    }
+    result
+}
+
+async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
+    ctx.records.pending_if_new(node);
+    let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup).await?;
+    match assessment {
+        Assessment::Skipped(reason) => {
+            let state = NodeState::Skipped(reason.as_str());
+            if ctx.records.set_state(node, state.clone()) != Some(state) {
+                debug!(
+                    provider_id = %provider_id::for_log(provider_id_of(node)),
+                    %reason,
+                    "not an EC2 instance we can look up; skipping until its providerID changes"
+                );
+            }
+            // The watch brings the node back when its providerID changes.
+            Ok(Action::await_change())
+        }
+        Assessment::NotDescribed {
+            instance_id,
+            retry_in,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            if ctx.records.set_state(node, NodeState::NotDescribed) != Some(NodeState::NotDescribed)
+            {
+                debug!(
+                    retry_in_s = retry_in.as_secs(),
+                    "EC2 does not describe this instance (unsupported type or not running yet); leaving its labels alone"
+                );
+            }
+            Ok(on_grid(retry_in))
+        }
+        Assessment::Rejected {
+            instance_id,
+            error,
+            retry_in,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            if ctx.records.set_state(node, NodeState::Rejected) != Some(NodeState::Rejected) {
+                warn!(%error, retry_in_s = retry_in.as_secs(), provider_id = %provider_id::for_log(provider_id_of(node)),
+                    "EC2 refuses this node's instance ID; leaving its labels alone and keeping it out of other nodes' calls");
+                let note = format!(
+                    "EC2 refuses instance ID {instance_id} from this node's providerID ({error}); its labels are left as they are and it is asked about again in {}s",
+                    retry_in.as_secs()
+                );
+                events::record(ctx, node, EventType::Warning, "InstanceIdRejected", note).await;
+            }
+            Ok(on_grid(retry_in))
+        }
+        Assessment::Invalid { instance_id, error } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            ctx.metrics.reconcile_failed("invalid_topology");
+            // Not an answer to keep: ask EC2 again later, with the backoff of an instance it
+            // did not describe, rather than trusting it until the cache TTL.
+            let retry_in = ctx.lookup.reject(&instance_id);
+            if ctx.records.set_state(node, NodeState::Failing) != Some(NodeState::Failing) {
+                warn!(%error, retry_in_s = retry_in.as_secs(), "cannot label from EC2's answer; leaving the node's labels alone");
+                let note = format!(
+                    "EC2's topology answer cannot be turned into labels; they are left as they are: {error}"
+                );
+                events::record(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
+            }
+            Ok(on_grid(retry_in))
+        }
+        Assessment::Ready {
+            instance_id,
+            desired,
+            diff,
+            refresh_error,
+            recheck_in,
+        } => {
+            tracing::Span::current().record("instance", instance_id.as_str());
+            // Next look: at the resync, or sooner while EC2's answer is still settling.
+            let next = || recheck_in.map_or_else(|| Action::requeue(jittered(ctx.resync)), on_grid);
+            if let Some(e) = refresh_error {
+                warn!(error = %e, "refreshing the topology failed; using the earlier answer");
+            }
+            if diff.is_empty() {
+                ctx.records.with(node, |r| r.seen());
+                ctx.records.set_state(node, NodeState::Labelled);
+                return Ok(next());
+            }
+            if ctx.records.with(node, |r| r.awaiting(node, &desired)) {
+                debug!("our last write is not in the node cache yet; not writing it again");
+                ctx.records.set_state(node, NodeState::Labelled);
+                return Ok(next());
+            }
+            if !ctx.leader.is_leader() {
+                // Leadership was lost while we looked EC2 up.
+                return Ok(Action::await_change());
+            }
+            let verdict = ctx.records.with(node, |r| {
+                r.conflict
+                    .before_write(&ctx.conflict, boot_id(node), std::time::Instant::now())
+            });
+            if let Verdict::Hold { until, first } = verdict {
+                ctx.records.set_state(node, NodeState::Conflict);
+                if first {
+                    events::report_conflict(ctx, node, &diff, until).await;
+                }
+                let wait = until.saturating_duration_since(std::time::Instant::now());
+                debug!(
+                    wait_ms = wait.as_millis() as u64,
+                    "label conflict: holding writes to this node"
+                );
+                return Ok(Action::requeue(wait + Duration::from_millis(100)));
+            }
+            {
+                // A closed semaphore cannot happen (it is never closed); write regardless.
+                let _permit = ctx.writes.acquire().await.ok();
+                // The wait for a permit can be long under load: leadership may have lapsed.
+                if !ctx.leader.is_leader() {
+                    return Ok(Action::await_change());
+                }
+                if let Err(e) = write_labels(&ctx.api, node, &desired, &diff, &ctx.metrics).await {
+                    if e.is_api_unavailable() {
+                        ctx.api_failing.store(true, Ordering::SeqCst);
+                    }
+                    return Err(e);
+                }
+            }
+            if ctx.api_failing.swap(false, Ordering::SeqCst)
+                && let Some(kicks) = &ctx.kicks
+            {
+                // Writes work again (after an API server restart, say): nodes waiting out a
+                // per-node backoff are re-checked now.
+                info!("the API server accepts writes again; re-checking every node");
+                let _ = kicks.unbounded_send(());
+            }
+            ctx.records.with(node, |r| {
+                r.conflict.written();
+                r.written(node, &desired);
+            });
+            let summary = diff.summary();
+            info!(changes = %summary, "node labels updated");
+            ctx.records.set_state(node, NodeState::Labelled);
+            events::record(
+                ctx,
+                node,
+                EventType::Normal,
+                "TopologyLabelsUpdated",
+                summary,
+            )
+            .await;
+            Ok(next())
+        }
+    }
+}
+
+pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = node.name_any();
+    let failures = ctx.records.with(&node, |r| {
+        r.failures = r.failures.saturating_add(1);
+        r.failures
+    });
+    // Errors an operator must fix are retried less often; not rarely, though: a 403 can also be
+    // an API server that just restarted and has not loaded its RBAC yet.
+    let (base, cap) = if err.needs_operator() {
+        (Duration::from_secs(5), Duration::from_secs(300))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(300))
+    };
+    let backoff = base
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(cap);
+    // Full jitter on the upper half: failed nodes spread out instead of retrying together.
+    let delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+    if err.needs_operator() {
+        // One line a minute for the whole fleet, not one per node.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let last = ctx.operator_error_logged_at.load(Ordering::Relaxed);
+        if now >= last + 60
+            && ctx
+                .operator_error_logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            error!(node = %name, category = err.category(), error = %err, "cannot label nodes until this is fixed; retrying with backoff");
+        }
+    } else {
+        warn!(node = %name, category = err.category(), error = %err, retry_in_ms = delay.as_millis() as u64, "reconcile failed; labels left as they are");
+    }
+    Action::requeue(delay)
+}

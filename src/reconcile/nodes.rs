@@ -1,0 +1,223 @@
+//! Everything the controller remembers about one node, in one record: its failure count (the
+//! error policy's backoff), our last write until the node cache shows it, its history of
+//! corrections (another writer fighting over our labels), and where it stands (the
+//! `nodes{state}` gauge). One map keyed by node name, and one place that forgets a node that is
+//! gone ([`Nodes::retain`]).
+//!
+//! Owns: per-node memory. Never does I/O. (What we know about *instances* is the lookup cache's,
+//! keyed by instance and boot, with its own life.)
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use kube::ResourceExt;
+
+use super::conflict::History;
+use crate::{
+    labels::Desired,
+    metrics::{Metrics, NodeState},
+    node::LiteNode,
+};
+
+/// One node's record.
+#[derive(Debug, Default)]
+pub struct NodeRecord {
+    /// Reconciles in a row that failed.
+    pub failures: u32,
+    /// Our last write, while the node cache does not show it yet (see [`Echo`]).
+    echo: Option<Echo>,
+    /// Corrections of our labels on this node (see [`super::conflict`]).
+    pub conflict: History,
+    /// Where the node stands; `None` before its first reconcile.
+    state: Option<NodeState>,
+}
+
+/// What we wrote to a node, until the node cache shows it.
+///
+/// Under load the watch can lag seconds behind our own writes. A reconcile that runs meanwhile
+/// (a resync, a retry) reads the node as it was before our write and would apply the same
+/// labels again. Each successful write records the resourceVersion it was made against and
+/// what it wrote; while the cached node still carries that resourceVersion and the labels it
+/// needs are the ones written, the write is known to be done and is not repeated.
+#[derive(Debug)]
+struct Echo {
+    uid: Option<String>,
+    resource_version: String,
+    desired: Desired,
+}
+
+impl NodeRecord {
+    /// We wrote `desired` to `node` (as the cache had it).
+    pub fn written(&mut self, node: &LiteNode, desired: &Desired) {
+        // Without a resourceVersion there is no telling the cache caught up: record nothing.
+        self.echo = node.metadata.resource_version.clone().map(|rv| Echo {
+            uid: node.metadata.uid.clone(),
+            resource_version: rv,
+            desired: desired.clone(),
+        });
+    }
+
+    /// Is `node` (from the cache) still the version our write of `desired` was made against?
+    /// Then the write is done and must not be repeated. Anything else forgets it.
+    pub fn awaiting(&mut self, node: &LiteNode, desired: &Desired) -> bool {
+        let Some(echo) = &self.echo else {
+            return false;
+        };
+        if echo.uid == node.metadata.uid
+            && Some(&echo.resource_version) == node.metadata.resource_version.as_ref()
+            && echo.desired == *desired
+        {
+            return true;
+        }
+        self.echo = None;
+        false
+    }
+
+    /// The cache shows the node as it is now: nothing is awaited.
+    pub fn seen(&mut self) {
+        self.echo = None;
+    }
+}
+
+/// Every node's record.
+pub struct Nodes {
+    records: Mutex<HashMap<String, NodeRecord>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Nodes {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            records: Mutex::default(),
+            metrics,
+        }
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<String, NodeRecord>> {
+        // A record is updated in place by small, total steps: a panic elsewhere cannot leave one
+        // half-written.
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Work on `node`'s record (made on first use).
+    pub fn with<R>(&self, node: &LiteNode, f: impl FnOnce(&mut NodeRecord) -> R) -> R {
+        f(self.records().entry(node.name_any()).or_default())
+    }
+
+    /// Record where `node` stands; returns where it stood (so callers log transitions once).
+    pub fn set_state(&self, node: &LiteNode, state: NodeState) -> Option<NodeState> {
+        let previous = self.with(node, |r| r.state.replace(state.clone()));
+        self.metrics
+            .node_state_changed(previous.as_ref(), Some(&state));
+        previous
+    }
+
+    /// A node seen for the first time is pending until its first reconcile settles.
+    pub fn pending_if_new(&self, node: &LiteNode) {
+        if self.with(node, |r| r.state.is_none()) {
+            self.set_state(node, NodeState::Pending);
+        }
+    }
+
+    /// Forget every node not in `live` (deleted): all it had in its record goes.
+    pub fn retain(&self, live: &HashSet<String>) {
+        let mut records = self.records();
+        records.retain(|name, r| {
+            let keep = live.contains(name);
+            if !keep {
+                self.metrics.node_state_changed(r.state.as_ref(), None);
+            }
+            keep
+        });
+    }
+
+    #[cfg(test)]
+    pub fn tracked(&self) -> usize {
+        self.records().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, rv: Option<&str>) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.uid = Some(format!("uid-{name}"));
+        n.metadata.resource_version = rv.map(String::from);
+        n
+    }
+
+    fn desired(leaf: &str) -> Desired {
+        Desired {
+            labels: [(
+                "topology.k8s.aws/network-node-layer-3".to_string(),
+                leaf.to_string(),
+            )]
+            .into(),
+            ..Desired::default()
+        }
+    }
+
+    #[test]
+    fn a_write_is_awaited_only_while_the_cache_is_behind() {
+        let nodes = Nodes::new(Arc::new(Metrics::default()));
+        let a = node("a", Some("1"));
+        nodes.with(&a, |r| r.written(&a, &desired("x")));
+        let c = node("c", None);
+        nodes.with(&c, |r| r.written(&c, &desired("x")));
+        assert!(
+            !nodes.with(&c, |r| r.awaiting(&c, &desired("x"))),
+            "no resourceVersion, nothing to wait for"
+        );
+        assert!(nodes.with(&a, |r| r.awaiting(&a, &desired("x"))));
+        assert!(
+            !nodes.with(&a, |r| r.awaiting(&a, &desired("y"))),
+            "other labels needed"
+        );
+        assert!(
+            !nodes.with(&a, |r| r.awaiting(&a, &desired("x"))),
+            "forgotten after that"
+        );
+        let b = node("b", Some("1"));
+        nodes.with(&b, |r| r.written(&b, &desired("x")));
+        let mut recreated = node("b", Some("1"));
+        recreated.metadata.uid = Some("uid-b-2".into());
+        assert!(
+            !nodes.with(&recreated, |r| r.awaiting(&recreated, &desired("x"))),
+            "another object of that name"
+        );
+    }
+
+    #[test]
+    fn a_deleted_node_takes_all_its_state_with_it() {
+        let metrics = Arc::new(Metrics::default());
+        let nodes = Nodes::new(metrics.clone());
+        let (a, b) = (node("a", Some("1")), node("b", Some("1")));
+        nodes.pending_if_new(&a);
+        nodes.set_state(&b, NodeState::Labelled);
+        nodes.with(&b, |r| {
+            r.failures = 3;
+            r.written(&b, &desired("x"));
+        });
+        nodes.retain(&["a".to_string()].into());
+        assert_eq!(nodes.tracked(), 1);
+        let text = metrics.render();
+        assert!(
+            text.contains("ec2_topology_labeler_nodes{state=\"labelled\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ec2_topology_labeler_nodes{state=\"pending\"} 1"),
+            "{text}"
+        );
+        assert_eq!(
+            nodes.with(&b, |r| r.failures),
+            0,
+            "a node of that name starts afresh"
+        );
+    }
+}

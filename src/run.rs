@@ -1,0 +1,308 @@
+//! `run`: wires the controller together — clients, the node watch and cache, the lookup, the
+//! leader election, the publishers, the admin server, housekeeping — and runs it until
+//! SIGINT/SIGTERM.
+//!
+//! Owns: start-up order and shutdown. Holds no logic of its own beyond what each task needs to
+//! be started.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{
+        Controller, PredicateConfig, WatchStreamExt, controller,
+        events::{Recorder, Reporter},
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    Error, FIELD_MANAGER, Result,
+    config::RunArgs,
+    labels::LabelScheme,
+    leader::Leadership,
+    lookup::{
+        Lookup, LookupArgs,
+        ec2::{AwsTopology, Ec2Args},
+        limiter::Limiter,
+    },
+    metrics::Metrics,
+    node::LiteNode,
+    provider_id,
+    reconcile::{Context, boot_id, conflict::GuardConfig, error_policy, provider_id_of, reconcile},
+};
+
+/// Keep only our label family and annotation: the rest of the Node was never deserialized
+/// (see [`LiteNode`]), and other labels do not matter to a reconcile.
+pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
+    let meta = &mut node.metadata;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| scheme.is_family_label(k));
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| scheme.is_family_annotation(k));
+    }
+}
+
+/// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
+/// labels) do not trigger one. Applied to pruned nodes.
+fn relevant(node: &LiteNode) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    node.metadata.annotations.hash(&mut h);
+    provider_id_of(node).hash(&mut h);
+    boot_id(node).hash(&mut h);
+    Some(h.finish())
+}
+
+/// Build the lookup stack: EC2 client, shared limiter, batching cache.
+pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metrics>) -> Lookup {
+    let source = AwsTopology::from_env(ec2.ec2_timeout.0).await;
+    let limiter = Arc::new(Limiter::new(ec2.limiter()));
+    Lookup::spawn(source, limiter, lookup.lookup(), metrics)
+}
+
+/// Run the controller until SIGINT/SIGTERM.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    if args.leader.leader_election {
+        crate::leader::Timings::from_args(&args.leader)?;
+    }
+    let metrics = Arc::new(Metrics::new());
+    // Ready once the first list is in the cache. Served before anything talks to the API
+    // server: while start-up waits for a cluster that is still settling, the probes see a live
+    // process that is not ready (rather than one that exits and restarts).
+    let synced = Arc::new(AtomicBool::new(false));
+    let live = crate::http::Liveness::default();
+    let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
+    tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        synced.clone(),
+        live.clone(),
+    ));
+    let client = Client::try_default().await?;
+    let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
+    let batcher = lookup.clone();
+    live.check("ec2 batcher", move || batcher.batcher_running());
+    let nodes: Api<LiteNode> = Api::all(client.clone());
+    let resync = args.controller.resync_period.0;
+    let mut ctx = Context::new(
+        nodes.clone(),
+        lookup.clone(),
+        scheme.clone(),
+        args.ec2.region.clone(),
+        resync,
+        metrics.clone(),
+    );
+    ctx.writes = tokio::sync::Semaphore::new(usize::from(args.controller.write_concurrency.max(1)));
+    ctx.conflict = GuardConfig {
+        backoff: args.controller.conflict_backoff.0,
+        ..GuardConfig::default()
+    };
+    let identity = args
+        .leader
+        .identity
+        .clone()
+        .unwrap_or_else(default_identity);
+    if args.serve.events {
+        ctx.recorder = Some(Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity.clone()),
+            },
+        ));
+    }
+    let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
+    let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
+    ctx.kicks = Some(kicks_tx);
+    let election = if args.leader.leader_election {
+        let (election, leadership) = crate::leader::Election::start(
+            client.clone(),
+            &args.leader,
+            identity,
+            metrics.clone(),
+            elected_tx,
+            live.task("leader election"),
+        )?;
+        ctx.leader = leadership;
+        Some(election)
+    } else {
+        metrics.set_leader(true);
+        None
+    };
+    let ctx = Arc::new(ctx);
+
+    let (reader, writer) = reflector::store();
+    let prune_scheme = scheme.clone();
+    // Read from the stream itself: the store's own readiness signal wakes a single waiter, and
+    // the controller is already waiting on it.
+    let mark_synced = synced.clone();
+    let triggers = watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .modify(move |node| prune(node, &prune_scheme))
+        .reflect(writer)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone))
+                && !mark_synced.swap(true, Ordering::SeqCst)
+            {
+                info!("node cache synced");
+            }
+        })
+        .touched_objects()
+        .predicate_filter(
+            relevant,
+            PredicateConfig::default().ttl(resync.saturating_mul(3)),
+        );
+
+    // Each time EC2 answers again after failing, re-check every node: those waiting out a
+    // per-node backoff are labelled now (they share batched calls; the rest are cache hits).
+    let recoveries = futures::stream::unfold(lookup.recoveries(), |mut rx| async move {
+        rx.changed().await.ok()?;
+        info!("EC2 answers again; re-checking every node");
+        Some(((), rx))
+    });
+    if let Some(publishers) = crate::publish::Publishers::new(
+        &client,
+        &args.publish,
+        &scheme,
+        &metrics,
+        ctx.recorder.clone(),
+        &ctx.leader,
+    ) {
+        tokio::spawn(publishers.run(
+            reader.clone(),
+            synced.clone(),
+            live.task("scheduler publishers"),
+        ));
+    }
+    tokio::spawn(retire_at_start(
+        Api::all(client.clone()),
+        scheme.clone(),
+        ctx.leader.clone(),
+        metrics.clone(),
+        synced.clone(),
+    ));
+    tokio::spawn(housekeeping(
+        live.task("housekeeping"),
+        reader.clone(),
+        lookup,
+        ctx.clone(),
+        resync,
+    ));
+
+    info!(resync_s = resync.as_secs(), "controller starting");
+    Controller::for_stream(triggers, reader)
+        .with_config(controller::Config::default().concurrency(args.controller.concurrency))
+        .reconcile_all_on(futures::stream::select(
+            elected_rx,
+            futures::stream::select(recoveries, kicks_rx),
+        ))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                match e {
+                    controller::Error::ObjectNotFound(_)
+                    | controller::Error::ReconcilerFailed(..) => {}
+                    // The watcher relists by itself (after an expired resource version, a restarted
+                    // API server); nothing is lost.
+                    controller::Error::QueueError(e) => {
+                        info!(error = %e, "watch interrupted; resuming")
+                    }
+                    other => warn!(error = %other, "controller event"),
+                }
+            }
+        })
+        .await;
+    if let Some(election) = election {
+        election.stop().await;
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+/// Hostname and PID: unique enough among replicas when no Pod name is given.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ec2-topology-labeler".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
+/// configuration and no longer manage (see [`crate::retire`]).
+async fn retire_at_start(
+    api: Api<k8s_openapi::api::core::v1::Node>,
+    scheme: LabelScheme,
+    leader: Leadership,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+) {
+    let mut delay = Duration::from_secs(5);
+    loop {
+        while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        match crate::retire::retire_all(&api, &scheme, &leader, &metrics).await {
+            Ok(0) => return,
+            Ok(n) => {
+                info!(
+                    nodes = n,
+                    "removed labels this configuration no longer manages"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in_s = delay.as_secs(), "cannot list nodes to find labels no longer managed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(300));
+            }
+        }
+    }
+}
+
+/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
+async fn housekeeping(
+    _alive: crate::http::TaskGuard,
+    reader: Store<LiteNode>,
+    lookup: Lookup,
+    ctx: Arc<Context>,
+    resync: Duration,
+) {
+    let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        // The one place a deleted node is forgotten: its record (failures, our last write,
+        // conflicts, state), and the cached answers of instances no node runs on any more.
+        let live: HashSet<String> = reader.state().iter().map(|n| n.name_any()).collect();
+        ctx.records.retain(&live);
+        let instances: HashSet<String> = reader
+            .state()
+            .iter()
+            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
+            .map(|i| i.instance_id)
+            .collect();
+        let evicted = lookup.retain_instances(&instances);
+        if evicted > 0 {
+            debug!(
+                evicted,
+                "dropped cached answers of instances no node runs on"
+            );
+        }
+    }
+}

@@ -5,7 +5,8 @@
 
 //!
 //! Each module owns its settings (`LabelArgs` in [`crate::scheme`], `Ec2Args` and `LookupArgs` in
-//! [`crate::lookup`], `ControllerArgs` in [`crate::reconcile`], `PublishArgs` in
+//! [`crate::lookup`], `ControllerArgs` in [`crate::reconcile`], `GateArgs` in
+//! [`crate::reconcile::gate`], `PublishArgs` in
 //! [`crate::publish`], `ServeArgs` in [`crate::http`], `LeaderArgs` in [`crate::leader`]); this
 //! module only composes them into the commands.
 
@@ -16,7 +17,8 @@ pub use crate::http::ServeArgs;
 pub use crate::leader::LeaderArgs;
 pub use crate::lookup::{LookupArgs, ec2::Ec2Args};
 pub use crate::publish::PublishArgs;
-pub use crate::reconcile::ControllerArgs;
+pub use crate::reconcile::gate::StartupTaint;
+pub use crate::reconcile::{ControllerArgs, gate::GateArgs};
 pub use crate::scheme::LabelArgs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -65,6 +67,13 @@ pub enum Command {
 pub struct TreeArgs {
     #[command(flatten)]
     pub labels: LabelArgs,
+    /// The startup taint to point out on nodes still carrying it (`KEY[=VALUE]:EFFECT`).
+    #[arg(
+        long,
+        env = "LABELER_STARTUP_TAINT",
+        default_value = "ec2-topology-labeler.io/topology-pending:NoSchedule"
+    )]
+    pub startup_taint: Option<StartupTaint>,
     /// Output format.
     #[arg(
         short = 'o',
@@ -87,6 +96,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub controller: ControllerArgs,
     #[command(flatten)]
+    pub gate: GateArgs,
+    #[command(flatten)]
     pub publish: PublishArgs,
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -105,6 +116,9 @@ pub enum OutputFormat {
 pub struct PlanArgs {
     #[command(flatten)]
     pub labels: LabelArgs,
+    /// What the startup gate would do (the same flags as `run`).
+    #[command(flatten)]
+    pub gate: GateArgs,
     #[command(flatten)]
     pub ec2: Ec2Args,
     #[command(flatten)]

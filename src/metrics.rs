@@ -87,7 +87,15 @@ pub struct Metrics {
     hypernode_conflicts: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     label_conflicts: Counter,
+    taint_releases: Family<OutcomeLabels, Counter>,
+    first_label_latency: Histogram,
+    taint_release_latency: Histogram,
 }
+
+/// Buckets for "node creation to …" (creationTimestamp has one-second resolution).
+const JOIN_BUCKETS: [f64; 14] = [
+    0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PublisherLabels {
@@ -216,6 +224,24 @@ impl Metrics {
             "Times another writer kept changing our labels on a node and writes were held",
             label_conflicts.clone(),
         );
+        let taint_releases = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "startup_taint_releases",
+            "Startup taints removed, by outcome (labelled, unsupported, timeout)",
+            taint_releases.clone(),
+        );
+        let first_label_latency = Histogram::new(JOIN_BUCKETS);
+        registry.register(
+            "node_first_label_seconds",
+            "From a node's creation (creationTimestamp, whole seconds) to our first write of its topology labels",
+            first_label_latency.clone(),
+        );
+        let taint_release_latency = Histogram::new(JOIN_BUCKETS);
+        registry.register(
+            "startup_taint_release_seconds",
+            "From a node's creation (creationTimestamp, whole seconds) to the removal of its startup taint",
+            taint_release_latency.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -241,7 +267,25 @@ impl Metrics {
             hypernode_conflicts,
             kueue_mismatch,
             label_conflicts,
+            taint_releases,
+            first_label_latency,
+            taint_release_latency,
         }
+    }
+
+    /// A startup taint was removed `age` after the node's creation.
+    pub fn taint_released(&self, outcome: &str, age: Duration) {
+        self.taint_releases
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        self.taint_release_latency.observe(age.as_secs_f64());
+    }
+
+    /// A node got its topology labels for the first time, `age` after its creation.
+    pub fn first_labelled(&self, age: Duration) {
+        self.first_label_latency.observe(age.as_secs_f64());
     }
 
     /// The text exposition format.

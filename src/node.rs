@@ -5,14 +5,25 @@
 //! lets serde skip what we never read, so the watch costs less CPU and the cache and every
 //! event in flight stay small. It is still the `v1` Node resource (same API path, same verbs).
 //!
+//! Besides metadata it keeps `spec.taints` (a handful per node: the startup taint we may release
+//! must be removed without losing the others) and, of `status.conditions`, only our own
+//! `TopologyLabeled` (the kubelet's conditions are skipped as they are read).
+//!
 //! Owns: how a Node is read (serde skips the rest). Never writes one.
 
 use std::{borrow::Cow, collections::BTreeMap};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::{
+    api::core::v1::Taint,
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// `v1` Node, reduced to metadata, `spec.providerID` and `status.nodeInfo.bootID`.
+/// The condition type we own on Nodes.
+pub const CONDITION_TYPE: &str = "TopologyLabeled";
+
+/// `v1` Node, reduced to metadata, `spec.providerID`, `spec.taints`, `status.nodeInfo.bootID`
+/// and our own condition.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LiteNode {
     #[serde(deserialize_with = "lite_meta", default)]
@@ -31,12 +42,97 @@ pub struct LiteSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LiteStatus {
     #[serde(rename = "nodeInfo", default)]
     pub node_info: LiteNodeInfo,
+    /// Our `TopologyLabeled` condition only; every other condition is skipped while reading.
+    #[serde(
+        default,
+        deserialize_with = "our_condition",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub conditions: Vec<LiteCondition>,
+}
+
+/// A node condition as we read and compare it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiteCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// Reads `status.conditions`, keeping only [`CONDITION_TYPE`]; the others (the kubelet's) are
+/// skipped without being allocated.
+fn our_condition<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LiteCondition>, D::Error> {
+    struct Visit;
+    impl<'de> serde::de::Visitor<'de> for Visit {
+        type Value = Vec<LiteCondition>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of node conditions")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut ours = Vec::new();
+            while let Some(c) = seq.next_element::<MaybeOurs>()? {
+                if let MaybeOurs(Some(c)) = c {
+                    ours.push(c);
+                }
+            }
+            Ok(ours)
+        }
+    }
+    d.deserialize_any(Visit)
+}
+
+/// One condition: ours in full, anyone else's skipped.
+struct MaybeOurs(Option<LiteCondition>);
+
+impl<'de> Deserialize<'de> for MaybeOurs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Raw<'a> {
+            #[serde(rename = "type", borrow)]
+            type_: Cow<'a, str>,
+            #[serde(default)]
+            status: Option<String>,
+            #[serde(default)]
+            reason: Option<String>,
+            #[serde(default)]
+            message: Option<String>,
+            #[serde(default)]
+            last_transition_time: Option<Time>,
+        }
+        let raw = Raw::deserialize(d)?;
+        if raw.type_ != CONDITION_TYPE {
+            return Ok(MaybeOurs(None));
+        }
+        Ok(MaybeOurs(Some(LiteCondition {
+            type_: raw.type_.into_owned(),
+            status: raw.status.unwrap_or_default(),
+            reason: raw.reason,
+            message: raw.message,
+            last_transition_time: raw.last_transition_time,
+        })))
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -106,6 +202,14 @@ impl LiteNode {
         self.status.boot_id()
     }
 
+    /// Our `TopologyLabeled` condition, if the node carries one.
+    pub fn topology_condition(&self) -> Option<&LiteCondition> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_TYPE)
+    }
+
     pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
         match &self.metadata.labels {
             Some(l) => Cow::Borrowed(l),
@@ -142,6 +246,37 @@ mod tests {
         assert_eq!(n.provider_id(), "aws:///us-west-2a/i-0123456789abcdef0");
         assert_eq!(n.boot_id(), Some("boot-1"));
         assert_eq!(n.labels()["a"], "b");
+        assert_eq!(n.spec.taints.len(), 1);
+        assert_eq!(n.spec.taints[0].key, "k");
+        assert!(
+            n.status.conditions.is_empty(),
+            "the kubelet's conditions are not kept"
+        );
+    }
+
+    #[test]
+    fn keeps_only_our_condition() {
+        let json = serde_json::json!({
+            "metadata": {"name": "n1"},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+                {"type": "TopologyLabeled", "status": "False", "reason": "Ec2Unavailable", "message": "m",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+            ]}
+        });
+        let n: LiteNode = serde_json::from_value(json).unwrap();
+        assert_eq!(n.status.conditions.len(), 1);
+        let c = n.topology_condition().unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("Ec2Unavailable"))
+        );
+        assert!(c.last_transition_time.is_some());
+        let null: LiteNode = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "n"}, "status": {"conditions": null}}),
+        )
+        .unwrap();
+        assert!(null.topology_condition().is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, io::Write, sync::Arc};
 
 use futures::future::join_all;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, ObjectList},
@@ -18,8 +19,12 @@ use crate::{
     lookup::Lookup,
     metrics::Metrics,
     node::LiteNode,
-    reconcile::{Assessment, assess},
+    reconcile::{
+        Assessment, assess,
+        gate::{Gate, INSTANCE_TYPE_LABEL, Standing},
+    },
     run::{lookup_from, prune},
+    topology::Ec2Error,
 };
 
 /// One node's line of the plan.
@@ -37,6 +42,12 @@ pub struct NodePlan {
     pub labels: MapDiff,
     #[serde(skip_serializing_if = "MapDiff::is_empty")]
     pub annotations: MapDiff,
+    /// What would happen to the node's startup taint (`--startup-taint`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub startup_taint: Option<String>,
+    /// The node's `TopologyLabeled` condition, and what it would become (`--node-condition`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
 }
 
 /// Plan every node. Lookups run concurrently so they share batched EC2 calls.
@@ -45,7 +56,10 @@ pub async fn plan_nodes(
     scheme: &LabelScheme,
     region: Option<&str>,
     lookup: &Lookup,
+    gate: &Gate,
 ) -> Vec<NodePlan> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let now = &now;
     let plans = nodes.iter().map(|node| async move {
         let mut p = NodePlan {
             node: node.name_any(),
@@ -54,8 +68,26 @@ pub async fn plan_nodes(
             reason: None,
             labels: MapDiff::default(),
             annotations: MapDiff::default(),
+            startup_taint: None,
+            condition: None,
         };
-        match assess(node, scheme, region, lookup).await {
+        let assessed = assess(node, scheme, region, lookup, false).await;
+        let standing = match &assessed {
+            Ok(Assessment::Skipped(reason)) => Some(Standing::Skipped(*reason)),
+            Ok(Assessment::NotDescribed { .. }) => Some(Standing::NotDescribed {
+                instance_type: node.labels().get(INSTANCE_TYPE_LABEL).cloned(),
+            }),
+            Ok(Assessment::Rejected { .. }) => Some(Standing::Rejected),
+            Ok(Assessment::Invalid { .. }) => Some(Standing::Ec2Unavailable),
+            // The planned write would leave the node labelled.
+            Ok(Assessment::Ready { .. }) => Some(Standing::Labelled),
+            Err(Ec2Error::Unauthorized { .. }) => Some(Standing::Unauthorized),
+            Err(_) => Some(Standing::Ec2Unavailable),
+        };
+        if let Some(standing) = standing {
+            (p.startup_taint, p.condition) = gate.preview(node, &standing, now);
+        }
+        match assessed {
             Ok(Assessment::Skipped(reason)) => {
                 p.status = "skipped";
                 p.reason = Some(reason.to_string());
@@ -160,6 +192,12 @@ pub fn render_table(plans: &[NodePlan]) -> String {
         {
             changes.push(r.clone());
         }
+        if let Some(t) = &p.startup_taint {
+            changes.push(format!("[taint: {t}]"));
+        }
+        if let Some(c) = &p.condition {
+            changes.push(format!("[condition: {c}]"));
+        }
         rows.push([
             p.node.clone(),
             p.instance_id.clone().unwrap_or_else(|| "-".into()),
@@ -215,7 +253,8 @@ pub async fn run(args: PlanArgs) -> Result<()> {
     let api: Api<LiteNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
-    let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup).await;
+    let gate = Gate::from(&args.gate);
+    let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
     let retired = crate::retire::find(&Api::all(client), &scheme).await?;
     add_retired(&mut plans, retired);
     let text = match args.output {
@@ -244,6 +283,10 @@ mod tests {
             reason: None,
             labels: MapDiff::default(),
             annotations: MapDiff::default(),
+            startup_taint: Some(
+                "ec2-topology-labeler.io/topology-pending released (labelled)".into(),
+            ),
+            condition: None,
         };
         change.labels.add.insert(
             "topology.k8s.aws/network-node-layer-1".into(),
@@ -260,6 +303,8 @@ mod tests {
             reason: Some("fargate".into()),
             labels: MapDiff::default(),
             annotations: MapDiff::default(),
+            startup_taint: None,
+            condition: None,
         };
         let t = render_table(&[change, skipped]);
         assert!(
@@ -267,6 +312,9 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("-topology.k8s.aws/network-node-layer-4"));
+        assert!(
+            t.contains("[taint: ec2-topology-labeler.io/topology-pending released (labelled)]")
+        );
         assert!(t.lines().any(|l| l.starts_with("fargate-ip-1")
             && l.contains("skipped")
             && l.ends_with("fargate")));

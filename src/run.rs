@@ -39,7 +39,13 @@ use crate::{
     metrics::Metrics,
     node::LiteNode,
     provider_id,
-    reconcile::{Context, boot_id, conflict::GuardConfig, error_policy, provider_id_of, reconcile},
+    reconcile::{
+        Context, boot_id,
+        conflict::GuardConfig,
+        error_policy,
+        gate::{Gate, INSTANCE_TYPE_LABEL},
+        provider_id_of, reconcile,
+    },
 };
 
 /// Keep only our label family and annotation: the rest of the Node was never deserialized
@@ -47,7 +53,8 @@ use crate::{
 pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     let meta = &mut node.metadata;
     if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| scheme.is_family_label(k));
+        // The instance type tells a type EC2 describes (but has not yet) from one it never will.
+        labels.retain(|k, _| scheme.is_family_label(k) || k == INSTANCE_TYPE_LABEL);
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| scheme.is_family_annotation(k));
@@ -63,6 +70,13 @@ fn relevant(node: &LiteNode) -> Option<u64> {
     node.metadata.annotations.hash(&mut h);
     provider_id_of(node).hash(&mut h);
     boot_id(node).hash(&mut h);
+    // The startup gate acts on taints (one added or removed) and on our condition.
+    for t in &node.spec.taints {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    if let Some(c) = node.topology_condition() {
+        (&c.status, &c.reason).hash(&mut h);
+    }
     Some(h.finish())
 }
 
@@ -111,6 +125,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         backoff: args.controller.conflict_backoff.0,
         ..GuardConfig::default()
     };
+    ctx.gate = Gate::from(&args.gate);
+    if let Some(taint) = &ctx.gate.taint {
+        info!(%taint, when_unsupported = ?ctx.gate.when_unsupported,
+            timeout_s = ctx.gate.timeout.map(|d| d.as_secs()),
+            "releasing the startup taint once each node's topology labels are written");
+    }
     let identity = args
         .leader
         .identity

@@ -10,6 +10,8 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 use crate::{
     Error, Result,
     config::{OutputFormat, TreeArgs},
+    node::LiteNode,
+    reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
 };
 
@@ -23,6 +25,15 @@ fn ready(node: &Node) -> Option<bool> {
         .map(|c| c.status == "True")
 }
 
+/// The node's startup taint and `TopologyLabeled` condition, in words.
+fn note(taint: Option<&StartupTaint>, node: &Node) -> Option<String> {
+    // Read as the controller reads it (taints, our condition only).
+    let lite: LiteNode = serde_json::to_value(node)
+        .and_then(serde_json::from_value)
+        .ok()?;
+    gate::note(taint, &lite)
+}
+
 pub async fn run(args: TreeArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let api: Api<Node> = Api::all(Client::try_default().await?);
@@ -34,6 +45,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
             name: n.name_any(),
             ready: ready(n),
             labels: n.labels().clone(),
+            note: note(args.startup_taint.as_ref(), n),
         }));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),

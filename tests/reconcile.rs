@@ -16,7 +16,11 @@ use ec2_topology_labeler::{
     lookup::{Lookup, LookupConfig},
     metrics::Metrics,
     node::{LiteNode, LiteNodeInfo, LiteSpec, LiteStatus},
-    reconcile::{Context, reconcile},
+    reconcile::{
+        Context,
+        gate::{Gate, WhenUnsupported},
+        reconcile,
+    },
     topology::{Ec2Error, InstanceTopology, TopologySource},
 };
 use http::{Method, Request, Response};
@@ -76,11 +80,13 @@ fn node(labels: &[(&str, &str)]) -> LiteNode {
         },
         spec: LiteSpec {
             provider_id: Some(format!("aws:///us-west-2a/{ID}")),
+            ..Default::default()
         },
         status: LiteStatus {
             node_info: LiteNodeInfo {
                 boot_id: Some("boot-1".into()),
             },
+            ..Default::default()
         },
     }
 }
@@ -136,7 +142,12 @@ async fn answer(handle: &mut Handle, reply: Value) -> Seen {
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
     let bytes = request.into_body().collect_bytes().await.unwrap();
-    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    // A GET has no body.
+    let body: Value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
     send.send_response(
         Response::builder()
             .body(Body::from(serde_json::to_vec(&reply).unwrap()))
@@ -502,5 +513,314 @@ async fn only_an_unavailable_api_server_makes_the_next_write_recheck_every_node(
             rechecks,
             "after a {code}, the next write re-checks every node: {rechecks}"
         );
+    }
+}
+
+// The startup gate: the startup taint and the TopologyLabeled condition.
+
+const TAINT: &str = "ec2-topology-labeler.io/topology-pending";
+
+fn gated(fake: &Fake, when: WhenUnsupported, timeout: Option<u64>) -> (Arc<Context>, Handle) {
+    let (mut ctx, handle) = setup_context(fake);
+    ctx.gate = Gate {
+        taint: Some(format!("{TAINT}:NoSchedule").parse().unwrap()),
+        when_unsupported: when,
+        timeout: timeout.map(Duration::from_secs),
+        condition: true,
+    };
+    (Arc::new(ctx), handle)
+}
+
+fn taint(key: &str) -> Value {
+    json!({"key": key, "effect": "NoSchedule"})
+}
+
+fn tainted(labels: &[(&str, &str)], taints: &[&str], created_s_ago: i64) -> LiteNode {
+    let mut n = node_at("1", labels);
+    n.spec.taints = taints
+        .iter()
+        .map(|k| serde_json::from_value(taint(k)).unwrap())
+        .collect();
+    let created = k8s_openapi::jiff::Timestamp::now()
+        - k8s_openapi::jiff::SignedDuration::from_secs(created_s_ago);
+    n.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        created,
+    ));
+    n
+}
+
+fn full_labels() -> Value {
+    json!({
+        format!("{L}1"): "nn-a", format!("{L}2"): "nn-b", format!("{L}3"): "nn-c",
+        "topology.k8s.aws/zone-id": "usw2-az1"
+    })
+}
+
+/// The node as the API server answers a write: at `rv`, with `labels`, `taints` and (if any)
+/// our condition.
+fn node_reply(rv: &str, labels: Value, taints: &[&str], condition: Option<(&str, &str)>) -> Value {
+    let mut n = node_json(labels);
+    n["metadata"]["resourceVersion"] = json!(rv);
+    n["metadata"]["uid"] = json!("5c3e1c0e-0000-4000-8000-000000000001");
+    n["spec"] = json!({"providerID": format!("aws:///us-west-2a/{ID}"),
+        "taints": taints.iter().map(|k| taint(k)).collect::<Vec<_>>()});
+    if let Some((status, reason)) = condition {
+        n["status"] = json!({"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "TopologyLabeled", "status": status, "reason": reason}
+        ]});
+    }
+    n
+}
+
+#[tokio::test]
+async fn the_startup_taint_goes_only_after_the_labels_and_other_taints_stay() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, None);
+    let n = Arc::new(tainted(&[], &[TAINT, "example.com/gpu"], 2));
+    let steps = async {
+        let apply = answer(
+            &mut handle,
+            node_reply("2", full_labels(), &[TAINT, "example.com/gpu"], None),
+        )
+        .await;
+        let condition = answer(
+            &mut handle,
+            node_reply(
+                "3",
+                full_labels(),
+                &[TAINT, "example.com/gpu"],
+                Some(("True", "Labelled")),
+            ),
+        )
+        .await;
+        let release = answer(
+            &mut handle,
+            node_reply(
+                "4",
+                full_labels(),
+                &["example.com/gpu"],
+                Some(("True", "Labelled")),
+            ),
+        )
+        .await;
+        (apply, condition, release)
+    };
+    let (result, (apply, condition, release)) = tokio::join!(reconcile(n, ctx.clone()), steps);
+    result.expect("reconciled");
+    assert_eq!(
+        apply.content_type, "application/apply-patch+yaml",
+        "labels first"
+    );
+    assert_eq!(
+        condition.uri,
+        "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal/status?&fieldManager=ec2-topology-labeler"
+    );
+    assert_eq!(
+        condition.content_type,
+        "application/strategic-merge-patch+json"
+    );
+    let c = &condition.body["status"]["conditions"];
+    assert_eq!(
+        c.as_array().map(Vec::len),
+        Some(1),
+        "only our condition is sent"
+    );
+    assert_eq!(
+        (
+            c[0]["type"].as_str(),
+            c[0]["status"].as_str(),
+            c[0]["reason"].as_str()
+        ),
+        (Some("TopologyLabeled"), Some("True"), Some("Labelled"))
+    );
+    assert_eq!(release.content_type, "application/merge-patch+json");
+    assert_eq!(
+        release.body["metadata"]["resourceVersion"],
+        json!("3"),
+        "against the version that carries the labels"
+    );
+    assert_eq!(
+        release.body["spec"]["taints"],
+        json!([taint("example.com/gpu")]),
+        "the other taint stays"
+    );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn a_taint_edit_in_between_is_read_again_and_kept() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, None);
+    // Labels and condition already right: only the taint is left.
+    let mut n = tainted(
+        &[
+            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+            ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+            ("topology.k8s.aws/zone-id", "usw2-az1"),
+        ],
+        &[TAINT],
+        2,
+    );
+    n.status.conditions = serde_json::from_value(
+        node_reply("1", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
+    )
+    .map(|s: LiteStatus| s.conditions)
+    .unwrap();
+    let steps = async {
+        refuse(&mut handle, 409).await;
+        let get = answer(
+            &mut handle,
+            node_reply(
+                "7",
+                full_labels(),
+                &["other.io/new", TAINT],
+                Some(("True", "Labelled")),
+            ),
+        )
+        .await;
+        let release = answer(
+            &mut handle,
+            node_reply(
+                "8",
+                full_labels(),
+                &["other.io/new"],
+                Some(("True", "Labelled")),
+            ),
+        )
+        .await;
+        (get, release)
+    };
+    let (result, (get, release)) = tokio::join!(reconcile(Arc::new(n), ctx.clone()), steps);
+    result.expect("reconciled");
+    assert_eq!(get.method, Method::GET);
+    assert_eq!(release.body["metadata"]["resourceVersion"], json!("7"));
+    assert_eq!(
+        release.body["spec"]["taints"],
+        json!([taint("other.io/new")]),
+        "the concurrent edit survives"
+    );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn ec2_down_keeps_the_taint_and_says_why() {
+    let fake = Fake::default();
+    fake.0.down.store(true, Ordering::SeqCst);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Release, Some(600));
+    let n = Arc::new(tainted(&[], &[TAINT], 10));
+    let (result, condition) = tokio::join!(
+        reconcile(n.clone(), ctx.clone()),
+        answer(
+            &mut handle,
+            node_reply("2", json!({}), &[TAINT], Some(("False", "Ec2Unavailable")))
+        )
+    );
+    assert!(result.is_err(), "EC2 down is an error");
+    let c = &condition.body["status"]["conditions"][0];
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("Ec2Unavailable"))
+    );
+    // Nothing more: the taint stays, and the same condition is not written again.
+    let mut again = tainted(&[], &[TAINT], 10);
+    again.metadata.resource_version = Some("2".into());
+    again.status.conditions = serde_json::from_value(
+        node_reply("2", json!({}), &[], Some(("False", "Ec2Unavailable")))["status"].clone(),
+    )
+    .map(|s: LiteStatus| s.conditions)
+    .unwrap();
+    let result = without_requests(&mut handle, reconcile(Arc::new(again), ctx.clone())).await;
+    assert!(result.is_err());
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn the_timeout_releases_a_node_ec2_never_answered_for() {
+    let fake = Fake::default();
+    fake.0.down.store(true, Ordering::SeqCst);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, Some(300));
+    let n = Arc::new(tainted(&[], &[TAINT, "example.com/gpu"], 301));
+    let steps = async {
+        answer(
+            &mut handle,
+            node_reply(
+                "2",
+                json!({}),
+                &[TAINT, "example.com/gpu"],
+                Some(("False", "Ec2Unavailable")),
+            ),
+        )
+        .await;
+        answer(
+            &mut handle,
+            node_reply(
+                "3",
+                json!({}),
+                &["example.com/gpu"],
+                Some(("False", "Ec2Unavailable")),
+            ),
+        )
+        .await
+    };
+    let (result, release) = tokio::join!(reconcile(n, ctx.clone()), steps);
+    assert!(result.is_err(), "still an EC2 error");
+    assert_eq!(
+        release.body["spec"]["taints"],
+        json!([taint("example.com/gpu")])
+    );
+    assert!(
+        ctx.metrics
+            .render()
+            .contains(r#"startup_taint_releases_total{outcome="timeout"} 1"#)
+    );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn an_unsupported_type_is_released_by_policy_and_kept_otherwise() {
+    let fake = Fake::default(); // describes nothing
+    for (when, released) in [
+        (WhenUnsupported::Release, true),
+        (WhenUnsupported::Keep, false),
+    ] {
+        let (ctx, mut handle) = gated(&fake, when, None);
+        let n = Arc::new(tainted(
+            &[("node.kubernetes.io/instance-type", "m5.large")],
+            &[TAINT],
+            5,
+        ));
+        let steps = async {
+            let condition = answer(
+                &mut handle,
+                node_reply("2", json!({}), &[TAINT], Some(("False", "NotDescribed"))),
+            )
+            .await;
+            let release = if released {
+                Some(
+                    answer(
+                        &mut handle,
+                        node_reply("3", json!({}), &[], Some(("False", "NotDescribed"))),
+                    )
+                    .await,
+                )
+            } else {
+                None
+            };
+            (condition, release)
+        };
+        let (result, (condition, release)) = tokio::join!(reconcile(n, ctx.clone()), steps);
+        result.expect("not described is not an error");
+        assert_eq!(
+            condition.body["status"]["conditions"][0]["reason"],
+            json!("NotDescribed")
+        );
+        if let Some(r) = release {
+            assert_eq!(r.body["spec"]["taints"], json!([]));
+        }
+        assert_no_more_requests(ctx, handle).await;
     }
 }

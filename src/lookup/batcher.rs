@@ -93,6 +93,8 @@ struct Waiting {
     /// this, so the rest of a burst that arrives in clumps is judged by the burst's rate.
     burst_at: Instant,
     burst_len: usize,
+    /// When the first of `ids` whose node is held back by a startup taint arrived.
+    held_at: Option<Instant>,
 }
 
 impl Waiting {
@@ -101,13 +103,18 @@ impl Waiting {
     /// at that rate, it would be full within a few windows (a burst that stalled for a moment:
     /// a busy machine delays watch events in clumps; the rate is the burst's, counting IDs
     /// already sent) — then until three windows after the last arrival at most; never later
-    /// than `max_wait` after the oldest waiting ID arrived.
+    /// than `max_wait` after the oldest waiting ID arrived, nor later than two windows after
+    /// the first ID whose node is held back from scheduling (a startup taint: a node waiting
+    /// for its labels is capacity standing idle, worth a less full call).
     fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
         let len = self.ids.len();
         if len >= max_batch {
             return self.first_at;
         }
-        let cap = self.first_at + cfg.batch_max_wait;
+        let mut cap = self.first_at + cfg.batch_max_wait;
+        if let Some(held) = self.held_at {
+            cap = cap.min(held + cfg.batch_window.saturating_mul(2).min(cfg.batch_max_wait));
+        }
         let quiet = self.last_at + cfg.batch_window;
         if now < quiet || self.burst_len < 2 {
             return quiet.min(cap);
@@ -216,6 +223,8 @@ impl<S: TopologySource> Batcher<S> {
                     };
                     let take = w.ids.len().min(max_batch);
                     let batch: Vec<String> = w.ids.drain(..take).collect();
+                    // Held IDs may remain (not tracked one by one): they wait at most as long again.
+                    w.held_at = w.held_at.filter(|_| !w.ids.is_empty()).map(|_| now);
                     // An emptied queue is kept (for its burst) only after a full call.
                     if w.ids.is_empty() && take < max_batch {
                         queued.remove(&region);
@@ -274,6 +283,7 @@ impl<S: TopologySource> Batcher<S> {
                                 last_at: now,
                                 burst_at: now,
                                 burst_len: 0,
+                                held_at: None,
                             });
                             if w.ids.is_empty() {
                                 w.first_at = now;
@@ -284,6 +294,9 @@ impl<S: TopologySource> Batcher<S> {
                                 }
                             }
                             w.ids.push(req.instance_id);
+                            if req.held && w.held_at.is_none() {
+                                w.held_at = Some(now);
+                            }
                             w.last_at = now;
                             w.burst_len += 1;
                         }

@@ -99,6 +99,9 @@ pub enum Resolved {
 struct Request {
     region: String,
     instance_id: String,
+    /// Its node is held back from scheduling until labelled (a startup taint): its call is not
+    /// held for long to fill (see `Waiting::due`).
+    held: bool,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -110,7 +113,8 @@ pub struct LookupArgs {
     /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
     #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
     pub batch_window: HumanDuration,
-    /// Longest an instance waits for its call to fill while others keep arriving.
+    /// Longest an instance waits for its call to fill while others keep arriving (an instance
+    /// whose node carries the startup taint: two batch windows at most).
     #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
     pub batch_max_wait: HumanDuration,
     /// Answers older than this are refreshed (in batches) when their node is next reconciled.
@@ -202,18 +206,21 @@ impl Lookup {
         instance_id: &str,
         boot_id: Option<&str>,
     ) -> Result<Resolved, Ec2Error> {
-        self.resolve_expecting(region, instance_id, boot_id, false)
+        self.resolve_expecting(region, instance_id, boot_id, false, false)
             .await
     }
 
     /// As [`Self::resolve`]; `capacity_block_expected` when the node carries a capacity-block
-    /// label already, so an answer without one is asked for again soon.
+    /// label already, so an answer without one is asked for again soon; `held` when the node is
+    /// held back from scheduling until it is labelled (a startup taint), so its call is sent
+    /// after a short wait rather than held to fill.
     pub async fn resolve_expecting(
         &self,
         region: &str,
         instance_id: &str,
         boot_id: Option<&str>,
         capacity_block_expected: bool,
+        held: bool,
     ) -> Result<Resolved, Ec2Error> {
         let stale = match self.cache.check(
             instance_id,
@@ -233,6 +240,7 @@ impl Lookup {
             .send(Request {
                 region: region.to_string(),
                 instance_id: instance_id.to_string(),
+                held,
                 reply,
             })
             .map_err(|_| Ec2Error::Transport("topology batcher has stopped".into()))?;

@@ -242,6 +242,39 @@ async fn a_steady_trickle_waits_at_most_the_max_wait() {
     assert_eq!(fake.calls().len(), 2, "two calls for 20 instances over 3 s");
 }
 
+/// A node held back by its startup taint is idle capacity: in a trickle that never leaves a
+/// quiet window, its call goes out two windows after it asked, not at the max wait.
+#[tokio::test(start_paused = true)]
+async fn a_held_node_is_not_kept_waiting_for_a_fuller_call() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let asks = (0..20).map(|n| {
+        let l = l.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
+            let asked = Instant::now();
+            l.resolve_expecting("r", &id(n * 2), None, false, true)
+                .await
+                .map(|_| asked.elapsed())
+        }
+    });
+    let waits: Vec<Duration> = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Two windows (400 ms) and the call's 50 ms.
+    assert!(
+        waits.iter().all(|w| *w <= Duration::from_millis(450 + 10)),
+        "{waits:?}"
+    );
+    let calls = fake.calls().len();
+    assert!(
+        (6..=10).contains(&calls),
+        "{calls} calls for 20 held instances over 3 s: a few per call, not one each"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn while_the_limiter_has_no_token_calls_keep_filling() {
     let fake = Fake::default();
@@ -513,7 +546,7 @@ async fn a_node_with_a_capacity_block_label_gets_its_answer_checked_again_soon()
     let l = lookup(&fake);
     l.resolve("r", &id(2), Some("b")).await.unwrap();
     let again = l
-        .resolve_expecting("r", &id(2), Some("b"), true)
+        .resolve_expecting("r", &id(2), Some("b"), true, false)
         .await
         .unwrap();
     assert_eq!(fake.calls().len(), 2, "asked again at once");

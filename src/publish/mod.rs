@@ -156,6 +156,7 @@ impl Publishers {
                         name: n.name_any(),
                         ready: None,
                         labels: n.metadata.labels.clone().unwrap_or_default(),
+                        note: None,
                     })
                     .collect()
             } else {

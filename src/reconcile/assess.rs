@@ -64,12 +64,14 @@ pub fn provider_id_of(node: &LiteNode) -> &str {
     node.provider_id()
 }
 
-/// Read-only part of a reconcile, shared with `plan`.
+/// Read-only part of a reconcile, shared with `plan`. `held`: the node is held back from
+/// scheduling until labelled (its lookup is not kept waiting for a fuller call).
 pub async fn assess(
     node: &LiteNode,
     scheme: &LabelScheme,
     region: Option<&str>,
     lookup: &Lookup,
+    held: bool,
 ) -> Result<Assessment, Ec2Error> {
     let instance = match provider_id::parse(provider_id_of(node)) {
         Ok(i) => i,
@@ -90,7 +92,13 @@ pub async fn assess(
         .as_ref()
         .is_some_and(|k| node.labels().contains_key(k));
     match lookup
-        .resolve_expecting(&region, &instance_id, boot_id(node), has_capacity_block)
+        .resolve_expecting(
+            &region,
+            &instance_id,
+            boot_id(node),
+            has_capacity_block,
+            held,
+        )
         .await?
     {
         Resolved::NotDescribed { retry_in, .. } => Ok(Assessment::NotDescribed {

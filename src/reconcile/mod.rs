@@ -12,7 +12,9 @@
 mod assess;
 pub mod conflict;
 mod events;
+pub mod gate;
 pub mod nodes;
+mod startup;
 pub mod write;
 
 use std::{
@@ -37,6 +39,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 pub use assess::{Assessment, assess, boot_id, provider_id_of};
 use conflict::{GuardConfig, Verdict};
+use gate::{Gate, Standing};
 use nodes::Nodes;
 pub use write::{apply_body, write_labels};
 
@@ -90,6 +93,8 @@ pub struct Context {
     pub conflict: GuardConfig,
     /// Every node's record (failures, our last write, conflicts, state).
     pub records: Nodes,
+    /// The startup taint and the `TopologyLabeled` condition (off by default).
+    pub gate: Gate,
     /// Bounds the label writes in flight.
     pub writes: tokio::sync::Semaphore,
     /// Set when a write failed; the next successful write re-checks every node (see `kicks`).
@@ -119,6 +124,7 @@ impl Context {
             recorder: None,
             conflict: GuardConfig::default(),
             records: Nodes::new(metrics.clone()),
+            gate: Gate::default(),
             writes: tokio::sync::Semaphore::new(32),
             api_failing: AtomicBool::new(false),
             kicks: None,
@@ -130,12 +136,6 @@ impl Context {
 /// Requeue after `d`, spread by up to a tenth so a fleet does not resync in lockstep.
 fn jittered(d: Duration) -> Duration {
     d + d.mul_f64(fastrand::f64() / 10.0)
-}
-
-/// Requeue exactly when the lookup says the instance is due again: those times sit on a grid
-/// shared by every instance, so the nodes due in one round are asked about in one call.
-fn on_grid(retry_in: Duration) -> Action {
-    Action::requeue(retry_in + Duration::from_millis(5))
 }
 
 pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
@@ -153,6 +153,13 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
         Ok(_) => ctx.records.with(&node, |r| r.failures = 0),
         Err(e) => {
             ctx.metrics.reconcile_failed(e.category());
+            if let Some(standing) = startup::standing_of_error(e)
+                && let Err(gate_error) = startup::step(&ctx, &node, &standing, None)
+                    .instrument(span.clone())
+                    .await
+            {
+                warn!(node = %name, error = %gate_error, "cannot update the node's startup taint or condition");
+            }
             if ctx.records.set_state(&node, NodeState::Failing) != Some(NodeState::Failing) {
                 let note = format!(
                     "cannot look up or write this node's topology labels; they are left as they are: {e}"
@@ -172,9 +179,26 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
     result
 }
 
+/// Look again after `usual` (`None`: when the node changes), or sooner if the gate asks.
+fn next_look(usual: Option<Duration>, gate: Option<Duration>) -> Action {
+    let gate = gate.map(|d| d + Duration::from_millis(100));
+    match (usual, gate) {
+        (Some(a), Some(b)) => Action::requeue(a.min(b)),
+        (Some(d), None) | (None, Some(d)) => Action::requeue(d),
+        (None, None) => Action::await_change(),
+    }
+}
+
+/// Requeue exactly when the lookup says the instance is due again: those times sit on a grid
+/// shared by every instance, so the nodes due in one round are asked about in one call.
+fn grid(retry_in: Duration) -> Option<Duration> {
+    Some(retry_in + Duration::from_millis(5))
+}
+
 async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
     ctx.records.pending_if_new(node);
-    let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup).await?;
+    let held = ctx.gate.taint.as_ref().is_some_and(|t| t.on(node));
+    let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held).await?;
     match assessment {
         Assessment::Skipped(reason) => {
             let state = NodeState::Skipped(reason.as_str());
@@ -186,7 +210,8 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 );
             }
             // The watch brings the node back when its providerID changes.
-            Ok(Action::await_change())
+            let gate = startup::step(ctx, node, &Standing::Skipped(reason), None).await?;
+            Ok(next_look(None, gate))
         }
         Assessment::NotDescribed {
             instance_id,
@@ -200,7 +225,11 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                     "EC2 does not describe this instance (unsupported type or not running yet); leaving its labels alone"
                 );
             }
-            Ok(on_grid(retry_in))
+            let standing = Standing::NotDescribed {
+                instance_type: node.labels().get(gate::INSTANCE_TYPE_LABEL).cloned(),
+            };
+            let gate = startup::step(ctx, node, &standing, None).await?;
+            Ok(next_look(grid(retry_in), gate))
         }
         Assessment::Rejected {
             instance_id,
@@ -217,7 +246,8 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 );
                 events::record(ctx, node, EventType::Warning, "InstanceIdRejected", note).await;
             }
-            Ok(on_grid(retry_in))
+            let gate = startup::step(ctx, node, &Standing::Rejected, None).await?;
+            Ok(next_look(grid(retry_in), gate))
         }
         Assessment::Invalid { instance_id, error } => {
             tracing::Span::current().record("instance", instance_id.as_str());
@@ -232,7 +262,8 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 );
                 events::record(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
             }
-            Ok(on_grid(retry_in))
+            let gate = startup::step(ctx, node, &Standing::Ec2Unavailable, None).await?;
+            Ok(next_look(grid(retry_in), gate))
         }
         Assessment::Ready {
             instance_id,
@@ -243,19 +274,23 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
         } => {
             tracing::Span::current().record("instance", instance_id.as_str());
             // Next look: at the resync, or sooner while EC2's answer is still settling.
-            let next = || recheck_in.map_or_else(|| Action::requeue(jittered(ctx.resync)), on_grid);
+            let usual = Some(
+                recheck_in.map_or_else(|| jittered(ctx.resync), |d| d + Duration::from_millis(5)),
+            );
             if let Some(e) = refresh_error {
                 warn!(error = %e, "refreshing the topology failed; using the earlier answer");
             }
             if diff.is_empty() {
                 ctx.records.with(node, |r| r.seen());
                 ctx.records.set_state(node, NodeState::Labelled);
-                return Ok(next());
+                let gate =
+                    startup::step(ctx, node, &Standing::Labelled, Some(&desired.labels)).await?;
+                return Ok(next_look(usual, gate));
             }
             if ctx.records.with(node, |r| r.awaiting(node, &desired)) {
                 debug!("our last write is not in the node cache yet; not writing it again");
                 ctx.records.set_state(node, NodeState::Labelled);
-                return Ok(next());
+                return Ok(next_look(usual, None));
             }
             if !ctx.leader.is_leader() {
                 // Leadership was lost while we looked EC2 up.
@@ -275,22 +310,27 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                     wait_ms = wait.as_millis() as u64,
                     "label conflict: holding writes to this node"
                 );
-                return Ok(Action::requeue(wait + Duration::from_millis(100)));
+                let gate = startup::step(ctx, node, &Standing::Held, None).await?;
+                return Ok(next_look(Some(wait + Duration::from_millis(100)), gate));
             }
-            {
+            let first = !desired.labels.keys().any(|k| node.labels().contains_key(k));
+            let written = {
                 // A closed semaphore cannot happen (it is never closed); write regardless.
                 let _permit = ctx.writes.acquire().await.ok();
                 // The wait for a permit can be long under load: leadership may have lapsed.
                 if !ctx.leader.is_leader() {
                     return Ok(Action::await_change());
                 }
-                if let Err(e) = write_labels(&ctx.api, node, &desired, &diff, &ctx.metrics).await {
-                    if e.is_api_unavailable() {
-                        ctx.api_failing.store(true, Ordering::SeqCst);
+                match write_labels(&ctx.api, node, &desired, &diff, &ctx.metrics).await {
+                    Ok(written) => written,
+                    Err(e) => {
+                        if e.is_api_unavailable() {
+                            ctx.api_failing.store(true, Ordering::SeqCst);
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
-            }
+            };
             if ctx.api_failing.swap(false, Ordering::SeqCst)
                 && let Some(kicks) = &ctx.kicks
             {
@@ -302,7 +342,18 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             ctx.records.with(node, |r| {
                 r.conflict.written();
                 r.written(node, &desired);
+                if ctx.gate.enabled() {
+                    // Our newest write: the gate decides from it, and cached versions before it
+                    // are stale.
+                    r.gate_written(written.metadata.resource_version.clone());
+                }
             });
+            if first {
+                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                ctx.metrics.first_labelled(gate::age(node, &now));
+            }
             let summary = diff.summary();
             info!(changes = %summary, "node labels updated");
             ctx.records.set_state(node, NodeState::Labelled);
@@ -314,7 +365,10 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 summary,
             )
             .await;
-            Ok(next())
+            // The gate decides from the node as the API server returned it after our write.
+            let gate =
+                startup::step(ctx, &written, &Standing::Labelled, Some(&desired.labels)).await?;
+            Ok(next_look(usual, gate))
         }
     }
 }
@@ -336,7 +390,11 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
         .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
         .min(cap);
     // Full jitter on the upper half: failed nodes spread out instead of retrying together.
-    let delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+    let mut delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+    // A startup-taint timeout falls due on time, backoff or not.
+    if let Some(due) = ctx.gate.timeout_in(&node) {
+        delay = delay.min(due + Duration::from_millis(100));
+    }
     if err.needs_operator() {
         // One line a minute for the whole fleet, not one per node.
         let now = SystemTime::now()

@@ -32,7 +32,14 @@ pub struct NodeRecord {
     pub conflict: History,
     /// Where the node stands; `None` before its first reconcile.
     state: Option<NodeState>,
+    /// The resourceVersion the API server gave our last startup-gate write (condition, taint),
+    /// until the node cache shows it (see [`NodeRecord::gate_behind`]).
+    gate_write: Option<(String, std::time::Instant)>,
 }
+
+/// How long the node cache may lag behind a gate write before we stop waiting for it (a watch
+/// that re-listed may have skipped that version).
+const GATE_ECHO: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What we wrote to a node, until the node cache shows it.
 ///
@@ -73,6 +80,25 @@ impl NodeRecord {
         }
         self.echo = None;
         false
+    }
+
+    /// Our last startup-gate write left the node at `resource_version`.
+    pub fn gate_written(&mut self, resource_version: Option<String>) {
+        self.gate_write = resource_version.map(|rv| (rv, std::time::Instant::now()));
+    }
+
+    /// Is `node` (from the cache) older than our last gate write? Then deciding its taint or
+    /// condition from it would repeat that write: wait for the cache to show our write (the
+    /// watch delivers every version in order) or, at most, [`GATE_ECHO`].
+    pub fn gate_behind(&mut self, node: &LiteNode) -> bool {
+        let Some((rv, at)) = &self.gate_write else {
+            return false;
+        };
+        if node.metadata.resource_version.as_ref() == Some(rv) || at.elapsed() > GATE_ECHO {
+            self.gate_write = None;
+            return false;
+        }
+        true
     }
 
     /// The cache shows the node as it is now: nothing is awaited.
@@ -189,6 +215,26 @@ mod tests {
         assert!(
             !nodes.with(&recreated, |r| r.awaiting(&recreated, &desired("x"))),
             "another object of that name"
+        );
+    }
+
+    #[test]
+    fn gate_writes_are_awaited_until_the_cache_shows_them() {
+        let nodes = Nodes::new(Arc::new(Metrics::default()));
+        let a = node("a", Some("5"));
+        assert!(!nodes.with(&a, |r| r.gate_behind(&a)), "nothing written");
+        nodes.with(&a, |r| r.gate_written(Some("7".into())));
+        assert!(
+            nodes.with(&a, |r| r.gate_behind(&a)),
+            "the cache holds version 5"
+        );
+        let between = node("a", Some("6"));
+        assert!(nodes.with(&between, |r| r.gate_behind(&between)), "nor 6");
+        let caught_up = node("a", Some("7"));
+        assert!(!nodes.with(&caught_up, |r| r.gate_behind(&caught_up)));
+        assert!(
+            !nodes.with(&a, |r| r.gate_behind(&a)),
+            "forgotten once seen"
         );
     }
 

@@ -2,7 +2,14 @@
 //! it because another manager co-owns them, one merge patch that removes exactly those keys,
 //! conditional on the node being as our apply left it.
 //!
-//! Owns: the shape of every label write. Never decides whether to write (the reconciler does).
+//! The startup gate's writes are here too: the taint removal (a merge patch of the remaining
+//! taints, conditional on the resourceVersion it was computed from, re-read and retried on
+//! conflict) and the `TopologyLabeled` condition (a strategic-merge patch of the status
+//! subresource that touches no other condition).
+//!
+//! Owns: the shape of every node write. Never decides whether to write (the reconciler does).
+
+use std::collections::BTreeMap;
 
 use kube::{
     Api, ResourceExt,
@@ -11,7 +18,10 @@ use kube::{
 use serde_json::json;
 use tracing::debug;
 
-use super::assess::{annotations_of, labels_of};
+use super::{
+    assess::{annotations_of, labels_of},
+    gate::StartupTaint,
+};
 use crate::{
     FIELD_MANAGER, Result,
     labels::{Desired, NodeDiff},
@@ -47,14 +57,15 @@ pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
 }
 
 /// One apply of the full managed set; then, only if stale keys survived it because another
-/// manager co-owns them, one merge patch that removes exactly those keys.
+/// manager co-owns them, one merge patch that removes exactly those keys. Returns the node as
+/// the API server holds it after the last write.
 pub async fn write_labels(
     nodes: &Api<LiteNode>,
     node: &LiteNode,
     desired: &Desired,
     diff: &NodeDiff,
     metrics: &Metrics,
-) -> Result<()> {
+) -> Result<LiteNode> {
     let name = node.name_any();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = nodes
@@ -77,7 +88,7 @@ pub async fn write_labels(
         .filter(|k| live_annotations.contains_key(*k))
         .collect();
     if stale_labels.is_empty() && stale_annotations.is_empty() {
-        return Ok(());
+        return Ok(applied);
     }
     let null_map = |keys: &[&String]| -> serde_json::Map<String, serde_json::Value> {
         keys.iter()
@@ -105,7 +116,7 @@ pub async fn write_labels(
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    nodes
+    let patched = nodes
         .patch(
             &name,
             &params,
@@ -113,5 +124,89 @@ pub async fn write_labels(
         )
         .await?;
     metrics.label_write("remove");
-    Ok(())
+    Ok(patched)
+}
+
+/// Conflicts in a row after which a taint removal gives up (the next reconcile tries again).
+const TAINT_ATTEMPTS: usize = 5;
+
+/// Removes `taint` from the node, keeping every other taint. `node` is the version to start
+/// from; each attempt is a merge patch of the remaining taints conditional on that version's
+/// resourceVersion, so a concurrent edit of the taints (or of anything) makes it fail with 409,
+/// and the node is read again and the removal computed anew. When `must_carry` is given, the
+/// taint is removed only from a version that carries those labels (the labels we wrote, as the
+/// API server holds them). Returns the node as the removal left it; `None` when the node no
+/// longer carries the taint (nothing is written) or no longer carries the labels.
+pub async fn release_taint(
+    nodes: &Api<LiteNode>,
+    node: &LiteNode,
+    taint: &StartupTaint,
+    must_carry: Option<&BTreeMap<String, String>>,
+    metrics: &Metrics,
+) -> Result<Option<LiteNode>> {
+    let name = node.name_any();
+    let mut current = std::borrow::Cow::Borrowed(node);
+    let mut attempt = 0;
+    loop {
+        if !taint.on(&current) {
+            return Ok(None);
+        }
+        if let Some(want) = must_carry {
+            let have = labels_of(&current);
+            if want.iter().any(|(k, v)| have.get(k) != Some(v)) {
+                debug!("the node no longer carries our labels; keeping its startup taint");
+                return Ok(None);
+            }
+        }
+        let mut metadata = serde_json::Map::new();
+        if let Some(rv) = &current.metadata.resource_version {
+            metadata.insert("resourceVersion".into(), rv.clone().into());
+        }
+        if let Some(uid) = &current.metadata.uid {
+            metadata.insert("uid".into(), uid.clone().into());
+        }
+        let body = json!({ "metadata": metadata, "spec": { "taints": taint.others(&current) } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match nodes.patch(&name, &params, &Patch::Merge(body)).await {
+            Ok(updated) => {
+                metrics.label_write("taint");
+                return Ok(Some(updated));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt + 1 < TAINT_ATTEMPTS => {
+                attempt += 1;
+                debug!(
+                    attempt,
+                    "the node changed since it was read; reading it again"
+                );
+                current = std::borrow::Cow::Owned(nodes.get(&name).await?);
+                if current.metadata.uid != node.metadata.uid {
+                    // Deleted and re-created under the same name: not the node we decided for.
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Writes the `TopologyLabeled` condition (`body` from [`super::gate::Wanted::patch`]) on the
+/// status subresource; the kubelet's conditions are left alone (strategic merge by type).
+pub async fn write_condition(
+    nodes: &Api<LiteNode>,
+    name: &str,
+    body: serde_json::Value,
+    metrics: &Metrics,
+) -> Result<LiteNode> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let updated = nodes
+        .patch_status(name, &params, &Patch::Strategic(body))
+        .await?;
+    metrics.label_write("condition");
+    Ok(updated)
 }

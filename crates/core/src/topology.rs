@@ -62,6 +62,41 @@ pub fn is_ultraserver_type(instance_type: &str) -> bool {
     ULTRASERVER_FAMILIES.contains(&family)
 }
 
+/// Instance families EC2 documents as described by `DescribeInstanceTopology` (the AWS EC2 User
+/// Guide, "Prerequisites for Amazon EC2 topology"; the list grows). Used only to tell a
+/// supported instance EC2 has not described *yet* (eventual consistency just after launch)
+/// from one it never will: an instance of a family not listed here is labelled all the same
+/// when EC2 describes it.
+pub const TOPOLOGY_FAMILIES: &[&str] = &[
+    "g6e",
+    "g7e",
+    "hpc6a",
+    "hpc6id",
+    "hpc7a",
+    "hpc7g",
+    "hpc8a",
+    "p3dn",
+    "p4d",
+    "p4de",
+    "p5",
+    "p5e",
+    "p5en",
+    "p6-b200",
+    "p6-b300",
+    "p6e-gb200",
+    "p6e-gb300",
+    "trn1",
+    "trn1n",
+    "trn2",
+    "trn2u",
+];
+
+/// Whether EC2 documents `instance_type` (`p5.48xlarge`) as one it describes.
+pub fn is_topology_type(instance_type: &str) -> bool {
+    let family = instance_type.split('.').next().unwrap_or_default();
+    TOPOLOGY_FAMILIES.contains(&family)
+}
+
 /// A failed `DescribeInstanceTopology` call, classified by what the caller should do about it.
 ///
 /// Cloneable because one answer fans out to every node waiting in the batch.
@@ -244,6 +279,8 @@ mod tests {
             "zone ID missing"
         );
         assert!(is_ultraserver_type("trn2u.48xlarge") && !is_ultraserver_type("trn2.48xlarge"));
+        assert!(is_topology_type("p5.48xlarge") && is_topology_type("p6-b200.48xlarge"));
+        assert!(!is_topology_type("m5.large") && !is_topology_type(""));
     }
 
     #[test]

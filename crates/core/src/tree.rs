@@ -14,6 +14,8 @@ pub struct NodeView {
     /// `Some(true)` when its Ready condition is True; `None` when unknown.
     pub ready: Option<bool>,
     pub labels: BTreeMap<String, String>,
+    /// What else to say about the node (its startup taint, its `TopologyLabeled` condition).
+    pub note: Option<String>,
 }
 
 impl NodeView {
@@ -35,6 +37,7 @@ impl NodeView {
             name: name.to_string(),
             ready: Some(true),
             labels,
+            note: None,
         }
     }
 }
@@ -78,6 +81,8 @@ pub struct Domain {
 pub struct TreeNode {
     pub name: String,
     pub ready: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The whole cluster's topology as its labels describe it.
@@ -87,6 +92,9 @@ pub struct Forest {
     pub roots: BTreeMap<String, Domain>,
     /// Nodes without (complete) topology labels.
     pub missing: Vec<String>,
+    /// Notes on those nodes (a startup taint still on, the condition's reason).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub missing_notes: BTreeMap<String, String>,
     /// A network node seen under two different parents: the labels are inconsistent.
     pub conflicts: Vec<Conflict>,
 }
@@ -111,6 +119,9 @@ impl Forest {
         for (node, path) in &paths {
             let Some(path) = path else {
                 forest.missing.push(node.name.clone());
+                if let Some(note) = &node.note {
+                    forest.missing_notes.insert(node.name.clone(), note.clone());
+                }
                 continue;
             };
             for (i, id) in path.iter().enumerate() {
@@ -133,6 +144,7 @@ impl Forest {
                     d.nodes.push(TreeNode {
                         name: node.name.clone(),
                         ready: node.ready,
+                        note: node.note.clone(),
                     });
                 }
                 level = &mut d.children;
@@ -177,7 +189,10 @@ impl Forest {
                 self.missing.len()
             ));
             for m in &self.missing {
-                out.push_str(&format!("  {m}\n"));
+                match self.missing_notes.get(m) {
+                    Some(note) => out.push_str(&format!("  {m} ({note})\n")),
+                    None => out.push_str(&format!("  {m}\n")),
+                }
             }
         }
         if !self.conflicts.is_empty() {
@@ -224,7 +239,13 @@ fn render_domain(out: &mut String, d: &Domain, prefix: &str, last: bool, root: b
             Some(false) => "NotReady",
             None => "Unknown",
         };
-        out.push_str(&format!("{child_prefix}{branch}{} ({state})\n", n.name));
+        match &n.note {
+            Some(note) => out.push_str(&format!(
+                "{child_prefix}{branch}{} ({state}, {note})\n",
+                n.name
+            )),
+            None => out.push_str(&format!("{child_prefix}{branch}{} ({state})\n", n.name)),
+        }
     }
 }
 
@@ -272,6 +293,7 @@ mod tests {
                 name: "fargate-1".into(),
                 ready: Some(true),
                 labels: BTreeMap::new(),
+                note: Some("startup taint".into()),
             },
         ];
         let f = Forest::build(&LabelScheme::default(), &nodes);
@@ -284,6 +306,11 @@ mod tests {
             4
         );
         assert_eq!(f.missing, vec!["fargate-1"]);
+        assert!(
+            f.render().contains("  fargate-1 (startup taint)\n"),
+            "{}",
+            f.render()
+        );
         assert!(f.conflicts.is_empty());
         let text = f.render();
         assert!(

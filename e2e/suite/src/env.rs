@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use kube::Client;
 use libtest_mimic::{Arguments, Failed, Trial};
 use mock_ec2::{Instance, Scenario};
@@ -179,6 +180,25 @@ pub fn start_labeler_with(
     })
 }
 
+/// Replace the running controller (local only) with one started with `extra` flags (none: the
+/// usual one), ready and leading.
+pub async fn restart_labeler_with(env: &Env, extra: &[&str]) -> anyhow::Result<()> {
+    let kc = env
+        .cluster
+        .controller_kubeconfig
+        .clone()
+        .context("a local control plane")?;
+    let mut guard = env.labeler.lock().await;
+    if let Some(mut old) = guard.take() {
+        old.stop();
+    }
+    let mut l = start_labeler_with(&kc, &env.ec2_url, &env.dir, "controller-1", extra)?;
+    l.wait_ready(Duration::from_secs(30)).await?;
+    wait_leader(&l, true).await?;
+    *guard = Some(l);
+    Ok(())
+}
+
 /// `plan -o json` against the environment's cluster and EC2, as an operator runs it.
 pub fn plan_json(env: &Env, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
     let out = std::process::Command::new(crate::bin_dir().join("ec2-topology-labeler"))
@@ -241,6 +261,10 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                     "config.kueueTopology=true",
                     "--set",
                     "config.volcanoHypernodes=true",
+                    "--set",
+                    "config.nodeCondition=true",
+                    "--set",
+                    "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
                 ],
             )?;
             eprintln!("helm install of the chart succeeded");

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use clap::Parser;
 use e2e::helm::{chart, helm};
 use ec2_topology_labeler::config::{
-    Cli, ControllerArgs, Ec2Args, LabelArgs, LookupArgs, PublishArgs,
+    Cli, ControllerArgs, Ec2Args, GateArgs, LabelArgs, LookupArgs, PublishArgs,
 };
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,16 @@ fn example(key: &str, schema: &Value) -> String {
             .and_then(|v| v["const"].as_str())
             .unwrap_or_default()
             .to_string();
+    }
+    if let Some(values) = schema["enum"].as_array() {
+        return values
+            .last()
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+    }
+    if key == "startupTaint" {
+        return "example.com/pending:NoSchedule".into();
     }
     match (schema["type"].as_str(), schema["type"].as_array()) {
         (Some("boolean"), _) => "false".into(),
@@ -204,6 +214,27 @@ fn rbac_is_exactly_what_the_code_uses() {
         verbs_for("hypernodes"),
         ["list", "create", "patch", "delete"]
     );
+    assert!(
+        verbs_for("nodes/status").is_empty(),
+        "no status writes without the condition"
+    );
+    // The TopologyLabeled condition adds exactly nodes/status patch; the startup taint needs
+    // nothing more than the nodes patch already there.
+    let docs = render(&[
+        "config.nodeCondition=true".into(),
+        "config.startupTaint=example.com/pending:NoSchedule".into(),
+    ]);
+    let rules = kind(&docs, "ClusterRole")[0]["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let status: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["resources"][0] == "nodes/status")
+        .collect();
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0]["verbs"], serde_json::json!(["patch"]));
+    assert_eq!(rules.len(), 3, "nodes, nodes/status, events: {rules:?}");
     // With events off, and one replica without leader election, those rules are gone.
     let docs = render(&[
         "events.enabled=false".into(),
@@ -299,6 +330,8 @@ struct ChartConfig {
     lookup: LookupArgs,
     #[serde(flatten)]
     controller: ControllerArgs,
+    #[serde(flatten)]
+    gate: GateArgs,
     #[serde(flatten)]
     publish: PublishArgs,
 }

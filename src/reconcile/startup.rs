@@ -1,0 +1,126 @@
+//! The startup gate, applied: once a reconcile knows where a node stands, keep its
+//! `TopologyLabeled` condition and release its startup taint when [`gate`] says so.
+//!
+//! Owns: the gate's writes for one node, in order (condition, then taint), each made by the
+//! leader only, under a write permit. Never decides (the pure [`gate`] does).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{ResourceExt, runtime::events::EventType};
+use tracing::{info, warn};
+
+use super::{
+    Context, events,
+    gate::{self, Release, Standing, TaintAction},
+    write::{release_taint, write_condition},
+};
+use crate::{Error, Result, node::LiteNode, topology::Ec2Error};
+
+/// Where a node whose reconcile failed with `e` stands, if the gate has something to say.
+pub(super) fn standing_of_error(e: &Error) -> Option<Standing> {
+    match e {
+        Error::Ec2(Ec2Error::Unauthorized { .. }) => Some(Standing::Unauthorized),
+        Error::Ec2(_) => Some(Standing::Ec2Unavailable),
+        // The API server's trouble: nothing could be written anyway.
+        _ => None,
+    }
+}
+
+/// Applies the gate to `node` (for [`Standing::Labelled`]: the version the API server returned
+/// for our label write, or a cached version that already carries `labels`). Returns how soon
+/// to look at the node again for the gate's sake (a timeout or a settling type), if sooner than
+/// usual.
+pub(super) async fn step(
+    ctx: &Context,
+    node: &LiteNode,
+    standing: &Standing,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<Option<Duration>> {
+    let gate = &ctx.gate;
+    if !gate.enabled() {
+        return Ok(None);
+    }
+    if ctx.records.with(node, |r| r.gate_behind(node)) {
+        // The cache has not caught up with our last gate write: decide from the next version.
+        return Ok(None);
+    }
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let age = gate::age(node, &now);
+    let mut current = std::borrow::Cow::Borrowed(node);
+
+    if let Some(body) = gate
+        .condition(standing)
+        .and_then(|wanted| wanted.patch(node, &now))
+    {
+        let _permit = ctx.writes.acquire().await.ok();
+        if !ctx.leader.is_leader() {
+            return Ok(None);
+        }
+        let updated = write_condition(&ctx.api, &node.name_any(), body, &ctx.metrics).await?;
+        ctx.records.with(node, |r| {
+            r.gate_written(updated.metadata.resource_version.clone())
+        });
+        current = std::borrow::Cow::Owned(updated);
+    }
+
+    let Some(taint) = &gate.taint else {
+        return Ok(None);
+    };
+    match gate.taint_action(taint.on(&current), standing, age) {
+        TaintAction::None => Ok(None),
+        TaintAction::Keep(recheck) => Ok(recheck),
+        TaintAction::Release(why) => {
+            let _permit = ctx.writes.acquire().await.ok();
+            if !ctx.leader.is_leader() {
+                return Ok(None);
+            }
+            let must_carry = if why == Release::Labelled {
+                labels
+            } else {
+                None
+            };
+            let Some(updated) =
+                release_taint(&ctx.api, &current, taint, must_carry, &ctx.metrics).await?
+            else {
+                return Ok(None);
+            };
+            ctx.records.with(node, |r| {
+                r.gate_written(updated.metadata.resource_version.clone())
+            });
+            ctx.metrics.taint_released(why.as_str(), age);
+            announce(ctx, node, taint, why, standing, age).await;
+            Ok(None)
+        }
+    }
+}
+
+async fn announce(
+    ctx: &Context,
+    node: &LiteNode,
+    taint: &gate::StartupTaint,
+    why: Release,
+    standing: &Standing,
+    age: Duration,
+) {
+    let age_s = age.as_secs();
+    match why {
+        Release::Labelled => {
+            info!(taint = %taint, age_s, "startup taint released: topology labels written");
+        }
+        Release::Unsupported => {
+            let note = format!(
+                "startup taint {taint} released: this node's topology cannot be labelled ({standing:?}); policy --startup-taint-when-unsupported=release"
+            );
+            info!(taint = %taint, ?standing, "startup taint released: node cannot be labelled");
+            events::record(ctx, node, EventType::Normal, "StartupTaintReleased", note).await;
+        }
+        Release::Timeout => {
+            let note = format!(
+                "startup taint {taint} released {age_s}s after the node was created, without its topology labels ({standing:?}): --startup-taint-timeout passed"
+            );
+            warn!(taint = %taint, ?standing, age_s, "startup taint released by timeout, topology not labelled");
+            events::record(ctx, node, EventType::Warning, "StartupTaintTimedOut", note).await;
+        }
+    }
+}

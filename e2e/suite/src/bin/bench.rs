@@ -43,6 +43,9 @@ struct Args {
     /// Skip the baseline script.
     #[arg(long)]
     no_baseline: bool,
+    /// Join rates (nodes per second) for the startup-taint scenario; empty to skip it.
+    #[arg(long, value_delimiter = ',', default_value = "10,50,100,250")]
+    join_rates: Vec<u32>,
     /// Where to write the report.
     #[arg(long, default_value = "docs")]
     out: PathBuf,
@@ -74,6 +77,15 @@ impl Arrivals {
     /// Watch from a thread of its own, with its own runtime and client: the bench's runtime is
     /// busy creating nodes, and an observer sharing it would see labels late.
     fn watch(&self, kubeconfig: PathBuf, label: &'static str) -> std::thread::JoinHandle<()> {
+        self.watch_for(kubeconfig, move |n: &Node| n.labels().contains_key(label))
+    }
+
+    /// Record the first time each node satisfies `arrived`.
+    fn watch_for(
+        &self,
+        kubeconfig: PathBuf,
+        arrived: impl Fn(&Node) -> bool + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
         let seen = self.0.clone();
         std::thread::spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
@@ -92,7 +104,7 @@ impl Arrivals {
                     .applied_objects();
                 futures::pin_mut!(stream);
                 while let Some(Ok(node)) = stream.next().await {
-                    if node.labels().contains_key(label) {
+                    if arrived(&node) {
                         seen.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .entry(node.name_any())
@@ -211,6 +223,10 @@ impl Env {
     }
 
     fn labeler(&self, name: &str) -> anyhow::Result<Labeler> {
+        self.labeler_with(name, &[])
+    }
+
+    fn labeler_with(&self, name: &str, extra: &[String]) -> anyhow::Result<Labeler> {
         // BENCH_CONTROLLER_LOG (a RUST_LOG filter) to see e.g. each EC2 call's size.
         let log_filter = std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".into());
         Labeler::start(LabelerOptions {
@@ -224,6 +240,7 @@ impl Env {
                         .split_whitespace()
                         .map(String::from),
                 )
+                .chain(extra.iter().cloned())
                 .collect(),
             log_filter: &log_filter,
             log_name: &format!("{name}.log"),
@@ -465,6 +482,165 @@ async fn cold_start(
     });
     labeler.stop();
     arrivals.stop();
+    Ok(rows)
+}
+
+const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
+
+/// Nodes join at a steady rate, each carrying the startup taint, with the controller run with
+/// `--startup-taint`: latency from each node's creation to its first label and to the taint's
+/// release, seen by a separate watch. Ten seconds of joining per rate (at most 1,000 nodes).
+async fn join_rates(rates: &[u32], root: &Path) -> anyhow::Result<Vec<Row>> {
+    let dir = root.join("join");
+    let plan: Vec<(u32, Vec<(NodeSpec, Instance)>)> = rates
+        .iter()
+        .enumerate()
+        .map(|(k, &rate)| {
+            let n = (rate * 10).clamp(50, 1000);
+            let pairs = (0..n)
+                .map(|i| {
+                    let s = NodeSpec::ec2(0xbe1 + k as u32, i, "p5.48xlarge");
+                    let inst = s.instance(&[
+                        &format!("nn-spine-{}", i % 2),
+                        &format!("nn-agg-{}", (i / 16) % 20),
+                        &format!("nn-leaf-{k}-{}", i / 16),
+                    ]);
+                    (s, inst)
+                })
+                .collect();
+            (rate, pairs)
+        })
+        .collect();
+    let env = Env::start(
+        &dir,
+        plan.iter()
+            .flat_map(|(_, p)| p.iter().map(|(_, i)| i.clone()))
+            .collect(),
+    )
+    .await?;
+    let taint_arg = format!("--startup-taint={PENDING}:NoSchedule");
+    let mut labeler = env.labeler_with("controller-join", &[taint_arg])?;
+    labeler.wait_ready(Duration::from_secs(60)).await?;
+    let labelled = Arrivals::default();
+    let _w1 = labelled.watch(env.cp.admin_kubeconfig.clone(), LAYER1);
+    let released = Arrivals::default();
+    let _w2 = released.watch_for(env.cp.admin_kubeconfig.clone(), |n: &Node| {
+        !n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == PENDING))
+    });
+    let mut rows = Vec::new();
+    for (rate, pairs) in plan {
+        let n = pairs.len();
+        let bodies: Vec<(String, Vec<u8>)> = pairs
+            .iter()
+            .map(|(s, _)| {
+                let mut node = s.node();
+                node.spec
+                    .get_or_insert_default()
+                    .taints
+                    .get_or_insert_default()
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: PENDING.into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    });
+                Ok((s.name.clone(), serde_json::to_vec(&node)?))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        env.mock.admin.reset_stats().await?;
+        let writes0 = env.node_writes().await?;
+        eprintln!("join: {n} nodes at {rate}/s");
+        let start = Instant::now();
+        let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        futures::stream::iter(bodies.into_iter().enumerate())
+            .map(|(k, (name, body))| {
+                let client = env.client.clone();
+                let created = created.clone();
+                async move {
+                    // Node k joins at k / rate seconds.
+                    let due = start + Duration::from_secs_f64(k as f64 / rate as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                    let req = http::Request::post("/api/v1/nodes")
+                        .header("content-type", "application/json")
+                        .body(body)?;
+                    client.request_text(req).await?;
+                    created
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name, Instant::now());
+                    anyhow::Ok(())
+                }
+            })
+            .buffered(256)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<anyhow::Result<Vec<()>>>()?;
+        let names: Vec<&String> = pairs.iter().map(|(s, _)| &s.name).collect();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let times = released.times();
+            if names.iter().all(|n| times.contains_key(*n)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("join at {rate}/s: not every node released after 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let all_in = start.elapsed();
+        let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let latencies = |seen: &Arrivals| {
+            let times = seen.times();
+            let mut lat: Vec<f64> = names
+                .iter()
+                .filter_map(|n| {
+                    Some(
+                        times
+                            .get(*n)?
+                            .saturating_duration_since(*created.get(*n)?)
+                            .as_secs_f64(),
+                    )
+                })
+                .collect();
+            lat.sort_by(f64::total_cmp);
+            lat
+        };
+        let (rel, lab) = (latencies(&released), latencies(&labelled));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stats = env.mock.admin.stats().await?;
+        let writes = env.node_writes().await? - writes0;
+        eprintln!(
+            "  release p50/p99 {:.2}/{:.2} s, first label p50/p99 {:.2}/{:.2} s, {} calls",
+            percentile(&rel, 0.5),
+            percentile(&rel, 0.99),
+            percentile(&lab, 0.5),
+            percentile(&lab, 0.99),
+            stats.calls
+        );
+        rows.push(Row {
+            scenario: format!("join {rate}/s, startup taint"),
+            nodes: n as u32,
+            seconds: all_in.as_secs_f64(),
+            p50: percentile(&rel, 0.5),
+            p99: percentile(&rel, 0.99),
+            ec2_calls: stats.calls,
+            throttled: stats.throttled,
+            writes,
+            note: format!(
+                "latency to the taint's release; to the first label p50/p99 {:.2} / {:.2} s",
+                percentile(&lab, 0.5),
+                percentile(&lab, 0.99)
+            ),
+            ..Row::default()
+        });
+    }
+    labeler.stop();
+    labelled.stop();
+    released.stop();
     Ok(rows)
 }
 
@@ -725,8 +901,12 @@ async fn main() -> anyhow::Result<()> {
     .to_string();
     let mut rows = Vec::new();
     let mut timeline: Vec<(String, f64, usize)> = Vec::new();
-    for n in &args.sizes {
+    // `--sizes 0` skips the cold start (to run only the join rates, say).
+    for n in args.sizes.iter().filter(|n| **n > 0) {
         rows.extend(cold_start(*n, &root, &mut timeline).await?);
+    }
+    if !args.join_rates.is_empty() {
+        rows.extend(join_rates(&args.join_rates, &root).await?);
     }
     if !args.no_baseline {
         rows.push(baseline(args.baseline, &root, &mut timeline).await?);

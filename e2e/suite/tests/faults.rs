@@ -891,6 +891,136 @@ async fn unsupported_instances_share_retries(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With `--startup-taint` and a timeout, EC2 goes down during a join wave: no node is released
+/// before its timeout (its labels are not there), none stays held past it, and once EC2 is back
+/// every node gets its labels and `TopologyLabeled=True`.
+async fn outage_during_a_join_wave_with_startup_taint(env: &Env) -> anyhow::Result<()> {
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
+    let c = env.admin().await?;
+    let taint_flag = format!("--startup-taint={PENDING}:NoSchedule");
+    let timeout_flag = format!("--startup-taint-timeout={}s", TIMEOUT.as_secs());
+    e2e::env::restart_labeler_with(env, &[&taint_flag, &timeout_flag, "--node-condition=true"])
+        .await?;
+    let pairs = fleet(0x240, 30);
+    env.mock_admin
+        .upsert_all(&pairs.iter().map(|(_, i)| i.clone()).collect::<Vec<_>>())
+        .await?;
+    let result = async {
+        let mut guard = env.mock.lock().await;
+        let mock = guard.as_mut().context("local mock")?;
+        let scenario = mock.down().await?;
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+        let mut created: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut released: BTreeMap<String, Instant> = BTreeMap::new();
+        let tainted = |n: &k8s_openapi::api::core::v1::Node| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == PENDING))
+        };
+        let wave = Instant::now();
+        let mut next = 0;
+        // The wave: 3 nodes a second for 10 s; EC2 down from before the first until 30 s in.
+        while wave.elapsed() < Duration::from_secs(30) || released.len() < pairs.len() {
+            if wave.elapsed() > Duration::from_secs(60) {
+                break;
+            }
+            while next < pairs.len() && wave.elapsed() >= Duration::from_millis(333 * next as u64) {
+                let (s, _) = &pairs[next];
+                let mut n = s.node();
+                n.spec.get_or_insert_default().taints.get_or_insert_default().push(
+                    k8s_openapi::api::core::v1::Taint {
+                        key: PENDING.into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    },
+                );
+                kube_util::create_nodes(&c, vec![n]).await?;
+                created.insert(s.name.clone(), Instant::now());
+                next += 1;
+            }
+            for (s, _) in &pairs[..next] {
+                if released.contains_key(&s.name) {
+                    continue;
+                }
+                if !tainted(&api.get(&s.name).await?) {
+                    released.insert(s.name.clone(), Instant::now());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let held_for: Vec<Duration> = released
+            .iter()
+            .filter_map(|(name, at)| Some(at.duration_since(*created.get(name)?)))
+            .collect();
+        let (min, max) = (
+            held_for.iter().min().copied().unwrap_or_default(),
+            held_for.iter().max().copied().unwrap_or_default(),
+        );
+        ensure!(
+            released.len() == pairs.len(),
+            "{} of {} nodes still held {}s into the outage",
+            pairs.len() - released.len(),
+            pairs.len(),
+            wave.elapsed().as_secs()
+        );
+        // creationTimestamp has whole seconds: a release can come up to 1 s early by our clock;
+        // our poll sees it up to ~0.5 s late (every 200 ms, one GET per node).
+        ensure!(
+            min + Duration::from_secs(1) >= TIMEOUT,
+            "a node was released {min:?} after it joined, before the {TIMEOUT:?} timeout, while EC2 was down"
+        );
+        ensure!(
+            max <= TIMEOUT + Duration::from_secs(3),
+            "a node was held {max:?}, past the {TIMEOUT:?} timeout"
+        );
+        mock.up(&scenario).await?;
+        drop(guard);
+        let back = Instant::now();
+        for (s, i) in &pairs {
+            let want = expected(
+                &i.network_nodes.iter().map(String::as_str).collect::<Vec<_>>(),
+                &[],
+            );
+            wait_for_topology(&c, &s.name, &want, Duration::from_secs(60)).await?;
+        }
+        let labelled_in = back.elapsed();
+        for (s, _) in &pairs {
+            let n = api.get(&s.name).await?;
+            let cond = n
+                .status
+                .and_then(|st| st.conditions)
+                .and_then(|cs| cs.into_iter().find(|c| c.type_ == "TopologyLabeled"));
+            ensure!(
+                cond.as_ref().is_some_and(|c| c.status == "True"),
+                "{}: TopologyLabeled is {cond:?} after its labels came",
+                s.name
+            );
+        }
+        report(
+            "outage_during_a_join_wave_with_startup_taint",
+            &format!(
+                "EC2 down for 30 s while 30 nodes with the startup taint joined (3/s); `--startup-taint-timeout={}s`",
+                TIMEOUT.as_secs()
+            ),
+            &format!(
+                "none released early, none held past the timeout: released {:.1}-{:.1}s after joining; all labelled, TopologyLabeled=True",
+                min.as_secs_f64(),
+                max.as_secs_f64()
+            ),
+            Some(labelled_in),
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    for (s, _) in &pairs {
+        let _ = kube_util::delete_node(&c, &s.name).await;
+    }
+    result
+}
+
 /// The leader loses access to its Lease (RBAC revoked: 403 on every Lease call) and keeps
 /// running. It must stop writing within its renew deadline (lease duration − grace), before its
 /// lease can expire; the other replica takes over after that and labels new nodes. Never two
@@ -1143,6 +1273,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(one_unknown_instance_in_a_full_batch, true),
         scenario!(unsupported_instances_share_retries, true),
         scenario!(leader_cut_off_from_its_lease, true),
+        scenario!(outage_during_a_join_wave_with_startup_taint, true),
         scenario!(hand_edited_label, true),
         scenario!(label_fight, true),
         scenario!(node_deleted_mid_lookup, true),

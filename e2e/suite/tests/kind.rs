@@ -31,6 +31,24 @@ const LEASE: Duration = Duration::from_secs(6);
 const WAITER: &str = "waits-for-topology";
 const WORKER_LEAF: &str = "nn-kind-leaf-w1";
 const LAYER_3: &str = "topology.k8s.aws/network-node-layer-3";
+/// The startup taint the kind values configure; the worker gets it before install, as a
+/// provisioner would register it.
+const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
+/// A pod that only needs the worker (not a leaf): held back by the startup taint alone.
+const HELD: &str = "waits-for-the-startup-taint";
+
+fn pinned_pod(name: &str, hostname: &str, image: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeSelector": { "kubernetes.io/hostname": hostname },
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{ "name": "app", "image": image, "imagePullPolicy": "Never" }]
+        }
+    }))?)
+}
 
 /// The kind nodes (they run kubelets), by role.
 async fn kind_nodes(c: &Client) -> anyhow::Result<(Node, Node)> {
@@ -134,6 +152,52 @@ async fn pod_waits_for_topology_before_install(env: &Env) -> anyhow::Result<()> 
         "the scheduler to refuse the pod (no node has the leaf label yet)",
         WAIT,
         || unschedulable(&pods, WAITER),
+    )
+    .await?;
+    // The startup taint, as a provisioner registers it; a pod that needs only this node (no
+    // toleration) must wait for its release.
+    let nodes: Api<Node> = Api::all(c.clone());
+    let mut taints = worker
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if !taints.iter().any(|t| t.key == PENDING) {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: PENDING.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        });
+        nodes
+            .patch(
+                &worker.name_any(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({
+                    "metadata": {"resourceVersion": worker.metadata.resource_version},
+                    "spec": {"taints": taints}
+                })),
+            )
+            .await?;
+    }
+    let _ = pods.delete(HELD, &DeleteParams::default()).await;
+    eventually("the old held pod gone", WAIT, || async {
+        Ok(pods.get_opt(HELD).await?.is_none().then_some(()))
+    })
+    .await?;
+    let hostname = worker
+        .labels()
+        .get("kubernetes.io/hostname")
+        .cloned()
+        .unwrap_or_else(|| worker.name_any());
+    pods.create(
+        &PostParams::default(),
+        &pinned_pod(HELD, &hostname, &image)?,
+    )
+    .await?;
+    eventually(
+        "the scheduler to refuse the pod (the worker carries the startup taint)",
+        WAIT,
+        || unschedulable(&pods, HELD),
     )
     .await
 }
@@ -260,6 +324,27 @@ async fn scheduler_places_pods_by_topology_labels(env: &Env) -> anyhow::Result<(
         },
     )
     .await?;
+    // The pod held back by the startup taint alone: bound once the controller released it,
+    // which it does only after the worker's labels are written.
+    eventually("the held pod bound to the worker", WAIT, || async {
+        let p = pods.get(HELD).await?;
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        Ok((node.as_deref() == Some(worker.name_any().as_str())).then_some(()))
+    })
+    .await?;
+    let now: Node = Api::all(c.clone()).get(&worker.name_any()).await?;
+    ensure!(
+        now.labels().contains_key(LAYER_3),
+        "the worker lost its labels"
+    );
+    ensure!(
+        !now.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == PENDING)),
+        "the held pod was bound while the startup taint was still on"
+    );
+    pods.delete(HELD, &DeleteParams::default()).await?;
     let nowhere = "waits-for-a-leaf-nobody-has";
     let _ = pods.delete(nowhere, &DeleteParams::default()).await;
     eventually("the old pod gone", WAIT, || async {

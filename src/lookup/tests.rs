@@ -215,26 +215,30 @@ async fn a_small_burst_is_not_held_for_a_fill_that_will_not_come() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_steady_trickle_waits_at_most_the_max_wait() {
-    let fake = Fake::default();
-    let l = lookup(&fake);
-    // One arrival every 150 ms for 3 s never leaves a 200 ms quiet gap.
+/// One arrival every 150 ms for 3 s (never a 200 ms quiet gap), `held` or not: how long each
+/// waited for its answer.
+async fn trickle(l: &Lookup, held: bool) -> Vec<Duration> {
     let asks = (0..20).map(|n| {
         let l = l.clone();
         async move {
             tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
             let asked = Instant::now();
-            l.resolve("r", &id(n * 2), None)
+            l.resolve_expecting("r", &id(n * 2), None, false, held)
                 .await
                 .map(|_| asked.elapsed())
         }
     });
-    let waits: Vec<Duration> = futures::future::join_all(asks)
+    futures::future::join_all(asks)
         .await
         .into_iter()
         .map(Result::unwrap)
-        .collect();
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_trickle_waits_at_most_the_max_wait() {
+    let fake = Fake::default();
+    let waits = trickle(&lookup(&fake), false).await;
     assert!(
         waits.iter().all(|w| *w <= Duration::from_millis(2050 + 10)),
         "{waits:?}"
@@ -247,22 +251,7 @@ async fn a_steady_trickle_waits_at_most_the_max_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_held_node_is_not_kept_waiting_for_a_fuller_call() {
     let fake = Fake::default();
-    let l = lookup(&fake);
-    let asks = (0..20).map(|n| {
-        let l = l.clone();
-        async move {
-            tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
-            let asked = Instant::now();
-            l.resolve_expecting("r", &id(n * 2), None, false, true)
-                .await
-                .map(|_| asked.elapsed())
-        }
-    });
-    let waits: Vec<Duration> = futures::future::join_all(asks)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let waits = trickle(&lookup(&fake), true).await;
     // Two windows (400 ms) and the call's 50 ms.
     assert!(
         waits.iter().all(|w| *w <= Duration::from_millis(450 + 10)),

@@ -252,6 +252,29 @@ fn rbac_is_exactly_what_the_code_uses() {
     );
 }
 
+/// The controller releases the startup taint, so it must run on nodes still carrying it (on a
+/// new cluster, every node may); the user's own tolerations stay.
+#[test]
+fn the_controller_tolerates_the_startup_taint_it_releases() {
+    let tolerations = |sets: &[String]| {
+        let docs = render(sets);
+        kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["tolerations"].clone()
+    };
+    assert_eq!(tolerations(&[]), Value::Null, "none by default");
+    let t = tolerations(&[
+        "config.startupTaint=example.com/pending=yes:NoSchedule".into(),
+        "tolerations[0].key=gpu".into(),
+        "tolerations[0].operator=Exists".into(),
+    ]);
+    assert_eq!(
+        t,
+        serde_json::json!([
+            {"key": "gpu", "operator": "Exists"},
+            {"key": "example.com/pending", "operator": "Exists"}
+        ])
+    );
+}
+
 #[test]
 fn the_pod_runs_locked_down() {
     let docs = render(&[]);

@@ -187,6 +187,44 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// POST every node body: as fast as 64 in flight allow, or node k at k / `rate` seconds after
+/// `start`. Returns when each was created.
+async fn create_nodes(
+    client: &Client,
+    bodies: Vec<(String, Vec<u8>)>,
+    start: Instant,
+    rate: Option<u32>,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    futures::stream::iter(bodies.into_iter().enumerate())
+        .map(|(k, (name, body))| {
+            let client = client.clone();
+            let created = created.clone();
+            async move {
+                if let Some(rate) = rate {
+                    let due = start + Duration::from_secs_f64(k as f64 / f64::from(rate.max(1)));
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let req = http::Request::post("/api/v1/nodes")
+                    .header("content-type", "application/json")
+                    .body(body)?;
+                client.request_text(req).await?;
+                created
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name, Instant::now());
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(if rate.is_some() { 256 } else { 64 })
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<()>>>()?;
+    let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(created)
+}
+
 struct Env {
     dir: PathBuf,
     cp: ControlPlane,
@@ -290,28 +328,7 @@ async fn cold_start(
     let writes0 = env.node_writes().await?;
     eprintln!("cold start: creating {n} nodes");
     let start = Instant::now();
-    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    futures::stream::iter(bodies)
-        .map(|(name, body)| {
-            let client = env.client.clone();
-            let created = created.clone();
-            async move {
-                let req = http::Request::post("/api/v1/nodes")
-                    .header("content-type", "application/json")
-                    .body(body)?;
-                client.request_text(req).await?;
-                created
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(name, Instant::now());
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<()>>>()?;
+    let created = create_nodes(&env.client, bodies, start, None).await?;
     let created_in = start.elapsed();
     let deadline = Instant::now() + Duration::from_secs(300);
     while arrivals.count() < n as usize {
@@ -323,7 +340,6 @@ async fn cold_start(
     let all_in = start.elapsed();
     let times = arrivals.times();
     arrivals.timeline(start, &format!("ours-{n}"), timeline);
-    let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut lat: Vec<f64> = created
         .iter()
         .filter_map(|(name, c)| {
@@ -554,31 +570,7 @@ async fn join_rates(rates: &[u32], root: &Path) -> anyhow::Result<Vec<Row>> {
         let writes0 = env.node_writes().await?;
         eprintln!("join: {n} nodes at {rate}/s");
         let start = Instant::now();
-        let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        futures::stream::iter(bodies.into_iter().enumerate())
-            .map(|(k, (name, body))| {
-                let client = env.client.clone();
-                let created = created.clone();
-                async move {
-                    // Node k joins at k / rate seconds.
-                    let due = start + Duration::from_secs_f64(k as f64 / rate as f64);
-                    tokio::time::sleep_until(due.into()).await;
-                    let req = http::Request::post("/api/v1/nodes")
-                        .header("content-type", "application/json")
-                        .body(body)?;
-                    client.request_text(req).await?;
-                    created
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(name, Instant::now());
-                    anyhow::Ok(())
-                }
-            })
-            .buffered(256)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<anyhow::Result<Vec<()>>>()?;
+        let created = create_nodes(&env.client, bodies, start, Some(rate)).await?;
         let names: Vec<&String> = pairs.iter().map(|(s, _)| &s.name).collect();
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -592,7 +584,6 @@ async fn join_rates(rates: &[u32], root: &Path) -> anyhow::Result<Vec<Row>> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let all_in = start.elapsed();
-        let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let latencies = |seen: &Arrivals| {
             let times = seen.times();
             let mut lat: Vec<f64> = names

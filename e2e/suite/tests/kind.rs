@@ -436,17 +436,20 @@ async fn deleting_the_leader_pod_hands_over(env: &Env) -> anyhow::Result<()> {
     let deleted = Instant::now();
     pods.delete(&holder, &DeleteParams::default()).await?;
     let bound = LEASE + Duration::from_secs(5);
+    // The deleted leader releases the Lease as it stops (its holder is empty for a moment);
+    // the other replica takes it at its next try.
+    let new_holder = eventually("another replica holds the Lease", bound, || async {
+        Ok(incluster::lease_holder(&c).await?.filter(|h| *h != holder))
+    })
+    .await?;
+    let led_in = deleted.elapsed();
     new_node_labelled(env, &c, 1, bound)
         .await
         .context("no replica labelled a new node within the lease duration + 5 s")?;
     let took = deleted.elapsed();
-    let new_holder = incluster::lease_holder(&c).await?;
-    ensure!(
-        new_holder.as_deref().is_some_and(|h| h != holder),
-        "the Lease is still {new_holder:?}"
-    );
     eprintln!(
-        "    leader pod deleted: {new_holder:?} took over and labelled a new node in {:.1}s",
+        "    leader pod deleted: {new_holder} led {:.1}s later and labelled a new node {:.1}s after the deletion",
+        led_in.as_secs_f64(),
         took.as_secs_f64()
     );
     incluster::wait_rolled_out(&c, 2, Duration::from_secs(90)).await?;

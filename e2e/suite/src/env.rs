@@ -75,6 +75,12 @@ pub fn expected(nodes: &[&str], extra: &[(&str, &str)]) -> BTreeMap<String, Stri
     m
 }
 
+/// The labels `instance` gives its node (its network nodes and the zone ID).
+pub fn expected_of(instance: &Instance) -> BTreeMap<String, String> {
+    let nodes: Vec<&str> = instance.network_nodes.iter().map(String::as_str).collect();
+    expected(&nodes, &[])
+}
+
 /// Create nodes for `specs` with instances in the mock, and wait for `want` on each.
 pub async fn label_and_wait(
     env: &Env,
@@ -86,14 +92,7 @@ pub async fn label_and_wait(
         .await?;
     kube_util::create_nodes(client, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
     for (spec, inst) in pairs {
-        let want = expected(
-            &inst
-                .network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
+        let want = expected_of(inst);
         let mut want = want;
         if let Some(cb) = &inst.capacity_block_id {
             want.insert(

@@ -15,8 +15,8 @@ use std::{
 use anyhow::{Context, ensure};
 use e2e::{
     env::{
-        Env, L, LEASE, RESYNC, ScenarioFn, WAIT, expected, label_and_wait, start_labeler,
-        wait_leader,
+        Env, L, LEASE, RESYNC, ScenarioFn, WAIT, expected, expected_of, label_and_wait,
+        start_labeler, wait_leader,
     },
     fixtures::NodeSpec,
     kube_util::{self, eventually, wait_for_topology},
@@ -234,13 +234,7 @@ async fn burst_is_batched(env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     kube_util::create_nodes(&c, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
     for (s, i) in &pairs {
-        let want = expected(
-            &i.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
+        let want = expected_of(i);
         wait_for_topology(&c, &s.name, &want, WAIT).await?;
     }
     let stats = env.mock_admin.stats().await?;

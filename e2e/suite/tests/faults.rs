@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, ensure};
 use e2e::{
-    env::{Env, L, ScenarioFn, expected, label_and_wait, start_labeler},
+    env::{Env, L, ScenarioFn, expected, expected_of, label_and_wait, start_labeler},
     fixtures::NodeSpec,
     kube_util::{self, wait_for_topology},
     labeler::metric_sum,
@@ -79,22 +79,8 @@ async fn nothing_lost(
 ) -> anyhow::Result<()> {
     for (s, i) in pairs {
         let have = kube_util::topology_labels(&kube_util::labels(c, &s.name).await?);
-        let before = expected(
-            &i.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
-        let after = moved.get(&s.name).map(|m| {
-            expected(
-                &m.network_nodes
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-                &[],
-            )
-        });
+        let before = expected_of(i);
+        let after = moved.get(&s.name).map(expected_of);
         ensure!(
             have == before || Some(&have) == after.as_ref(),
             "{} lost or changed labels during the fault: {have:?}",
@@ -141,13 +127,7 @@ async fn ec2_fault(
     let fault_started = Instant::now();
     let want_now = |s: &NodeSpec, i: &Instance| {
         let now = moved.get(&s.name).unwrap_or(i);
-        expected(
-            &now.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        )
+        expected_of(now)
     };
     // Check repeatedly during the fault, not only at its end. While EC2 still answers part of
     // the calls (partial throttling), the moved nodes must be relabelled during the fault.
@@ -352,13 +332,7 @@ async fn ec2_lies(
     // The truth again: converges (the not-described or invalid answer is asked again later).
     env.mock_admin.upsert(i).await?;
     let cleared = Instant::now();
-    let want = expected(
-        &i.network_nodes
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        &[],
-    );
+    let want = expected_of(i);
     wait_for_topology(&c, &s.name, &want, Duration::from_secs(60)).await?;
     report(
         name,
@@ -509,13 +483,7 @@ async fn apiserver_restarted(env: &Env) -> anyhow::Result<()> {
     }
     let c = env.admin().await?;
     for (s, i) in before.iter().chain(&after) {
-        let want = expected(
-            &i.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
+        let want = expected_of(i);
         wait_for_topology(&c, &s.name, &want, Duration::from_secs(90)).await?;
     }
     let mut guard = env.labeler.lock().await;
@@ -637,13 +605,7 @@ async fn label_fight(env: &Env) -> anyhow::Result<()> {
     )
     .await?;
     let stopped = Instant::now();
-    let want = expected(
-        &i.network_nodes
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        &[],
-    );
+    let want = expected_of(i);
     wait_for_topology(&c, &s.name, &want, Duration::from_secs(60)).await?;
     report(
         "label_fight",
@@ -664,13 +626,7 @@ async fn hand_edited_label(env: &Env) -> anyhow::Result<()> {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
     api.patch(&s.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {format!("{L}2"): "edited-by-hand", format!("{L}3"): null}}}))).await?;
     let edited = Instant::now();
-    let want = expected(
-        &i.network_nodes
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        &[],
-    );
+    let want = expected_of(i);
     wait_for_topology(&c, &s.name, &want, Duration::from_secs(30)).await?;
     report(
         "hand_edited_label",
@@ -705,13 +661,7 @@ async fn killed_mid_batch(env: &Env) -> anyhow::Result<()> {
     let restarted = Instant::now();
     env.mock_admin.set_faults(&Faults::default()).await?;
     for (s, i) in &pairs {
-        let want = expected(
-            &i.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
+        let want = expected_of(i);
         wait_for_topology(&c, &s.name, &want, Duration::from_secs(90)).await?;
     }
     let calls = env.mock_admin.stats().await?.calls - calls0;
@@ -768,13 +718,7 @@ async fn one_unknown_instance_in_a_full_batch(env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     kube_util::create_nodes(&c, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
     for (s, i) in pairs.iter().filter(|(s, _)| s.name != bad.name) {
-        let want = expected(
-            &i.network_nodes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            &[],
-        );
+        let want = expected_of(i);
         wait_for_topology(&c, &s.name, &want, Duration::from_secs(30)).await?;
     }
     let took = started.elapsed();
@@ -979,10 +923,7 @@ async fn outage_during_a_join_wave_with_startup_taint(env: &Env) -> anyhow::Resu
         drop(guard);
         let back = Instant::now();
         for (s, i) in &pairs {
-            let want = expected(
-                &i.network_nodes.iter().map(String::as_str).collect::<Vec<_>>(),
-                &[],
-            );
+            let want = expected_of(i);
             wait_for_topology(&c, &s.name, &want, Duration::from_secs(60)).await?;
         }
         let labelled_in = back.elapsed();

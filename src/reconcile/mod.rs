@@ -391,8 +391,9 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
         .min(cap);
     // Full jitter on the upper half: failed nodes spread out instead of retrying together.
     let mut delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
-    // A startup-taint timeout falls due on time, backoff or not.
-    if let Some(due) = ctx.gate.timeout_in(&node) {
+    // A startup-taint timeout falls due on time, backoff or not (once it has passed, the
+    // release is retried with the backoff like any write).
+    if let Some(due) = ctx.gate.timeout_in(&node).filter(|d| !d.is_zero()) {
         delay = delay.min(due + Duration::from_millis(100));
     }
     if err.needs_operator() {

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod duration;
+pub mod events;
 pub mod http;
 pub mod reconcile;
 pub mod run;

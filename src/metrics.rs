@@ -87,6 +87,7 @@ pub struct Metrics {
     hypernode_conflicts: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     label_conflicts: Counter,
+    events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<OutcomeLabels, Counter>,
     first_label_latency: Histogram,
     taint_release_latency: Histogram,
@@ -218,6 +219,12 @@ impl Metrics {
             "1 when a Kueue Topology of our name exists with other levels (left alone)",
             kueue_mismatch.clone(),
         );
+        let events = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "events",
+            "Kubernetes Events by outcome: sent, failed, dropped_rate_limited (beyond the budget of 100 back to back and 5/s per type), dropped_queue_full",
+            events.clone(),
+        );
         let label_conflicts = Counter::default();
         registry.register(
             "label_conflicts",
@@ -267,6 +274,7 @@ impl Metrics {
             hypernode_conflicts,
             kueue_mismatch,
             label_conflicts,
+            events,
             taint_releases,
             first_label_latency,
             taint_release_latency,
@@ -331,6 +339,14 @@ impl Metrics {
         self.label_writes
             .get_or_create(&WriteLabels {
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn event(&self, outcome: &str) {
+        self.events
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
             })
             .inc();
     }

@@ -32,6 +32,48 @@ pub struct LiteNode {
     pub spec: LiteSpec,
     #[serde(default)]
     pub status: LiteStatus,
+    /// The labels of a node in the cache, packed (see [`LiteNode::pack_labels`]); read through
+    /// [`LiteNode::labels`].
+    #[serde(skip)]
+    packed_labels: Option<PackedLabels>,
+}
+
+/// Labels in one allocation: `key\0value\0` pairs, in key order. A `BTreeMap<String, String>`
+/// of the half-dozen labels a cached node keeps costs about 900 bytes (a 544-byte tree node and
+/// a dozen small strings); this costs their length (about 300 bytes). `\0` is valid in neither
+/// keys nor values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PackedLabels(Box<str>);
+
+impl PackedLabels {
+    pub fn pack(labels: &BTreeMap<String, String>) -> Option<Self> {
+        if labels.is_empty()
+            || labels
+                .iter()
+                .any(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            return None;
+        }
+        let mut s = String::with_capacity(labels.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
+        for (k, v) in labels {
+            s.push_str(k);
+            s.push('\0');
+            s.push_str(v);
+            s.push('\0');
+        }
+        Some(Self(s.into_boxed_str()))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut parts = self.0.split('\0');
+        std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
+    }
+
+    pub fn unpack(&self) -> BTreeMap<String, String> {
+        self.iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -211,10 +253,46 @@ impl LiteNode {
     }
 
     pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
-        match &self.metadata.labels {
-            Some(l) => Cow::Borrowed(l),
-            None => Cow::Owned(BTreeMap::new()),
+        match (&self.metadata.labels, &self.packed_labels) {
+            (Some(l), _) => Cow::Borrowed(l),
+            (None, Some(p)) => Cow::Owned(p.unpack()),
+            (None, None) => Cow::Owned(BTreeMap::new()),
         }
+    }
+
+    /// Does the node carry the label `key`? (Without unpacking packed labels.)
+    pub fn has_label(&self, key: &str) -> bool {
+        match (&self.metadata.labels, &self.packed_labels) {
+            (Some(l), _) => l.contains_key(key),
+            (None, Some(p)) => p.iter().any(|(k, _)| k == key),
+            (None, None) => false,
+        }
+    }
+
+    /// The value of the label `key`, if any.
+    pub fn label(&self, key: &str) -> Option<String> {
+        match (&self.metadata.labels, &self.packed_labels) {
+            (Some(l), _) => l.get(key).cloned(),
+            (None, Some(p)) => p.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_owned()),
+            (None, None) => None,
+        }
+    }
+
+    /// Move the labels out of the metadata into one packed allocation: for nodes kept in the
+    /// cache (thousands of them), read through [`LiteNode::labels`].
+    pub fn pack_labels(&mut self) {
+        if let Some(labels) = self.metadata.labels.take() {
+            self.packed_labels = PackedLabels::pack(&labels);
+            if self.packed_labels.is_none() && !labels.is_empty() {
+                // Not packable (a NUL byte the API server would never accept): keep as is.
+                self.metadata.labels = Some(labels);
+            }
+        }
+    }
+
+    /// The packed labels, for hashing what changed.
+    pub fn packed_labels(&self) -> Option<&PackedLabels> {
+        self.packed_labels.as_ref()
     }
 }
 
@@ -277,6 +355,33 @@ mod tests {
         )
         .unwrap();
         assert!(null.topology_condition().is_none());
+    }
+
+    #[test]
+    fn packed_labels_read_back_exactly() {
+        let labels: BTreeMap<String, String> = [
+            ("topology.k8s.aws/network-node-layer-1", "nn-1"),
+            ("topology.k8s.aws/network-node-layer-2", "nn-2"),
+            ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+            ("empty", ""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let mut n = LiteNode::default();
+        n.metadata.labels = Some(labels.clone());
+        n.pack_labels();
+        assert!(n.metadata.labels.is_none(), "moved out of the metadata");
+        assert_eq!(*n.labels(), labels);
+        assert!(n.has_label("empty") && !n.has_label("nn-1"));
+        assert_eq!(
+            n.label("node.kubernetes.io/instance-type").as_deref(),
+            Some("p5.48xlarge")
+        );
+        assert_eq!(n.label("missing"), None);
+        let mut none = LiteNode::default();
+        none.pack_labels();
+        assert!(none.labels().is_empty() && none.packed_labels().is_none());
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub async fn plan_nodes(
         let standing = match &assessed {
             Ok(Assessment::Skipped(reason)) => Some(Standing::Skipped(*reason)),
             Ok(Assessment::NotDescribed { .. }) => Some(Standing::NotDescribed {
-                instance_type: node.labels().get(INSTANCE_TYPE_LABEL).cloned(),
+                instance_type: node.label(INSTANCE_TYPE_LABEL),
             }),
             Ok(Assessment::Rejected { .. }) => Some(Standing::Rejected),
             Ok(Assessment::Invalid { .. }) => Some(Standing::Ec2Unavailable),

@@ -14,12 +14,11 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
-        Controller, PredicateConfig, WatchStreamExt, controller,
-        events::{Recorder, Reporter},
+        Controller, WatchStreamExt, controller,
         reflector::{self, Store},
         watcher,
     },
@@ -44,7 +43,7 @@ use crate::{
         conflict::GuardConfig,
         error_policy,
         gate::{Gate, INSTANCE_TYPE_LABEL},
-        provider_id_of, reconcile,
+        provider_id_of, reconcile, resync,
     },
 };
 
@@ -58,15 +57,22 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| scheme.is_family_annotation(k));
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
     }
+    node.pack_labels();
 }
 
 /// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
 /// labels) do not trigger one. Applied to pruned nodes.
-fn relevant(node: &LiteNode) -> Option<u64> {
+fn relevant(node: &LiteNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
+    // A node deleted and created again under the same name is a new node.
+    node.metadata.uid.hash(&mut h);
     node.metadata.labels.hash(&mut h);
+    node.packed_labels().hash(&mut h);
     node.metadata.annotations.hash(&mut h);
     provider_id_of(node).hash(&mut h);
     boot_id(node).hash(&mut h);
@@ -77,7 +83,7 @@ fn relevant(node: &LiteNode) -> Option<u64> {
     if let Some(c) = node.topology_condition() {
         (&c.status, &c.reason).hash(&mut h);
     }
-    Some(h.finish())
+    h.finish()
 }
 
 /// Build the lookup stack: EC2 client, shared limiter, batching cache.
@@ -137,13 +143,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(default_identity);
     if args.serve.events {
-        ctx.recorder = Some(Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(identity.clone()),
-            },
-        ));
+        ctx.events =
+            crate::events::Events::start(client.clone(), FIELD_MANAGER, &identity, metrics.clone());
     }
     let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
@@ -170,6 +171,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Read from the stream itself: the store's own readiness signal wakes a single waiter, and
     // the controller is already waiting on it.
     let mark_synced = synced.clone();
+    let filter_ctx = ctx.clone();
     let triggers = watcher(nodes, watcher::Config::default())
         .default_backoff()
         .modify(move |node| prune(node, &prune_scheme))
@@ -182,10 +184,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         })
         .touched_objects()
-        .predicate_filter(
-            relevant,
-            PredicateConfig::default().ttl(resync.saturating_mul(3)),
-        );
+        .try_filter(move |node| {
+            std::future::ready(filter_ctx.records.changed(node, relevant(node)))
+        });
 
     // Each time EC2 answers again after failing, re-check every node: those waiting out a
     // per-node backoff are labelled now (they share batched calls; the rest are cache hits).
@@ -199,7 +200,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &args.publish,
         &scheme,
         &metrics,
-        ctx.recorder.clone(),
+        ctx.events.clone(),
         &ctx.leader,
     ) {
         tokio::spawn(publishers.run(
@@ -224,7 +225,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     ));
 
     info!(resync_s = resync.as_secs(), "controller starting");
+    let due = resync::due(reader.clone(), resync);
     Controller::for_stream(triggers, reader)
+        .reconcile_on(due)
         .with_config(controller::Config::default().concurrency(args.controller.concurrency))
         .reconcile_all_on(futures::stream::select(
             elected_rx,

@@ -71,24 +71,24 @@ fn node(labels: &[(&str, &str)]) -> LiteNode {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    LiteNode {
-        metadata: kube::api::ObjectMeta {
-            name: Some("ip-10-0-0-1.us-west-2.compute.internal".into()),
-            uid: Some("5c3e1c0e-0000-4000-8000-000000000001".into()),
-            labels: Some(labels),
-            ..Default::default()
+    let mut n = LiteNode::default();
+    n.metadata = kube::api::ObjectMeta {
+        name: Some("ip-10-0-0-1.us-west-2.compute.internal".into()),
+        uid: Some("5c3e1c0e-0000-4000-8000-000000000001".into()),
+        labels: Some(labels),
+        ..Default::default()
+    };
+    n.spec = LiteSpec {
+        provider_id: Some(format!("aws:///us-west-2a/{ID}")),
+        ..Default::default()
+    };
+    n.status = LiteStatus {
+        node_info: LiteNodeInfo {
+            boot_id: Some("boot-1".into()),
         },
-        spec: LiteSpec {
-            provider_id: Some(format!("aws:///us-west-2a/{ID}")),
-            ..Default::default()
-        },
-        status: LiteStatus {
-            node_info: LiteNodeInfo {
-                boot_id: Some("boot-1".into()),
-            },
-            ..Default::default()
-        },
-    }
+        ..Default::default()
+    };
+    n
 }
 
 fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
@@ -124,6 +124,7 @@ struct Seen {
     method: Method,
     uri: String,
     content_type: String,
+    accept: String,
     body: Value,
 }
 
@@ -139,6 +140,11 @@ async fn answer(handle: &mut Handle, reply: Value) -> Seen {
     let content_type = request
         .headers()
         .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let accept = request
+        .headers()
+        .get("accept")
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
     let bytes = request.into_body().collect_bytes().await.unwrap();
@@ -157,6 +163,7 @@ async fn answer(handle: &mut Handle, reply: Value) -> Seen {
         method,
         uri,
         content_type,
+        accept,
         body,
     }
 }
@@ -204,8 +211,17 @@ async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
     });
     let reply = node_json(expected.clone());
     let (result, seen) = tokio::join!(reconcile(n, ctx.clone()), answer(&mut handle, reply));
-    assert!(matches!(result, Ok(a) if a != Action::await_change()));
+    assert_eq!(
+        result.ok(),
+        Some(Action::await_change()),
+        "no timer of its own: the resync walk comes back to it"
+    );
     assert_eq!(seen.method, Method::PATCH);
+    assert!(
+        seen.accept.contains("as=PartialObjectMetadata"),
+        "only the metadata comes back, not a whole Node: {}",
+        seen.accept
+    );
     assert_eq!(
         seen.uri,
         "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal?&force=true&fieldManager=ec2-topology-labeler"
@@ -241,10 +257,10 @@ async fn a_node_already_right_costs_no_request() {
         let action = without_requests(&mut handle, reconcile(n.clone(), ctx.clone()))
             .await
             .expect("no-op");
-        assert_ne!(
+        assert_eq!(
             action,
             Action::await_change(),
-            "requeued for the periodic resync"
+            "no timer per node: the resync walk comes back to it"
         );
     }
     assert_no_more_requests(ctx, handle).await;
@@ -281,8 +297,8 @@ async fn a_cache_behind_our_own_write_does_not_cause_a_second_write() {
         .await
         .expect("no request sent for a write already made");
         assert!(
-            matches!(again, Ok(a) if a != Action::await_change()),
-            "requeued for the resync"
+            matches!(again, Ok(a) if a == Action::await_change()),
+            "left to the resync walk"
         );
     }
     assert_no_more_requests(ctx, handle).await;
@@ -612,6 +628,10 @@ async fn the_startup_taint_goes_only_after_the_labels_and_other_taints_stay() {
     assert_eq!(
         apply.content_type, "application/apply-patch+yaml",
         "labels first"
+    );
+    assert!(
+        !apply.accept.contains("PartialObjectMetadata"),
+        "the gate reads the taints from the apply's answer: the whole Node comes back"
     );
     assert_eq!(
         condition.uri,

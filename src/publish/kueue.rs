@@ -12,7 +12,7 @@ use kube::{
     Api, Client, Resource,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
     discovery::{Discovery, verbs},
-    runtime::events::{Event, EventType, Recorder},
+    runtime::events::EventType,
 };
 use serde_json::{Value, json};
 use tracing::{error, info, warn};
@@ -148,7 +148,7 @@ pub struct KueuePublisher {
     /// The Topologies found mismatched at the last check (each reported once).
     reported: Option<Vec<String>>,
     metrics: Arc<Metrics>,
-    recorder: Option<Recorder>,
+    events: crate::events::Events,
 }
 
 impl KueuePublisher {
@@ -157,7 +157,7 @@ impl KueuePublisher {
         args: &PublishArgs,
         scheme: &LabelScheme,
         metrics: Arc<Metrics>,
-        recorder: Option<Recorder>,
+        events: crate::events::Events,
     ) -> Self {
         let hostname = args.kueue_topology_hostname_level;
         let mut topologies = vec![(
@@ -177,7 +177,7 @@ impl KueuePublisher {
             checked: None,
             reported: None,
             metrics,
-            recorder,
+            events,
         }
     }
 
@@ -195,19 +195,18 @@ impl KueuePublisher {
                     mismatched.push(name.clone());
                     if self.reported.as_ref().is_none_or(|r| !r.contains(&name)) {
                         warn!(topology = %name, have = ?have, want = ?levels, "Kueue Topology exists with other levels; levels are immutable, so it is left alone: delete it to let us recreate it, or point ResourceFlavors at another name");
-                        if let (Some(recorder), Some(obj)) = (&self.recorder, obj)
+                        if let Some(obj) = obj
                             && let Ok(Some(ar)) = topology_resource(&self.client).await
                         {
-                            let event = Event {
-                                type_: EventType::Warning,
-                                reason: "TopologyLevelsMismatch".into(),
-                                note: Some(format!(
+                            self.events.publish(
+                                EventType::Warning,
+                                "TopologyLevelsMismatch",
+                                "PublishTopology",
+                                &format!(
                                     "levels {have:?} differ from the labels ec2-topology-labeler writes {levels:?}; levels are immutable, left alone"
-                                )),
-                                action: "PublishTopology".into(),
-                                secondary: None,
-                            };
-                            let _ = recorder.publish(&event, &object_ref(&obj, &ar)).await;
+                                ),
+                                object_ref(&obj, &ar),
+                            );
                         }
                     }
                 }

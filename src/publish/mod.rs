@@ -18,10 +18,7 @@ use std::{
 
 use clap::Args;
 use futures::future::BoxFuture;
-use kube::{
-    Client, ResourceExt,
-    runtime::{events::Recorder, reflector::Store},
-};
+use kube::{Client, ResourceExt, runtime::reflector::Store};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -102,7 +99,7 @@ impl Publishers {
         args: &PublishArgs,
         scheme: &LabelScheme,
         metrics: &Arc<Metrics>,
-        recorder: Option<Recorder>,
+        events: crate::events::Events,
         leader: &Leadership,
     ) -> Option<Self> {
         let mut list: Vec<Box<dyn Publisher>> = Vec::new();
@@ -112,7 +109,7 @@ impl Publishers {
                 args,
                 scheme,
                 metrics.clone(),
-                recorder,
+                events,
             )));
         }
         if args.volcano_hypernodes {
@@ -155,7 +152,7 @@ impl Publishers {
                     .map(|n| NodeView {
                         name: n.name_any(),
                         ready: None,
-                        labels: n.metadata.labels.clone().unwrap_or_default(),
+                        labels: n.labels().into_owned(),
                         note: None,
                     })
                     .collect()

@@ -49,7 +49,7 @@ pub enum Assessment {
 }
 
 pub(super) fn labels_of(node: &LiteNode) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
+    node.labels().into_owned()
 }
 
 pub(super) fn annotations_of(node: &LiteNode) -> BTreeMap<String, String> {
@@ -90,7 +90,7 @@ pub async fn assess(
     let has_capacity_block = scheme
         .capacity_block_key
         .as_ref()
-        .is_some_and(|k| node.labels().contains_key(k));
+        .is_some_and(|k| node.has_label(k));
     match lookup
         .resolve_expecting(
             &region,

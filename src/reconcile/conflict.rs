@@ -48,7 +48,8 @@ pub enum Verdict {
 /// One node's history of corrections, kept in its record (see `super::nodes`).
 #[derive(Debug, Default, Clone)]
 pub struct History {
-    boot_id: Option<String>,
+    /// Hash of the boot ID the history is about (a hash, not the 36-byte ID: one per node).
+    boot: Option<u64>,
     wrote: bool,
     corrections: VecDeque<Instant>,
     held_until: Option<Instant>,
@@ -63,10 +64,16 @@ impl History {
         boot_id: Option<&str>,
         now: Instant,
     ) -> Verdict {
-        if boot_id.is_some() && self.boot_id.as_deref() != boot_id {
+        let boot = boot_id.map(|b| {
+            use std::hash::{DefaultHasher, Hash, Hasher};
+            let mut h = DefaultHasher::new();
+            b.hash(&mut h);
+            h.finish()
+        });
+        if boot.is_some() && self.boot != boot {
             // A new boot: the node may legitimately need new labels.
             *self = History {
-                boot_id: boot_id.map(str::to_owned),
+                boot,
                 ..History::default()
             };
         }

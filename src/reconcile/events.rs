@@ -3,42 +3,16 @@
 //!
 //! Owns: Event text and delivery. Never changes labels.
 
-use std::time::Duration;
-
-use kube::{
-    Api, Resource, ResourceExt,
-    runtime::events::{Event, EventType},
-};
-use tracing::{debug, warn};
+use kube::{Api, Resource, ResourceExt};
+use tracing::warn;
 
 use super::{Context, conflict::other_owners};
-use crate::{FIELD_MANAGER, labels::NodeDiff, node::LiteNode};
+use crate::{FIELD_MANAGER, events::EventType, labels::NodeDiff, node::LiteNode};
 
-/// Record an Event on the node. Events are informative: failing to record one is only logged.
+/// Record an Event on the node (never waits: see [`crate::events`]).
 pub async fn record(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str, note: String) {
-    let Some(recorder) = &ctx.recorder else {
-        return;
-    };
-    // The Events API caps notes at 1 kB.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "LabelTopology".into(),
-        secondary: None,
-    };
-    // Events are informative: never let one hold up a reconcile.
-    match tokio::time::timeout(
-        Duration::from_secs(5),
-        recorder.publish(&event, &node.object_ref(&())),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => debug!(error = %e, "could not record an event"),
-        Err(_) => debug!("recording an event timed out"),
-    }
+    ctx.events
+        .publish(type_, reason, "LabelTopology", &note, node.object_ref(&()));
 }
 
 /// Someone keeps changing our labels on this node: say who, once per hold.

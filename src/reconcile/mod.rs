@@ -14,6 +14,7 @@ pub mod conflict;
 mod events;
 pub mod gate;
 pub mod nodes;
+pub mod resync;
 mod startup;
 pub mod write;
 
@@ -25,14 +26,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use crate::events::EventType;
 use clap::Args;
-use kube::{
-    Api, ResourceExt,
-    runtime::{
-        controller::Action,
-        events::{EventType, Recorder},
-    },
-};
+use kube::{Api, ResourceExt, runtime::controller::Action};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -58,7 +54,8 @@ use crate::{
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerArgs {
-    /// Every node is re-checked against the cached topology this often (with jitter).
+    /// Every node is re-checked against the cached topology this often, spread evenly over the
+    /// period.
     #[arg(long, env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
     pub resync_period: HumanDuration,
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
@@ -87,8 +84,8 @@ pub struct Context {
     /// Whether this replica leads (always, without leader election). A follower neither asks
     /// EC2 nor writes; a leader whose Lease renewals fail stops at its renew deadline.
     pub leader: Leadership,
-    /// Kubernetes Events on Nodes, when enabled.
-    pub recorder: Option<Recorder>,
+    /// Kubernetes Events on Nodes (dropped when turned off).
+    pub events: crate::events::Events,
     /// When to hold writes to a node whose labels someone else keeps changing.
     pub conflict: GuardConfig,
     /// Every node's record (failures, our last write, conflicts, state).
@@ -121,7 +118,7 @@ impl Context {
             resync,
             metrics: metrics.clone(),
             leader: Leadership::always(),
-            recorder: None,
+            events: crate::events::Events::default(),
             conflict: GuardConfig::default(),
             records: Nodes::new(metrics.clone()),
             gate: Gate::default(),
@@ -131,11 +128,6 @@ impl Context {
             operator_error_logged_at: AtomicU64::new(0),
         }
     }
-}
-
-/// Requeue after `d`, spread by up to a tenth so a fleet does not resync in lockstep.
-fn jittered(d: Duration) -> Duration {
-    d + d.mul_f64(fastrand::f64() / 10.0)
 }
 
 pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
@@ -226,7 +218,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 );
             }
             let standing = Standing::NotDescribed {
-                instance_type: node.labels().get(gate::INSTANCE_TYPE_LABEL).cloned(),
+                instance_type: node.label(gate::INSTANCE_TYPE_LABEL),
             };
             let gate = startup::step(ctx, node, &standing, None).await?;
             Ok(next_look(grid(retry_in), gate))
@@ -273,10 +265,9 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             recheck_in,
         } => {
             tracing::Span::current().record("instance", instance_id.as_str());
-            // Next look: at the resync, or sooner while EC2's answer is still settling.
-            let usual = Some(
-                recheck_in.map_or_else(|| jittered(ctx.resync), |d| d + Duration::from_millis(5)),
-            );
+            // Next look: sooner while EC2's answer is still settling; otherwise when the node
+            // changes or its resync slot comes up (see `resync`: no timer per node).
+            let usual = recheck_in.map(|d| d + Duration::from_millis(5));
             if let Some(e) = refresh_error {
                 warn!(error = %e, "refreshing the topology failed; using the earlier answer");
             }
@@ -313,7 +304,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 let gate = startup::step(ctx, node, &Standing::Held, None).await?;
                 return Ok(next_look(Some(wait + Duration::from_millis(100)), gate));
             }
-            let first = !desired.labels.keys().any(|k| node.labels().contains_key(k));
+            let first = !desired.labels.keys().any(|k| node.has_label(k));
             let written = {
                 // A closed semaphore cannot happen (it is never closed); write regardless.
                 let _permit = ctx.writes.acquire().await.ok();
@@ -321,7 +312,16 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 if !ctx.leader.is_leader() {
                     return Ok(Action::await_change());
                 }
-                match write_labels(&ctx.api, node, &desired, &diff, &ctx.metrics).await {
+                match write_labels(
+                    &ctx.api,
+                    node,
+                    &desired,
+                    &diff,
+                    &ctx.metrics,
+                    ctx.gate.enabled(),
+                )
+                .await
+                {
                     Ok(written) => written,
                     Err(e) => {
                         if e.is_api_unavailable() {

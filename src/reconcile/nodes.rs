@@ -12,8 +12,6 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use kube::ResourceExt;
-
 use super::conflict::History;
 use crate::{
     labels::Desired,
@@ -26,15 +24,19 @@ use crate::{
 pub struct NodeRecord {
     /// Reconciles in a row that failed.
     pub failures: u32,
-    /// Our last write, while the node cache does not show it yet (see [`Echo`]).
-    echo: Option<Echo>,
+    /// Our last write, while the node cache does not show it yet (see [`Echo`]). Boxed, like
+    /// `gate_write`: both are short-lived, and a record is kept for every node.
+    echo: Option<Box<Echo>>,
     /// Corrections of our labels on this node (see [`super::conflict`]).
     pub conflict: History,
     /// Where the node stands; `None` before its first reconcile.
     state: Option<NodeState>,
     /// The resourceVersion the API server gave our last startup-gate write (condition, taint),
     /// until the node cache shows it (see [`NodeRecord::gate_behind`]).
-    gate_write: Option<(String, std::time::Instant)>,
+    gate_write: Option<Box<(String, std::time::Instant)>>,
+    /// Hash of what matters to a reconcile, as the watch last delivered the node (see
+    /// [`Nodes::changed`]).
+    relevant: Option<u64>,
 }
 
 /// How long the node cache may lag behind a gate write before we stop waiting for it (a watch
@@ -59,10 +61,12 @@ impl NodeRecord {
     /// We wrote `desired` to `node` (as the cache had it).
     pub fn written(&mut self, node: &LiteNode, desired: &Desired) {
         // Without a resourceVersion there is no telling the cache caught up: record nothing.
-        self.echo = node.metadata.resource_version.clone().map(|rv| Echo {
-            uid: node.metadata.uid.clone(),
-            resource_version: rv,
-            desired: desired.clone(),
+        self.echo = node.metadata.resource_version.clone().map(|rv| {
+            Box::new(Echo {
+                uid: node.metadata.uid.clone(),
+                resource_version: rv,
+                desired: desired.clone(),
+            })
         });
     }
 
@@ -84,14 +88,14 @@ impl NodeRecord {
 
     /// Our last startup-gate write left the node at `resource_version`.
     pub fn gate_written(&mut self, resource_version: Option<String>) {
-        self.gate_write = resource_version.map(|rv| (rv, std::time::Instant::now()));
+        self.gate_write = resource_version.map(|rv| Box::new((rv, std::time::Instant::now())));
     }
 
     /// Is `node` (from the cache) older than our last gate write? Then deciding its taint or
     /// condition from it would repeat that write: wait for the cache to show our write (the
     /// watch delivers every version in order) or, at most, [`GATE_ECHO`].
     pub fn gate_behind(&mut self, node: &LiteNode) -> bool {
-        let Some((rv, at)) = &self.gate_write else {
+        let Some((rv, at)) = self.gate_write.as_deref() else {
             return false;
         };
         if node.metadata.resource_version.as_ref() == Some(rv) || at.elapsed() > GATE_ECHO {
@@ -129,7 +133,13 @@ impl Nodes {
 
     /// Work on `node`'s record (made on first use).
     pub fn with<R>(&self, node: &LiteNode, f: impl FnOnce(&mut NodeRecord) -> R) -> R {
-        f(self.records().entry(node.name_any()).or_default())
+        let mut records = self.records();
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        // Look up by reference: a name is allocated only for a node seen the first time.
+        if let Some(r) = records.get_mut(name) {
+            return f(r);
+        }
+        f(records.entry(name.to_owned()).or_default())
     }
 
     /// Record where `node` stands; returns where it stood (so callers log transitions once).
@@ -145,6 +155,14 @@ impl Nodes {
         if self.with(node, |r| r.state.is_none()) {
             self.set_state(node, NodeState::Pending);
         }
+    }
+
+    /// Does this version of `node` (with `relevant`, the hash of what can change a reconcile's
+    /// outcome) differ from the last one the watch delivered? Heartbeats and image updates do
+    /// not: they are filtered out before the controller. Kept in the node's record rather than
+    /// in a map of its own (one name per node, forgotten in one place).
+    pub fn changed(&self, node: &LiteNode, relevant: u64) -> bool {
+        self.with(node, |r| r.relevant.replace(relevant) != Some(relevant))
     }
 
     /// Forget every node not in `live` (deleted): all it had in its record goes.

@@ -7,7 +7,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{ResourceExt, runtime::events::EventType};
+use kube::ResourceExt;
+
+use crate::events::EventType;
 use tracing::{info, warn};
 
 use super::{

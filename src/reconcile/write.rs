@@ -58,19 +58,32 @@ pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
 
 /// One apply of the full managed set; then, only if stale keys survived it because another
 /// manager co-owns them, one merge patch that removes exactly those keys. Returns the node as
-/// the API server holds it after the last write.
+/// the API server holds it after the last write: whole when `whole` (the startup gate reads its
+/// taints), otherwise its metadata only.
+///
+/// Asking for metadata only (`as=PartialObjectMetadata`) spares the API server encoding, and us
+/// decoding, a whole Node (~15 kB with its images) for every write: during an install of
+/// thousands of nodes the API server is the bottleneck, and every byte it encodes counts.
 pub async fn write_labels(
     nodes: &Api<LiteNode>,
     node: &LiteNode,
     desired: &Desired,
     diff: &NodeDiff,
     metrics: &Metrics,
+    whole: bool,
 ) -> Result<LiteNode> {
     let name = node.name_any();
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = nodes
-        .patch(&name, &params, &Patch::Apply(apply_body(node, desired)))
-        .await?;
+    let body = Patch::Apply(apply_body(node, desired));
+    let applied = if whole {
+        nodes.patch(&name, &params, &body).await?
+    } else {
+        let req = kube::core::Request::new(nodes.resource_url())
+            .patch_metadata(&name, &params, &body)
+            .map_err(kube::Error::BuildRequest)?;
+        // A `PartialObjectMetadata` reads as a Node without spec and status.
+        nodes.clone().into_client().request::<LiteNode>(req).await?
+    };
     metrics.label_write("apply");
 
     let live_labels = labels_of(&applied);

@@ -1,0 +1,311 @@
+//! Kubernetes Events (`events.k8s.io/v1`): informative, best effort, never in a reconcile's way.
+//!
+//! kube-runtime's `Recorder` keeps every Event it sent for six minutes (to count repeats as a
+//! series) and walks that whole cache on each publish. We record Events on transitions only,
+//! so repeats are rare, and at scale that cache was the controller's largest memory (about
+//! 3.8 KiB per node during an install: 19 MiB of a 52 MiB heap at 5,000 nodes) and its walk a
+//! quadratic CPU cost. So Events go out from here instead:
+//!
+//! - [`Events::publish`] never waits: it takes a token from the type's budget (a bucket of
+//!   [`BURST`], refilled at [`RATE`] per second, one for Normal and one for Warning Events, so a
+//!   labelling wave cannot starve warnings) and queues the Event; one background task creates
+//!   them, [`IN_FLIGHT`] at a time, each with a 5 s timeout.
+//! - Beyond the budget or a full queue the Event is dropped and counted
+//!   (`events_total{outcome}`), like client-go's spam filter: during an install of thousands of
+//!   nodes the first hundred say what happened, logs and metrics say the rest.
+//! - Nothing is cached: memory does not grow with the number of nodes.
+//!
+//! Owns: Event delivery. Never decides what to say (callers do).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+};
+pub use kube::runtime::events::EventType;
+use kube::{Api, Client, api::PostParams};
+use tracing::debug;
+
+use crate::metrics::Metrics;
+
+/// Events of one type allowed back to back.
+pub const BURST: f64 = 100.0;
+/// Events of one type per second after a burst.
+pub const RATE: f64 = 5.0;
+/// Events waiting to be sent.
+const QUEUE: usize = 256;
+/// Events being created at once.
+const IN_FLIGHT: usize = 4;
+/// The Events API caps notes at 1 kB.
+const NOTE_MAX: usize = 1000;
+
+/// Where Events go; [`Events::default`] drops them (Events turned off).
+#[derive(Clone, Default)]
+pub struct Events {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    controller: String,
+    instance: String,
+    tx: tokio::sync::mpsc::Sender<Event>,
+    normal: Mutex<Bucket>,
+    warning: Mutex<Bucket>,
+    metrics: Arc<Metrics>,
+}
+
+/// A token bucket read without waiting.
+#[derive(Debug)]
+pub struct Bucket {
+    tokens: f64,
+    at: Instant,
+    burst: f64,
+    rate: f64,
+}
+
+impl Bucket {
+    pub fn new(burst: f64, rate: f64, now: Instant) -> Self {
+        Self {
+            tokens: burst,
+            at: now,
+            burst,
+            rate,
+        }
+    }
+
+    /// Take a token if there is one at `now`.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Events {
+    /// Send Events as `controller` (the reporting controller) from `instance` (this replica),
+    /// through a task spawned on the current runtime.
+    pub fn start(client: Client, controller: &str, instance: &str, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Event>(QUEUE);
+        let now = Instant::now();
+        let inner = Arc::new(Inner {
+            controller: controller.into(),
+            instance: instance.into(),
+            tx,
+            normal: Mutex::new(Bucket::new(BURST, RATE, now)),
+            warning: Mutex::new(Bucket::new(BURST, RATE, now)),
+            metrics: metrics.clone(),
+        });
+        tokio::spawn(deliver(client, rx, metrics));
+        Self { inner: Some(inner) }
+    }
+
+    /// Record an Event about `regarding`; returns at once (see the module docs).
+    pub fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+        regarding: ObjectReference,
+    ) {
+        let Some(inner) = &self.inner else {
+            return;
+        };
+        let bucket = match type_ {
+            EventType::Normal => &inner.normal,
+            EventType::Warning => &inner.warning,
+        };
+        let allowed = bucket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(Instant::now());
+        if !allowed {
+            inner.metrics.event("dropped_rate_limited");
+            return;
+        }
+        let event = inner.event(type_, reason, action, note, regarding);
+        match inner.tx.try_send(event) {
+            Ok(()) => {}
+            Err(_) => inner.metrics.event("dropped_queue_full"),
+        }
+    }
+}
+
+impl Inner {
+    fn event(
+        &self,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+        regarding: ObjectReference,
+    ) -> Event {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = format!(
+            "{}.{:x}",
+            regarding.name.as_deref().unwrap_or(&self.controller),
+            now.as_nanosecond()
+        );
+        Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                // Cluster-scoped objects (Nodes, Topologies) have their Events in `default`.
+                namespace: Some(
+                    regarding
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                ),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            reason: Some(reason.into()),
+            action: Some(action.into()),
+            note: Some(note.chars().take(NOTE_MAX).collect()),
+            regarding: Some(regarding),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Event::default()
+        }
+    }
+}
+
+/// Create the queued Events, a few at a time; a failure is only logged and counted.
+async fn deliver(client: Client, rx: tokio::sync::mpsc::Receiver<Event>, metrics: Arc<Metrics>) {
+    tokio_stream_of(rx)
+        .for_each_concurrent(IN_FLIGHT, |event| {
+            let client = client.clone();
+            let metrics = metrics.clone();
+            async move {
+                let ns = event.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<Event> = Api::namespaced(client, &ns);
+                match tokio::time::timeout(
+                    Duration::from_secs(5),
+                    api.create(&PostParams::default(), &event),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => metrics.event("sent"),
+                    Ok(Err(e)) => {
+                        debug!(error = %e, reason = ?event.reason, "could not record an event");
+                        metrics.event("failed");
+                    }
+                    Err(_) => {
+                        debug!(reason = ?event.reason, "recording an event timed out");
+                        metrics.event("failed");
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|t| (t, rx)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_its_burst_then_its_rate() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(100.0, 5.0, t0);
+        let burst = (0..150).filter(|_| b.take(t0)).count();
+        assert_eq!(burst, 100, "a burst of 100, no more");
+        // One second later: five more.
+        let t1 = t0 + Duration::from_secs(1);
+        let later = (0..20).filter(|_| b.take(t1)).count();
+        assert_eq!(later, 5);
+        // A long quiet period refills up to the burst, not beyond.
+        let t2 = t1 + Duration::from_secs(3600);
+        assert_eq!((0..500).filter(|_| b.take(t2)).count(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_api_server_never_holds_up_a_caller_and_the_budget_holds() {
+        // An API server that never answers.
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = Client::new(service, "default");
+        let metrics = Arc::new(Metrics::default());
+        let events = Events::start(client, "c", "i", metrics.clone());
+        let node = |k: u32| ObjectReference {
+            name: Some(format!("node-{k}")),
+            ..ObjectReference::default()
+        };
+        let started = Instant::now();
+        for k in 0..150 {
+            events.publish(
+                EventType::Normal,
+                "TopologyLabelsUpdated",
+                "A",
+                "n",
+                node(k),
+            );
+        }
+        // Warnings have their own budget: a wave of Normal Events does not starve them.
+        events.publish(
+            EventType::Warning,
+            "TopologyLabelingFailed",
+            "A",
+            "n",
+            node(0),
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "publishing never waits for the API server"
+        );
+        let text = metrics.render();
+        let dropped = text
+            .lines()
+            .find(|l| {
+                l.starts_with("ec2_topology_labeler_events_total{outcome=\"dropped_rate_limited\"}")
+            })
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            dropped.ends_with(" 50"),
+            "150 Normal Events, 100 allowed: {dropped}"
+        );
+        assert!(
+            !text.contains("outcome=\"dropped_queue_full\""),
+            "the queue (256) holds the 100 allowed: {text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn turned_off_events_cost_nothing() {
+        // No client, no task: publishing is a no-op.
+        Events::default().publish(
+            EventType::Warning,
+            "R",
+            "A",
+            "note",
+            ObjectReference::default(),
+        );
+    }
+}

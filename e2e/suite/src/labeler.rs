@@ -37,14 +37,26 @@ pub struct LabelerOptions<'a> {
 impl Labeler {
     pub fn start(opts: LabelerOptions<'_>) -> anyhow::Result<Self> {
         let port = free_port()?;
-        let bin = crate::bin_dir().join("ec2-topology-labeler");
+        // E2E_LABELER_BIN: another build of the controller (the benchmarks use the release one).
+        let bin = std::env::var_os("E2E_LABELER_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| crate::bin_dir().join("ec2-topology-labeler"));
         if !bin.exists() {
             bail!(
                 "{} is missing: run cargo build --workspace --bins first",
                 bin.display()
             );
         }
-        let mut cmd = Command::new(bin);
+        // E2E_LABELER_WRAPPER runs the controller under a profiler (`heaptrack -o /tmp/ht`, say).
+        let mut cmd = match std::env::var("E2E_LABELER_WRAPPER") {
+            Ok(w) if !w.trim().is_empty() => {
+                let mut words = w.split_whitespace();
+                let mut cmd = Command::new(words.next().unwrap_or_default());
+                cmd.args(words).arg(bin);
+                cmd
+            }
+            _ => Command::new(bin),
+        };
         cmd.arg("run")
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
             .args(&opts.args)

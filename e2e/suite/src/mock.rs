@@ -57,6 +57,24 @@ impl MockAdmin {
         Ok(bytes)
     }
 
+    /// One `DescribeInstanceTopology` for `ids`, as any client sends it; returns the HTTP status
+    /// (503 when throttled).
+    pub async fn describe_topology(&self, ids: &[&str]) -> anyhow::Result<http::StatusCode> {
+        let mut form = String::from("Action=DescribeInstanceTopology&Version=2016-11-15");
+        for (k, id) in ids.iter().enumerate() {
+            form.push_str(&format!("&InstanceId.{}={id}", k + 1));
+        }
+        let req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(format!("{}/", self.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from(form)))?;
+        let resp = self.http.request(req).await?;
+        let status = resp.status();
+        resp.into_body().collect().await?;
+        Ok(status)
+    }
+
     /// GET `path` as text (also used for other plain-HTTP endpoints: metrics, probes).
     pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
         let bytes = self.call(http::Method::GET, path, None).await?;

@@ -36,6 +36,8 @@ const L: &str = "topology.k8s.aws/network-node-layer-";
 struct FakeState {
     answers: Mutex<HashMap<String, InstanceTopology>>,
     down: AtomicBool,
+    /// Calls never return (a hung EC2 endpoint).
+    hang: AtomicBool,
 }
 
 #[derive(Clone, Default)]
@@ -43,6 +45,9 @@ struct Fake(Arc<FakeState>);
 
 impl TopologySource for Fake {
     async fn describe(&self, _: &str, ids: &[String]) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        if self.0.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.0.down.load(Ordering::SeqCst) {
             return Err(Ec2Error::Transport("connection refused".into()));
         }
@@ -798,6 +803,45 @@ async fn the_timeout_releases_a_node_ec2_never_answered_for() {
             .contains(r#"startup_taint_releases_total{outcome="timeout"} 1"#)
     );
     assert_no_more_requests(ctx, handle).await;
+}
+
+#[tokio::test]
+async fn the_timeout_falls_due_on_time_while_an_ec2_call_hangs() {
+    let fake = Fake::default();
+    fake.0.hang.store(true, Ordering::SeqCst);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, Some(300));
+    // Two seconds before its timeout; EC2 never answers.
+    let n = Arc::new(tainted(&[], &[TAINT], 298));
+    let started = std::time::Instant::now();
+    let steps = async {
+        answer(
+            &mut handle,
+            node_reply("2", json!({}), &[TAINT], Some(("False", "Ec2Unavailable"))),
+        )
+        .await;
+        answer(
+            &mut handle,
+            node_reply("3", json!({}), &[], Some(("False", "Ec2Unavailable"))),
+        )
+        .await
+    };
+    let (result, release) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(10), reconcile(n, ctx.clone())),
+        steps
+    );
+    let action = result.expect("the reconcile does not wait for EC2 past the timeout");
+    assert!(action.is_ok(), "{action:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "released at the timeout, not later: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(release.body["spec"]["taints"], json!([]));
+    assert!(
+        ctx.metrics
+            .render()
+            .contains(r#"startup_taint_releases_total{outcome="timeout"} 1"#)
+    );
 }
 
 #[tokio::test]

@@ -190,7 +190,21 @@ fn grid(retry_in: Duration) -> Option<Duration> {
 async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
     ctx.records.pending_if_new(node);
     let held = ctx.gate.taint.as_ref().is_some_and(|t| t.on(node));
-    let assessment = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held).await?;
+    let lookup = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held);
+    let assessment = match ctx.gate.timeout_in(node) {
+        // A held node's startup-taint timeout falls due on time, however long EC2 takes to
+        // answer (a hung or slowly failing call must not hold the node past it). The call goes
+        // on in the batcher; this node looks again shortly, untainted by then.
+        Some(due) => match tokio::time::timeout(due + Duration::from_millis(100), lookup).await {
+            Ok(assessment) => assessment?,
+            Err(_) => {
+                debug!("EC2 did not answer before the startup-taint timeout");
+                let gate = startup::step(ctx, node, &Standing::Ec2Unavailable, None).await?;
+                return Ok(next_look(Some(Duration::from_secs(1)), gate));
+            }
+        },
+        None => lookup.await?,
+    };
     match assessment {
         Assessment::Skipped(reason) => {
             let state = NodeState::Skipped(reason.as_str());

@@ -43,7 +43,7 @@ use crate::{
         conflict::GuardConfig,
         error_policy,
         gate::{Gate, INSTANCE_TYPE_LABEL},
-        provider_id_of, reconcile, resync,
+        provider_id_of, reconcile, resync, warm,
     },
 };
 
@@ -214,6 +214,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         scheme.clone(),
         ctx.leader.clone(),
         metrics.clone(),
+        synced.clone(),
+    ));
+    // Look every node up ahead of its reconcile, so batches fill from the whole fleet.
+    tokio::spawn(warm::on_leading(
+        reader.clone(),
+        ctx.clone(),
         synced.clone(),
     ));
     tokio::spawn(housekeeping(

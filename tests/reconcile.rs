@@ -19,7 +19,7 @@ use ec2_topology_labeler::{
     reconcile::{
         Context,
         gate::{Gate, WhenUnsupported},
-        reconcile,
+        reconcile, warm,
     },
     topology::{Ec2Error, InstanceTopology, TopologySource},
 };
@@ -38,6 +38,10 @@ struct FakeState {
     down: AtomicBool,
     /// Calls never return (a hung EC2 endpoint).
     hang: AtomicBool,
+    /// How many IDs each call carried, in order.
+    calls: Mutex<Vec<usize>>,
+    /// Answer every instance ID asked for (with one shared topology).
+    describe_all: AtomicBool,
 }
 
 #[derive(Clone, Default)]
@@ -45,11 +49,24 @@ struct Fake(Arc<FakeState>);
 
 impl TopologySource for Fake {
     async fn describe(&self, _: &str, ids: &[String]) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        self.0.calls.lock().unwrap().push(ids.len());
         if self.0.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
         if self.0.down.load(Ordering::SeqCst) {
             return Err(Ec2Error::Transport("connection refused".into()));
+        }
+        if self.0.describe_all.load(Ordering::SeqCst) {
+            return Ok(ids
+                .iter()
+                .map(|i| InstanceTopology {
+                    instance_id: i.clone(),
+                    instance_type: Some("p5.48xlarge".into()),
+                    zone_id: Some("usw2-az1".into()),
+                    network_nodes: vec!["nn-a".into(), "nn-b".into(), "nn-c".into()],
+                    ..InstanceTopology::default()
+                })
+                .collect());
         }
         let answers = self.0.answers.lock().unwrap();
         Ok(ids.iter().filter_map(|i| answers.get(i).cloned()).collect())
@@ -887,4 +904,67 @@ async fn an_unsupported_type_is_released_by_policy_and_kept_otherwise() {
         }
         assert_no_more_requests(ctx, handle).await;
     }
+}
+
+/// `n` nodes on distinct instances, in a node cache as the watch would fill it.
+fn fleet(n: usize) -> kube::runtime::reflector::Store<LiteNode> {
+    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    for k in 0..n {
+        let mut node = node(&[]);
+        node.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
+        node.metadata.uid = Some(format!("uid-{k}"));
+        node.spec.provider_id = Some(format!("aws:///us-west-2a/i-{k:017x}"));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(node));
+    }
+    reader
+}
+
+#[tokio::test]
+async fn the_walk_at_start_fills_every_call_and_leaves_reconciles_cache_hits() {
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (ctx, handle) = setup(&fake);
+    let store = fleet(1_050);
+    let walked = warm::warm(&store, &ctx).await;
+    assert_eq!(walked.nodes, 1_050);
+    assert!(!walked.stopped);
+    let mut calls = fake.0.calls.lock().unwrap().clone();
+    calls.sort_unstable();
+    assert_eq!(calls.len(), 11, "ceil(1,050 / 100) calls: {calls:?}");
+    assert_eq!(calls[0], 50, "only the remainder goes part-full: {calls:?}");
+    assert!(calls[1..].iter().all(|&c| c == 100), "{calls:?}");
+    assert_eq!(ctx.lookup.cached(), 1_050, "every answer kept");
+    // A reconcile after the walk asks EC2 nothing more (its write is all the mock sees).
+    let before = fake.0.calls.lock().unwrap().len();
+    let node = store.state().into_iter().next().expect("a node");
+    drop(handle);
+    let _ = reconcile(node, ctx.clone()).await;
+    assert_eq!(fake.0.calls.lock().unwrap().len(), before, "a cache hit");
+}
+
+#[tokio::test]
+async fn the_walk_stops_at_the_first_failed_call() {
+    let fake = Fake::default();
+    fake.0.down.store(true, Ordering::SeqCst);
+    let (ctx, _handle) = setup(&fake);
+    let walked = warm::warm(&fleet(5_000), &ctx).await;
+    assert!(walked.stopped);
+    let calls = fake.0.calls.lock().unwrap().len();
+    // What was in flight when the first call failed (the walk's bound), not the 50 calls the
+    // whole fleet would take.
+    assert!(
+        calls <= warm::IN_FLIGHT / 100 + 1,
+        "{calls} calls to a failing EC2"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_walks_nothing() {
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (mut ctx, _handle) = setup_context(&fake);
+    ctx.leader = ec2_topology_labeler::leader::Leadership::follower();
+    let walked = warm::warm(&fleet(300), &ctx).await;
+    assert!(walked.stopped);
+    assert!(fake.0.calls.lock().unwrap().is_empty(), "no EC2 call");
 }

@@ -64,18 +64,26 @@ pub fn provider_id_of(node: &LiteNode) -> &str {
     node.provider_id()
 }
 
-/// Read-only part of a reconcile, shared with `plan`. `held`: the node is held back from
-/// scheduling until labelled (its lookup is not kept waiting for a fuller call).
-pub async fn assess(
+/// The instance behind a node, as its lookup needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub region: String,
+    pub instance_id: String,
+    /// The node carries a capacity-block label already (an answer without one is asked for
+    /// again soon).
+    pub capacity_block_expected: bool,
+}
+
+/// The instance to look up for `node`: `Ok(Err(_))` when the node is not an EC2 instance we
+/// can look up, `Err` when its region cannot be told.
+pub fn target(
     node: &LiteNode,
     scheme: &LabelScheme,
     region: Option<&str>,
-    lookup: &Lookup,
-    held: bool,
-) -> Result<Assessment, Ec2Error> {
+) -> Result<Result<Target, SkipReason>, Ec2Error> {
     let instance = match provider_id::parse(provider_id_of(node)) {
         Ok(i) => i,
-        Err(reason) => return Ok(Assessment::Skipped(reason)),
+        Err(reason) => return Ok(Err(reason)),
     };
     let region = region
         .map(str::to_owned)
@@ -86,17 +94,40 @@ pub async fn assess(
                 .and_then(provider_id::region_of_zone)
         })
         .ok_or(Ec2Error::NoRegion)?;
-    let instance_id = instance.instance_id;
-    let has_capacity_block = scheme
+    let capacity_block_expected = scheme
         .capacity_block_key
         .as_ref()
         .is_some_and(|k| node.has_label(k));
+    Ok(Ok(Target {
+        region,
+        instance_id: instance.instance_id,
+        capacity_block_expected,
+    }))
+}
+
+/// Read-only part of a reconcile, shared with `plan`. `held`: the node is held back from
+/// scheduling until labelled (its lookup is not kept waiting for a fuller call).
+pub async fn assess(
+    node: &LiteNode,
+    scheme: &LabelScheme,
+    region: Option<&str>,
+    lookup: &Lookup,
+    held: bool,
+) -> Result<Assessment, Ec2Error> {
+    let Target {
+        region,
+        instance_id,
+        capacity_block_expected,
+    } = match target(node, scheme, region)? {
+        Ok(t) => t,
+        Err(reason) => return Ok(Assessment::Skipped(reason)),
+    };
     match lookup
         .resolve_expecting(
             &region,
             &instance_id,
             boot_id(node),
-            has_capacity_block,
+            capacity_block_expected,
             held,
         )
         .await?

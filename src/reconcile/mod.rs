@@ -16,6 +16,7 @@ pub mod gate;
 pub mod nodes;
 pub mod resync;
 mod startup;
+pub mod warm;
 pub mod write;
 
 use std::{
@@ -33,7 +34,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-pub use assess::{Assessment, assess, boot_id, provider_id_of};
+pub use assess::{Assessment, Target, assess, boot_id, provider_id_of, target};
 use conflict::{GuardConfig, Verdict};
 use gate::{Gate, Standing};
 use nodes::Nodes;

@@ -1,0 +1,131 @@
+//! Warming the answer cache when this replica starts leading: one walk of the node cache that
+//! looks up every node's instance, many at a time, ahead of the reconciles.
+//!
+//! Without it, lookups reach the batcher only as fast as reconciles start, and reconciles start
+//! only as fast as label writes finish (the API server's pace: a few hundred a second). A
+//! batch then waits for IDs that trickle in, and whenever the API server pauses the batcher
+//! rightly sends what it has: about one call in ten went out part-full installing into 100,000
+//! nodes. Walking the cache feeds the batcher the whole fleet at EC2's pace instead, so nearly
+//! every call carries 100 instances, and the reconciles behind find their answers cached (or
+//! join the call already on its way). Nothing is held per node: the walk keeps a bounded
+//! number of lookups in flight.
+//!
+//! Stops at the first failed call (EC2 down, throttling that outlasted its re-sends): the
+//! reconciles' own backoff and the re-check on recovery take over, and a walk never sends a
+//! stream of calls to an EC2 that is failing. Stops too when leadership is lost.
+//!
+//! Owns: nothing. Never writes; labels are the reconciler's.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::{StreamExt, stream::FuturesUnordered};
+use kube::runtime::reflector::Store;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::{
+    Context,
+    assess::{self, Target},
+};
+use crate::{lookup::Lookup, node::LiteNode, topology::Ec2Error};
+
+/// Lookups in flight during the walk: ten full calls' worth, so the batcher always has a full
+/// call to send while answers come back, and memory stays bounded.
+pub const IN_FLIGHT: usize = 1_000;
+
+/// What one walk did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    /// Nodes looked up (cache hits included).
+    pub nodes: usize,
+    /// Whether the walk stopped early (a failed call, or leadership lost).
+    pub stopped: bool,
+}
+
+/// Look up every node in `store` (those with an instance to look up), at most [`IN_FLIGHT`]
+/// at a time; stop at the first failed call or when this replica stops leading.
+pub async fn warm(store: &Store<LiteNode>, ctx: &Context) -> Walked {
+    let started = Instant::now();
+    let walked = walk(store, ctx).await;
+    let took_ms = started.elapsed().as_millis() as u64;
+    match &walked {
+        Ok(n) => info!(
+            nodes = n,
+            took_ms,
+            cached = ctx.lookup.cached(),
+            "looked up every node's topology ahead of its reconcile"
+        ),
+        Err(e) => info!(error = %e, took_ms,
+            "stopped looking up nodes ahead of their reconciles; each is looked up when it is reconciled"),
+    }
+    match walked {
+        Ok(nodes) => Walked {
+            nodes,
+            stopped: false,
+        },
+        Err(_) => Walked {
+            nodes: 0,
+            stopped: true,
+        },
+    }
+}
+
+async fn walk(store: &Store<LiteNode>, ctx: &Context) -> Result<usize, Ec2Error> {
+    let mut in_flight = FuturesUnordered::new();
+    let mut done = 0usize;
+    for node in store.state() {
+        let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) else {
+            continue;
+        };
+        while in_flight.len() >= IN_FLIGHT {
+            if let Some(answer) = in_flight.next().await {
+                answer?;
+                done += 1;
+            }
+        }
+        if !ctx.leader.is_leader() {
+            return Err(Ec2Error::Transport("this replica no longer leads".into()));
+        }
+        let boot = assess::boot_id(&node).map(str::to_owned);
+        in_flight.push(look_up(&ctx.lookup, target, boot));
+    }
+    while let Some(answer) = in_flight.next().await {
+        answer?;
+        done += 1;
+    }
+    Ok(done)
+}
+
+async fn look_up(lookup: &Lookup, t: Target, boot: Option<String>) -> Result<(), Ec2Error> {
+    lookup
+        .resolve_expecting(
+            &t.region,
+            &t.instance_id,
+            boot.as_deref(),
+            t.capacity_block_expected,
+            false,
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Each time this replica starts leading with a synced node cache: one [`warm`] walk.
+pub async fn on_leading(
+    store: Store<LiteNode>,
+    ctx: Arc<Context>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
+) {
+    // Well inside the batch window (200 ms by default): the reconciles start at the same moment
+    // and their first lookups should go out in the walk's full calls, not in a call of their own.
+    let poll = Duration::from_millis(20);
+    loop {
+        while !(ctx.leader.is_leader() && synced.load(std::sync::atomic::Ordering::SeqCst)) {
+            tokio::time::sleep(poll).await;
+        }
+        let walked = warm(&store, &ctx).await;
+        debug!(?walked, "cache walk done");
+        while ctx.leader.is_leader() {
+            tokio::time::sleep(poll).await;
+        }
+    }
+}

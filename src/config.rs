@@ -74,7 +74,8 @@ pub struct TreeArgs {
         default_value = "ec2-topology-labeler.io/topology-pending:NoSchedule"
     )]
     pub startup_taint: Option<StartupTaint>,
-    /// Output format.
+    /// Output format: the tree, JSON, or Slurm's topology file (`slurm`: `topology.conf` for the
+    /// tree plugin; `slurm-yaml`: `topology.yaml`, Slurm 25.05 and later).
     #[arg(
         short = 'o',
         long = "output",
@@ -82,7 +83,20 @@ pub struct TreeArgs {
         value_enum,
         default_value_t
     )]
-    pub output: OutputFormat,
+    pub output: TreeFormat,
+    /// The topology's name in `-o slurm-yaml` output (partitions select it by this name).
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_NAME", default_value = "topo-switch")]
+    pub slurm_topology_name: String,
+}
+
+/// What `tree` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum TreeFormat {
+    #[default]
+    Table,
+    Json,
+    Slurm,
+    SlurmYaml,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,7 +9,7 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
-    config::{OutputFormat, TreeArgs},
+    config::{TreeArgs, TreeFormat},
     node::LiteNode,
     reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
@@ -54,8 +54,10 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     }
     let forest = Forest::build(&scheme, &views);
     let text = match args.output {
-        OutputFormat::Table => forest.render(),
-        OutputFormat::Json => {
+        TreeFormat::Table => forest.render(),
+        TreeFormat::Slurm => crate::slurm::topology_conf(&forest),
+        TreeFormat::SlurmYaml => crate::slurm::topology_yaml(&forest, &args.slurm_topology_name),
+        TreeFormat::Json => {
             let mut s = serde_json::to_string_pretty(&forest)
                 .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
             s.push('\n');

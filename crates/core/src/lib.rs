@@ -4,5 +4,6 @@
 
 pub mod labels;
 pub mod provider_id;
+pub mod slurm;
 pub mod topology;
 pub mod tree;

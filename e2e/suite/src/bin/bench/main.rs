@@ -66,6 +66,9 @@ struct Args {
 
 const LAYER1: &str = "topology.k8s.aws/network-node-layer-1";
 const RESYNC: Duration = Duration::from_secs(10);
+/// The resync period during an install: the controller's default (a short one would re-check
+/// every labelled node many times over while the rest are still being labelled).
+const INSTALL_RESYNC: Duration = Duration::from_secs(3600);
 
 /// The fleet: 2 spines, 20 aggregation blocks, leaves of 16 nodes.
 fn fleet(n: u32) -> Vec<(NodeSpec, Instance)> {
@@ -1152,7 +1155,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.install > 0 {
         let (env, mut labeler, row, _) =
-            install(args.install, &root, Shape::Realistic, RESYNC).await?;
+            install(args.install, &root, Shape::Realistic, INSTALL_RESYNC).await?;
         labeler.stop();
         drop(env);
         rows.push(row);

@@ -85,7 +85,11 @@ pub struct TreeArgs {
     )]
     pub output: TreeFormat,
     /// The topology's name in `-o slurm-yaml` output (partitions select it by this name).
-    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_NAME", default_value = "topo-switch")]
+    #[arg(
+        long,
+        env = "LABELER_SLURM_TOPOLOGY_NAME",
+        default_value = "topo-switch"
+    )]
     pub slurm_topology_name: String,
 }
 

@@ -24,7 +24,7 @@ pub mod retire;
 pub mod scheme;
 pub mod tree_cmd;
 
-pub use ec2_topology_core::{labels, provider_id, slurm, topology, tree};
+pub use ec2_topology_core::{coverage, labels, provider_id, slurm, topology, tree};
 use topology::Ec2Error;
 
 /// Field manager of every write we make. Never rename it: server-side apply ownership is

@@ -10,6 +10,7 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 use crate::{
     Error, Result,
     config::{TreeArgs, TreeFormat},
+    coverage::Coverage,
     node::LiteNode,
     reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
@@ -53,12 +54,23 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         }
     }
     let forest = Forest::build(&scheme, &views);
+    let coverage = Coverage::build(&scheme, &views);
     let text = match args.output {
-        TreeFormat::Table => forest.render(),
+        TreeFormat::Table => format!("{}\n{}", forest.render(), coverage.render()),
         TreeFormat::Slurm => crate::slurm::topology_conf(&forest),
         TreeFormat::SlurmYaml => crate::slurm::topology_yaml(&forest, &args.slurm_topology_name),
         TreeFormat::Json => {
-            let mut s = serde_json::to_string_pretty(&forest)
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                #[serde(flatten)]
+                forest: &'a Forest,
+                coverage: &'a Coverage,
+            }
+            let out = Out {
+                forest: &forest,
+                coverage: &coverage,
+            };
+            let mut s = serde_json::to_string_pretty(&out)
                 .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
             s.push('\n');
             s

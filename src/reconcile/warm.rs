@@ -124,8 +124,9 @@ pub async fn on_leading(
         }
         let walked = warm(&store, &ctx).await;
         debug!(?walked, "cache walk done");
+        // Leadership lost, then won again: walk again (mostly cache hits by then).
         while ctx.leader.is_leader() {
-            tokio::time::sleep(poll).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 }

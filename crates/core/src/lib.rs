@@ -2,6 +2,7 @@
 //! labels a topology answer means, what must change on a node, and the topology tree the labels
 //! describe. Small and dependency-light, so it is unit-, property- and fuzz-tested on its own.
 
+pub mod coverage;
 pub mod labels;
 pub mod provider_id;
 pub mod slurm;

@@ -233,21 +233,35 @@ async fn burst_is_batched(env: &Env) -> anyhow::Result<()> {
     env.mock_admin.reset_stats().await?;
     let started = Instant::now();
     kube_util::create_nodes(&c, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
+    let created_in = started.elapsed();
     for (s, i) in &pairs {
         let want = expected_of(i);
         wait_for_topology(&c, &s.name, &want, WAIT).await?;
     }
     let stats = env.mock_admin.stats().await?;
-    let bound = n.div_ceil(100) as u64 + stats.throttled;
+    // The documented contract: a call goes out at 100 IDs, or when its oldest ID has waited the
+    // batch max wait (2 s by default, 3 s here locally). A burst that arrives within one max wait
+    // takes ceil(n/100) calls; a burst a slow machine spreads over longer may rightly send one
+    // more call per max wait it spanned (seen on kind here: 250 creations over 15-19 s).
+    let spans = (created_in.as_secs_f64() / 2.0).floor() as u64;
+    let bound = n.div_ceil(100) as u64 + stats.throttled + spans;
     eprintln!(
-        "    {n} nodes labelled in {:.1}s with {} EC2 calls (IDs per call {:?})",
+        "    {n} nodes created in {:.1}s, labelled in {:.1}s with {} EC2 calls (IDs per call {:?}; bound {bound})",
+        created_in.as_secs_f64(),
         started.elapsed().as_secs_f64(),
         stats.calls,
         stats.ids_per_call
     );
     ensure!(
         stats.calls <= bound,
-        "{} calls for {n} new nodes; at most {bound} allowed",
+        "{} calls for {n} new nodes created in {:.1}s; at most {bound} allowed",
+        stats.calls,
+        created_in.as_secs_f64()
+    );
+    // Batched however slowly they came: never fewer than 25 IDs a call on average.
+    ensure!(
+        stats.calls * 25 <= u64::from(n),
+        "{} calls for {n} nodes: not batched",
         stats.calls
     );
     ensure!(stats.ids_per_call.iter().all(|k| *k <= 100));

@@ -239,12 +239,19 @@ async fn burst_is_batched(env: &Env) -> anyhow::Result<()> {
         wait_for_topology(&c, &s.name, &want, WAIT).await?;
     }
     let stats = env.mock_admin.stats().await?;
-    // The documented contract: a call goes out at 100 IDs, or when its oldest ID has waited the
-    // batch max wait (2 s by default, 3 s here locally). A burst that arrives within one max wait
-    // takes ceil(n/100) calls; a burst a slow machine spreads over longer may rightly send one
-    // more call per max wait it spanned (seen on kind here: 250 creations over 15-19 s).
-    let spans = (created_in.as_secs_f64() / 2.0).floor() as u64;
-    let bound = n.div_ceil(100) as u64 + stats.throttled + spans;
+    // The documented contract: a call goes out at 100 IDs, when no new ID joined for the batch
+    // window, or when its oldest ID has waited the max wait. Locally the controller sees the
+    // burst as it is created: ceil(n/100) calls, plus one per max wait (3 s here) the creation
+    // spanned. On kind the controller runs in the cluster on the same two shared cores and its
+    // watch has been seen to deliver a burst created in 1.6 s in clumps over 13 s ([100, 100,
+    // 25, 25]): each clump rightly goes out when the window passes, so there only batching
+    // itself is asserted (below).
+    let spans = (created_in.as_secs_f64() / 3.0).floor() as u64;
+    let bound = if env.local() {
+        n.div_ceil(100) as u64 + stats.throttled + spans
+    } else {
+        u64::from(n) / 25
+    };
     eprintln!(
         "    {n} nodes created in {:.1}s, labelled in {:.1}s with {} EC2 calls (IDs per call {:?}; bound {bound})",
         created_in.as_secs_f64(),

@@ -36,7 +36,7 @@ pub const IN_FLIGHT: usize = 1_000;
 /// What one walk did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Walked {
-    /// Nodes looked up (cache hits included).
+    /// Nodes looked up (cache hits included), up to where the walk stopped.
     pub nodes: usize,
     /// Whether the walk stopped early (a failed call, or leadership lost).
     pub stopped: bool,
@@ -46,31 +46,37 @@ pub struct Walked {
 /// at a time; stop at the first failed call or when this replica stops leading.
 pub async fn warm(store: &Store<LiteNode>, ctx: &Context) -> Walked {
     let started = Instant::now();
-    let walked = walk(store, ctx).await;
+    let (nodes, stop) = walk(store, ctx).await;
     let took_ms = started.elapsed().as_millis() as u64;
-    match &walked {
-        Ok(n) => info!(
-            nodes = n,
+    match &stop {
+        None => info!(
+            nodes,
             took_ms,
             cached = ctx.lookup.cached(),
             "looked up every node's topology ahead of its reconcile"
         ),
-        Err(e) => info!(error = %e, took_ms,
-            "stopped looking up nodes ahead of their reconciles; each is looked up when it is reconciled"),
-    }
-    match walked {
-        Ok(nodes) => Walked {
+        Some(Stop::Failed(e)) => info!(error = %e, nodes, took_ms,
+            "stopped looking up nodes ahead of their reconciles: an EC2 call failed; each is looked up when it is reconciled"),
+        Some(Stop::NotLeading) => info!(
             nodes,
-            stopped: false,
-        },
-        Err(_) => Walked {
-            nodes: 0,
-            stopped: true,
-        },
+            took_ms,
+            "stopped looking up nodes ahead of their reconciles: this replica no longer leads"
+        ),
+    }
+    Walked {
+        nodes,
+        stopped: stop.is_some(),
     }
 }
 
-async fn walk(store: &Store<LiteNode>, ctx: &Context) -> Result<usize, Ec2Error> {
+/// Why a walk stopped early.
+enum Stop {
+    Failed(Ec2Error),
+    NotLeading,
+}
+
+/// Nodes looked up, and why the walk stopped early (if it did).
+async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
     let mut in_flight = FuturesUnordered::new();
     let mut done = 0usize;
     for node in store.state() {
@@ -78,22 +84,25 @@ async fn walk(store: &Store<LiteNode>, ctx: &Context) -> Result<usize, Ec2Error>
             continue;
         };
         while in_flight.len() >= IN_FLIGHT {
-            if let Some(answer) = in_flight.next().await {
-                answer?;
-                done += 1;
+            match in_flight.next().await {
+                Some(Err(e)) => return (done, Some(Stop::Failed(e))),
+                Some(Ok(())) => done += 1,
+                None => break,
             }
         }
         if !ctx.leader.is_leader() {
-            return Err(Ec2Error::Transport("this replica no longer leads".into()));
+            return (done, Some(Stop::NotLeading));
         }
         let boot = assess::boot_id(&node).map(str::to_owned);
         in_flight.push(look_up(&ctx.lookup, target, boot));
     }
     while let Some(answer) = in_flight.next().await {
-        answer?;
-        done += 1;
+        match answer {
+            Err(e) => return (done, Some(Stop::Failed(e))),
+            Ok(()) => done += 1,
+        }
     }
-    Ok(done)
+    (done, None)
 }
 
 async fn look_up(lookup: &Lookup, t: Target, boot: Option<String>) -> Result<(), Ec2Error> {

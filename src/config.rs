@@ -84,13 +84,6 @@ pub struct TreeArgs {
         default_value_t
     )]
     pub output: TreeFormat,
-    /// The topology's name in `-o slurm-yaml` output (partitions select it by this name).
-    #[arg(
-        long,
-        env = "LABELER_SLURM_TOPOLOGY_NAME",
-        default_value = "topo-switch"
-    )]
-    pub slurm_topology_name: String,
 }
 
 /// What `tree` prints.

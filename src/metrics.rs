@@ -86,6 +86,10 @@ pub struct Metrics {
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
+    kai_mismatch: Family<TopologyLabels, Gauge>,
+    coverage_nodes: Family<CellLabels, Gauge>,
+    coverage_full: Family<CellLabels, Gauge>,
+    coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
     events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<OutcomeLabels, Counter>,
@@ -106,6 +110,19 @@ pub struct PublisherLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopologyLabels {
     pub topology: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CellLabels {
+    pub instance_type: String,
+    pub zone: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CellLayerLabels {
+    pub instance_type: String,
+    pub zone: String,
+    pub layer: String,
 }
 
 impl Default for Metrics {
@@ -219,6 +236,30 @@ impl Metrics {
             "1 when a Kueue Topology of our name exists with other levels (left alone)",
             kueue_mismatch.clone(),
         );
+        let kai_mismatch = Family::<TopologyLabels, Gauge>::default();
+        registry.register(
+            "kai_topology_mismatch",
+            "1 when a KAI Topology of our name exists with other levels (left alone)",
+            kai_mismatch.clone(),
+        );
+        let coverage_nodes = Family::<CellLabels, Gauge>::default();
+        registry.register(
+            "coverage_nodes",
+            "EC2 nodes per instance type and zone (the denominator of the coverage gauges)",
+            coverage_nodes.clone(),
+        );
+        let coverage_full = Family::<CellLabels, Gauge>::default();
+        registry.register(
+            "coverage_full_nodes",
+            "Nodes carrying every layer their instance type has (its deepest node's depth)",
+            coverage_full.clone(),
+        );
+        let coverage_layer = Family::<CellLayerLabels, Gauge>::default();
+        registry.register(
+            "coverage_layer_nodes",
+            "Nodes carrying layer labels 1 to `layer` (what a scheduler topology of that many levels sees)",
+            coverage_layer.clone(),
+        );
         let events = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "events",
@@ -273,6 +314,10 @@ impl Metrics {
             hypernode_writes,
             hypernode_conflicts,
             kueue_mismatch,
+            kai_mismatch,
+            coverage_nodes,
+            coverage_full,
+            coverage_layer,
             label_conflicts,
             events,
             taint_releases,
@@ -382,6 +427,41 @@ impl Metrics {
             .set(i64::from(mismatch));
     }
 
+    pub fn kai_topology_mismatch(&self, topology: &str, mismatch: bool) {
+        self.kai_mismatch
+            .get_or_create(&TopologyLabels {
+                topology: topology.to_string(),
+            })
+            .set(i64::from(mismatch));
+    }
+
+    /// Replace the coverage gauges with `cells` (series of cells that emptied disappear).
+    pub fn set_coverage(
+        &self,
+        cells: &std::collections::BTreeMap<(String, String), crate::coverage::Group>,
+    ) {
+        self.coverage_nodes.clear();
+        self.coverage_full.clear();
+        self.coverage_layer.clear();
+        for ((t, z), g) in cells {
+            let cell = CellLabels {
+                instance_type: t.clone(),
+                zone: z.clone(),
+            };
+            self.coverage_nodes.get_or_create(&cell).set(g.nodes as i64);
+            self.coverage_full.get_or_create(&cell).set(g.full as i64);
+            for (i, n) in g.with_layer.iter().enumerate() {
+                self.coverage_layer
+                    .get_or_create(&CellLayerLabels {
+                        instance_type: t.clone(),
+                        zone: z.clone(),
+                        layer: (i + 1).to_string(),
+                    })
+                    .set(*n as i64);
+            }
+        }
+    }
+
     pub fn label_conflict(&self) {
         self.label_conflicts.inc();
     }
@@ -472,6 +552,40 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn coverage_gauges_follow_the_cells_and_drop_emptied_ones() {
+        let m = Metrics::new();
+        let cell = |t: &str, nodes, full, layers: Vec<usize>| {
+            (
+                (t.to_string(), "us-east-1a".to_string()),
+                crate::coverage::Group {
+                    nodes,
+                    with_layer: layers,
+                    depth: 3,
+                    full,
+                },
+            )
+        };
+        m.set_coverage(
+            &[
+                cell("p5.48xlarge", 50, 49, vec![49, 49, 49]),
+                cell("gone", 1, 1, vec![1, 1, 1]),
+            ]
+            .into(),
+        );
+        let text = m.render();
+        assert!(text.contains(r#"ec2_topology_labeler_coverage_nodes{instance_type="p5.48xlarge",zone="us-east-1a"} 50"#), "{text}");
+        assert!(text.contains(r#"ec2_topology_labeler_coverage_full_nodes{instance_type="p5.48xlarge",zone="us-east-1a"} 49"#));
+        assert!(text.contains(r#"ec2_topology_labeler_coverage_layer_nodes{instance_type="p5.48xlarge",zone="us-east-1a",layer="3"} 49"#));
+        m.set_coverage(&[cell("p5.48xlarge", 50, 50, vec![50, 50, 50])].into());
+        let text = m.render();
+        assert!(
+            !text.contains(r#"instance_type="gone""#),
+            "an emptied cell's series go"
+        );
+        assert!(text.contains(r#"ec2_topology_labeler_coverage_full_nodes{instance_type="p5.48xlarge",zone="us-east-1a"} 50"#));
     }
 
     #[test]

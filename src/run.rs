@@ -199,10 +199,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &client,
         &args.publish,
         &scheme,
+        &args.labels.slurm_topology_name,
         &metrics,
         ctx.events.clone(),
         &ctx.leader,
-    ) {
+    )
+    .map_err(Error::Config)?
+    {
         tokio::spawn(publishers.run(
             reader.clone(),
             synced.clone(),
@@ -221,6 +224,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reader.clone(),
         ctx.clone(),
         synced.clone(),
+    ));
+    tokio::spawn(coverage(
+        live.task("coverage"),
+        reader.clone(),
+        synced.clone(),
+        kueue_levels(&args.publish, &scheme),
+        args.publish.publish_interval.0.saturating_mul(12),
+        ctx.clone(),
     ));
     tokio::spawn(housekeeping(
         live.task("housekeeping"),
@@ -304,6 +315,85 @@ async fn retire_at_start(
 }
 
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
+/// The fewest levels a configured Kueue Topology has (`None` when none is published): a node
+/// with fewer layer labels is left out of topology-aware scheduling.
+fn kueue_levels(
+    args: &crate::publish::PublishArgs,
+    scheme: &LabelScheme,
+) -> Option<(String, usize)> {
+    args.kueue_topology.then(|| {
+        (
+            args.kueue_topology_name.clone(),
+            scheme.uniform_depth.unwrap_or(3),
+        )
+    })
+}
+
+/// Coverage per instance type and zone as gauges, counted every `every` (12 publish intervals:
+/// a minute by default) from the node cache
+/// (reading each node's few labels in place), and a Warning Event, once per node, when a node
+/// we labelled carries fewer layers than the Kueue Topology we publish (Kueue leaves it out).
+async fn coverage(
+    _alive: crate::http::TaskGuard,
+    reader: Store<LiteNode>,
+    synced: Arc<AtomicBool>,
+    kueue: Option<(String, usize)>,
+    every: Duration,
+    ctx: Arc<Context>,
+) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported: HashSet<String> = HashSet::new();
+    loop {
+        tick.tick().await;
+        if !synced.load(Ordering::SeqCst) {
+            continue;
+        }
+        let nodes = reader.state();
+        let mut short = Vec::new();
+        let items: Vec<_> = nodes
+            .iter()
+            .filter(|n| provider_id::parse(n.provider_id()).is_ok())
+            .map(|n| {
+                let depth = crate::coverage::depth_of(&ctx.scheme, |k| n.label(k));
+                if let Some((_, levels)) = &kueue
+                    && depth > 0
+                    && depth < *levels
+                {
+                    short.push((n.clone(), depth));
+                }
+                (
+                    n.label(crate::coverage::INSTANCE_TYPE_LABEL),
+                    n.label(crate::coverage::ZONE_LABEL),
+                    depth,
+                )
+            })
+            .collect();
+        ctx.metrics.set_coverage(&crate::coverage::cells(items));
+        let Some((name, levels)) = &kueue else {
+            continue;
+        };
+        let now: HashSet<String> = short.iter().map(|(n, _)| n.name_any()).collect();
+        reported.retain(|n| now.contains(n));
+        if !ctx.leader.is_leader() {
+            continue;
+        }
+        for (node, depth) in short {
+            if reported.insert(node.name_any()) {
+                ctx.events.publish(
+                    kube::runtime::events::EventType::Warning,
+                    "NotInSchedulerTopology",
+                    "CountCoverage",
+                    &format!(
+                        "the node carries {depth} layer label(s), Kueue Topology {name} has {levels} levels: Kueue leaves the node out of topology-aware scheduling"
+                    ),
+                    kube::Resource::object_ref(node.as_ref(), &()),
+                );
+            }
+        }
+    }
+}
+
 async fn housekeeping(
     _alive: crate::http::TaskGuard,
     reader: Store<LiteNode>,

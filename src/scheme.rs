@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::labels::{
     CAPACITY_BLOCK_KEY, EKS_LAYER_PREFIX, EKS_ZONE_ID_KEY, LabelScheme, LayerNumbering,
-    PLACEMENT_GROUP_KEY,
+    PLACEMENT_GROUP_KEY, SLURM_TREE_TOPOLOGY, SlinkySpec,
 };
 
 /// How layer labels are numbered (the flag's values; see [`LayerNumbering`]).
@@ -64,6 +64,25 @@ pub struct LabelArgs {
     /// Key of the placement group label and annotation.
     #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL_KEY", default_value = PLACEMENT_GROUP_KEY)]
     pub placement_group_label_key: String,
+    /// Give every node this many layer labels: a node whose type has fewer gets its deepest
+    /// network node repeated down to this layer, so one Kueue Topology of this many levels
+    /// covers a fleet of 3- and 4-layer types (top-first numbering only; see
+    /// docs/schedulers.md for the trade-off).
+    #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = clap::value_parser!(u8).range(1..=16))]
+    #[schemars(range(min = 1, max = 16))]
+    pub uniform_depth: Option<u8>,
+    /// Write Slinky's `topology.slinky.slurm.net/spec` annotation on each node
+    /// (`<tree topology>:<deepest network node>`), for a NodeSet with `syncTopology`.
+    #[arg(long, env = "LABELER_SLINKY_ANNOTATION", default_value_t = false, action = clap::ArgAction::Set)]
+    pub slinky_annotation: bool,
+    /// Name of the Slurm tree topology: in `tree -o slurm-yaml`, the Slurm ConfigMap and the
+    /// Slinky annotation (partitions select it by this name).
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_NAME", default_value = SLURM_TREE_TOPOLOGY)]
+    pub slurm_topology_name: String,
+    /// Also name a block topology in the Slinky annotation, the node's capacity block its
+    /// block (`,<name>:<capacity block>`); only when Slurm's topology defines it.
+    #[arg(long, env = "LABELER_SLINKY_BLOCK_TOPOLOGY")]
+    pub slinky_block_topology: Option<String>,
 }
 
 impl LabelArgs {
@@ -78,6 +97,11 @@ impl LabelArgs {
             placement_group_key: self
                 .placement_group_label
                 .then(|| self.placement_group_label_key.clone()),
+            uniform_depth: self.uniform_depth.map(usize::from),
+            slinky: self.slinky_annotation.then(|| SlinkySpec {
+                tree_topology: self.slurm_topology_name.clone(),
+                block_topology: self.slinky_block_topology.clone(),
+            }),
         };
         scheme.validate()?;
         Ok(scheme)

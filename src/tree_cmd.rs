@@ -58,7 +58,9 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let text = match args.output {
         TreeFormat::Table => format!("{}\n{}", forest.render(), coverage.render()),
         TreeFormat::Slurm => crate::slurm::topology_conf(&forest),
-        TreeFormat::SlurmYaml => crate::slurm::topology_yaml(&forest, &args.slurm_topology_name),
+        TreeFormat::SlurmYaml => {
+            crate::slurm::topology_yaml(&forest, &args.labels.slurm_topology_name)
+        }
         TreeFormat::Json => {
             #[derive(serde::Serialize)]
             struct Out<'a> {

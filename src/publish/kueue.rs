@@ -81,18 +81,28 @@ pub enum Outcome {
 
 /// The Topology API the cluster serves, preferring v1beta2.
 pub async fn topology_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
+    served_resource(client, GROUP, &["v1beta2", "v1beta1"], "Topology").await
+}
+
+/// `kind` of `group` as the cluster serves it (patchable), in the first of `versions` served.
+pub async fn served_resource(
+    client: &Client,
+    group_name: &str,
+    versions: &[&str],
+    kind: &str,
+) -> Result<Option<ApiResource>, kube::Error> {
     let discovery = Discovery::new(client.clone())
-        .filter(&[GROUP])
+        .filter(&[group_name])
         .run()
         .await?;
-    let Some(group) = discovery.groups().find(|g| g.name() == GROUP) else {
+    let Some(group) = discovery.groups().find(|g| g.name() == group_name) else {
         return Ok(None);
     };
-    for version in ["v1beta2", "v1beta1"] {
+    for version in versions {
         if let Some((ar, caps)) = group
             .versioned_resources(version)
             .into_iter()
-            .find(|(ar, _)| ar.kind == "Topology")
+            .find(|(ar, _)| ar.kind == kind)
             && caps.supports_operation(verbs::PATCH)
         {
             return Ok(Some(ar));
@@ -160,11 +170,18 @@ impl KueuePublisher {
         events: crate::events::Events,
     ) -> Self {
         let hostname = args.kueue_topology_hostname_level;
+        // With uniform depth every node carries that many layers: one Topology covers them all.
+        let depth = scheme.uniform_depth.unwrap_or(3);
         let mut topologies = vec![(
             args.kueue_topology_name.clone(),
-            levels(scheme, 3, hostname),
+            levels(scheme, depth, hostname),
         )];
-        if args.kueue_topology_four_layer {
+        if args.kueue_topology_four_layer && scheme.uniform_depth.is_some() {
+            warn!(
+                topology = %args.kueue_topology_four_layer_name,
+                "--kueue-topology-four-layer is ignored with --uniform-depth: the one Topology covers every node"
+            );
+        } else if args.kueue_topology_four_layer {
             topologies.push((
                 args.kueue_topology_four_layer_name.clone(),
                 levels(scheme, 4, hostname),

@@ -1,11 +1,14 @@
 //! Publishers for schedulers, run by the leader beside the reconciler: a Kueue `Topology`
-//! ([`kueue`]) and Volcano `HyperNode`s ([`volcano`]), each behind the small [`Publisher`] trait.
+//! ([`kueue`]), Volcano `HyperNode`s ([`volcano`]), a KAI `Topology` ([`kai`]) and Slurm's
+//! topology in a ConfigMap ([`slurm`]), each behind the small [`Publisher`] trait.
 //! Each compares before it writes, so a steady cluster costs nothing.
 //!
 //! Owns: scheduler objects derived from the labels. Never writes node labels; never acts unless
 //! this replica leads.
 
+pub mod kai;
 pub mod kueue;
+pub mod slurm;
 pub mod volcano;
 
 use std::{
@@ -65,6 +68,21 @@ pub struct PublishArgs {
         default_value = "ec2tl"
     )]
     pub volcano_hypernode_prefix: String,
+    /// Create a KAI Scheduler Topology whose levels are our layer labels then the hostname, as
+    /// deep as the deepest labelled node (a new one, `<name>-<depth>-layer`, when a deeper type
+    /// joins: KAI's levels are immutable).
+    #[arg(long, env = "LABELER_KAI_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kai_topology: bool,
+    /// Name of that Topology (workloads name it in their `kai.scheduler/topology` annotation).
+    #[arg(long, env = "LABELER_KAI_TOPOLOGY_NAME", default_value = "aws-network")]
+    pub kai_topology_name: String,
+    /// Keep Slurm's `topology.yaml` (the tree of the labelled nodes) in this ConfigMap,
+    /// `NAMESPACE/NAME`; one that exists and is not ours is left alone.
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP")]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    ))]
+    pub slurm_topology_configmap: Option<String>,
     /// How often publishers compare what they publish with the labels (nothing is sent when
     /// nothing changed).
     #[arg(long, env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
@@ -93,15 +111,23 @@ pub struct Publishers {
 }
 
 impl Publishers {
-    /// The publishers `args` turn on (`None` when none is).
+    /// The publishers `args` turn on (`None` when none is); `slurm_topology_name` names the
+    /// tree topology in Slurm's file. A malformed `--slurm-topology-configmap` is an error.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: &Client,
         args: &PublishArgs,
         scheme: &LabelScheme,
+        slurm_topology_name: &str,
         metrics: &Arc<Metrics>,
         events: crate::events::Events,
         leader: &Leadership,
-    ) -> Option<Self> {
+    ) -> Result<Option<Self>, String> {
+        let slurm_target = args
+            .slurm_topology_configmap
+            .as_deref()
+            .map(slurm::parse_target)
+            .transpose()?;
         let mut list: Vec<Box<dyn Publisher>> = Vec::new();
         if args.kueue_topology {
             list.push(Box::new(kueue::KueuePublisher::new(
@@ -109,7 +135,25 @@ impl Publishers {
                 args,
                 scheme,
                 metrics.clone(),
-                events,
+                events.clone(),
+            )));
+        }
+        if args.kai_topology {
+            list.push(Box::new(kai::KaiPublisher::new(
+                client.clone(),
+                args,
+                scheme,
+                metrics.clone(),
+                events.clone(),
+            )));
+        }
+        if let Some(target) = slurm_target {
+            list.push(Box::new(slurm::SlurmPublisher::new(
+                client.clone(),
+                target,
+                slurm_topology_name,
+                scheme,
+                metrics.clone(),
             )));
         }
         if args.volcano_hypernodes {
@@ -121,11 +165,11 @@ impl Publishers {
                 leader.clone(),
             )));
         }
-        (!list.is_empty()).then(|| Self {
+        Ok((!list.is_empty()).then(|| Self {
             list,
             interval: args.publish_interval.0.max(Duration::from_millis(100)),
             leader: leader.clone(),
-        })
+        }))
     }
 
     /// Publish every interval until the process stops, from the node cache `reader` once

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::{
     FIELD_MANAGER,
-    labels::{LabelScheme, LayerNumbering},
+    labels::{LabelScheme, LayerNumbering, MAX_LAYERS},
     metrics::Metrics,
     tree::{Conflict, NodeView, path_of},
 };
@@ -140,6 +140,12 @@ pub fn desired(
             continue;
         };
         let depth = path.len();
+        // Layer labels the node carries: more than its path when `--uniform-depth` repeated its
+        // deepest network node; the leaf selects nodes by the deepest of them.
+        let label_depth = (1..=MAX_LAYERS)
+            .take_while(|n| node.labels.contains_key(&scheme.layer_key(*n)))
+            .count()
+            .max(depth);
         for (j, id) in path.iter().enumerate() {
             let tier = depth - j;
             // The label key holding this layer's value on this node.
@@ -154,11 +160,20 @@ pub fn desired(
             if let Some(child) = path.get(j + 1) {
                 e.children.insert((tier - 1, child.clone()));
             } else {
-                let absent = match scheme.numbering {
-                    LayerNumbering::TopFirst => Some(scheme.layer_key(depth + 1)),
-                    LayerNumbering::LeafFirst => None,
+                let (key, absent) = match scheme.numbering {
+                    LayerNumbering::TopFirst => (
+                        scheme.layer_key(label_depth),
+                        Some(scheme.layer_key(label_depth + 1)),
+                    ),
+                    LayerNumbering::LeafFirst => (scheme.layer_key(layer), None),
                 };
-                e.leaf_selector = Some((scheme.layer_key(layer), absent));
+                // Nodes of one leaf carrying different numbers of labels (a change of
+                // `--uniform-depth` rolling out): the deepest wins, whichever node came first.
+                if e.leaf_selector.as_ref().is_none_or(|(k, _)| {
+                    scheme.layer_index(k).unwrap_or(0) < scheme.layer_index(&key).unwrap_or(0)
+                }) {
+                    e.leaf_selector = Some((key, absent));
+                }
             }
         }
     }

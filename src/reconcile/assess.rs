@@ -148,8 +148,10 @@ pub async fn assess(
             refresh_error,
             recheck_in,
         } => match labels::desired(scheme, &topology) {
-            Ok(desired) => {
-                let diff = labels::diff(scheme, &labels_of(node), &annotations_of(node), &desired);
+            Ok(mut desired) => {
+                let labels = labels_of(node);
+                labels::settle(scheme, &labels, &mut desired);
+                let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
                 Ok(Assessment::Ready {
                     instance_id,
                     desired,

@@ -65,6 +65,57 @@ pub struct Coverage {
 
 const NONE: &str = "(none)";
 
+/// A node's depth as coverage counts it (its path's layers, padding counted once), read through
+/// `label` (a node's label by key): no map of its labels needs to be built.
+pub fn depth_of(scheme: &LabelScheme, label: impl Fn(&str) -> Option<String>) -> usize {
+    let mut labels = BTreeMap::new();
+    for n in 1..=MAX_LAYERS {
+        let key = scheme.layer_key(n);
+        match label(&key) {
+            Some(v) => {
+                labels.insert(key, v);
+            }
+            None => break,
+        }
+    }
+    path_of(scheme, &labels).map_or(0, |p| p.len())
+}
+
+/// Coverage per (instance type, zone) cell, from each node's type, zone and depth; a cell's
+/// `full` counts nodes as deep as the deepest node of their type in any zone.
+pub fn cells(
+    nodes: impl IntoIterator<Item = (Option<String>, Option<String>, usize)>,
+) -> BTreeMap<(String, String), Group> {
+    let mut by_cell: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    let mut type_depth: BTreeMap<String, usize> = BTreeMap::new();
+    for (t, z, depth) in nodes {
+        let t = t.unwrap_or_else(|| NONE.into());
+        let d = type_depth.entry(t.clone()).or_default();
+        *d = (*d).max(depth);
+        by_cell
+            .entry((t, z.unwrap_or_else(|| NONE.into())))
+            .or_default()
+            .push(depth);
+    }
+    by_cell
+        .into_iter()
+        .map(|((t, z), depths)| {
+            let mut g = Group::default();
+            for d in &depths {
+                g.add(*d);
+            }
+            g.depth = type_depth.get(&t).copied().unwrap_or(0);
+            g.full = if g.depth == 0 {
+                0
+            } else {
+                depths.iter().filter(|d| **d == g.depth).count()
+            };
+            g.with_layer.resize(g.depth, 0);
+            ((t, z), g)
+        })
+        .collect()
+}
+
 impl Coverage {
     pub fn build(scheme: &LabelScheme, nodes: &[NodeView]) -> Self {
         let mut cov = Coverage::default();

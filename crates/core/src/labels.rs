@@ -15,6 +15,11 @@ pub const EKS_LAYER_PREFIX: &str = "topology.k8s.aws/network-node-layer-";
 pub const EKS_ZONE_ID_KEY: &str = "topology.k8s.aws/zone-id";
 pub const CAPACITY_BLOCK_KEY: &str = "ec2-topology-labeler.io/capacity-block-id";
 pub const PLACEMENT_GROUP_KEY: &str = "ec2-topology-labeler.io/placement-group";
+/// The annotation Slinky's slurm-operator reads to place a node in Slurm's topology
+/// (`<topology>:<switch or block>[,<topology>:<switch or block>]`).
+pub const SLINKY_SPEC_KEY: &str = "topology.slinky.slurm.net/spec";
+/// The name Slinky's docs give the tree topology (and `tree -o slurm-yaml` its default).
+pub const SLURM_TREE_TOPOLOGY: &str = "topo-switch";
 
 /// Deepest hierarchy we label (Kueue allows at most 16 levels).
 pub const MAX_LAYERS: usize = 16;
@@ -41,6 +46,19 @@ pub struct LabelScheme {
     pub capacity_block_key: Option<String>,
     /// Used both as a label (sanitised value) and an annotation (raw name).
     pub placement_group_key: Option<String>,
+    /// Pad every node's layers to this many, repeating its deepest network node (top-first
+    /// numbering only), so one scheduler topology of this many levels covers a mixed fleet.
+    pub uniform_depth: Option<usize>,
+    /// Write Slinky's per-node topology annotation ([`SLINKY_SPEC_KEY`]).
+    pub slinky: Option<SlinkySpec>,
+}
+
+/// What Slinky's annotation names: the tree topology (its leaf switch is the node's deepest
+/// network node) and, optionally, a block topology (its block is the node's capacity block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlinkySpec {
+    pub tree_topology: String,
+    pub block_topology: Option<String>,
 }
 
 impl Default for LabelScheme {
@@ -51,6 +69,8 @@ impl Default for LabelScheme {
             zone_id_key: Some(EKS_ZONE_ID_KEY.into()),
             capacity_block_key: Some(CAPACITY_BLOCK_KEY.into()),
             placement_group_key: Some(PLACEMENT_GROUP_KEY.into()),
+            uniform_depth: None,
+            slinky: None,
         }
     }
 }
@@ -77,6 +97,29 @@ impl LabelScheme {
         for (i, a) in extras.iter().enumerate() {
             if self.layer_index(a).is_some() || extras[i + 1..].contains(a) {
                 return Err(format!("label key {a:?} is used twice"));
+            }
+        }
+        if let Some(n) = self.uniform_depth {
+            if !(1..=MAX_LAYERS).contains(&n) {
+                return Err(format!(
+                    "uniform depth {n} is out of range (1 to {MAX_LAYERS})"
+                ));
+            }
+            if self.numbering != LayerNumbering::TopFirst {
+                return Err(
+                    "uniform depth needs top-first layer numbering (with leaf-first, \
+                    layer 1 is already the switch above every node)"
+                        .into(),
+                );
+            }
+        }
+        if let Some(s) = &self.slinky {
+            for name in std::iter::once(&s.tree_topology).chain(s.block_topology.iter()) {
+                if name.is_empty() || name.contains([':', ',', ' ']) {
+                    return Err(format!(
+                        "Slurm topology name {name:?} must be non-empty, without ':', ',' or spaces"
+                    ));
+                }
             }
         }
         Ok(())
@@ -106,6 +149,7 @@ impl LabelScheme {
     /// Whether we manage this annotation key.
     pub fn is_family_annotation(&self, key: &str) -> bool {
         self.placement_group_key.as_deref() == Some(key)
+            || (self.slinky.is_some() && key == SLINKY_SPEC_KEY)
     }
 }
 
@@ -150,6 +194,17 @@ pub fn desired(scheme: &LabelScheme, t: &InstanceTopology) -> Result<Desired, De
         };
         out.labels.insert(scheme.layer_key(n), node.clone());
     }
+    // Uniform depth: the deepest network node stands for every missing layer below it, so a
+    // scheduler level the node's type lacks still names the switch right above it.
+    if let (Some(n), LayerNumbering::TopFirst, Some(deepest)) = (
+        scheme.uniform_depth,
+        scheme.numbering,
+        t.network_nodes.last(),
+    ) {
+        for layer in depth + 1..=n {
+            out.labels.insert(scheme.layer_key(layer), deepest.clone());
+        }
+    }
     if let Some(key) = &scheme.zone_id_key {
         match t.zone_id.as_deref().filter(|z| !z.is_empty()) {
             Some(z) if is_valid_label_value(z) => {
@@ -182,6 +237,41 @@ pub fn desired(scheme: &LabelScheme, t: &InstanceTopology) -> Result<Desired, De
         out.annotations.insert(key.clone(), pg.to_string());
     }
     Ok(out)
+}
+
+/// Fill in what is derived from the labels the node will carry once `desired` is applied to
+/// `current` (kept keys stay as they are): Slinky's topology annotation, whose block comes from
+/// the capacity-block label even when this answer left the capacity block out.
+pub fn settle(scheme: &LabelScheme, current: &BTreeMap<String, String>, desired: &mut Desired) {
+    let Some(slinky) = &scheme.slinky else {
+        return;
+    };
+    let mut will_carry = desired.labels.clone();
+    for key in &desired.keep {
+        if let Some(v) = current.get(key) {
+            will_carry.insert(key.clone(), v.clone());
+        }
+    }
+    if let Some(spec) = slinky_spec(scheme, slinky, &will_carry) {
+        desired.annotations.insert(SLINKY_SPEC_KEY.into(), spec);
+    }
+}
+
+/// `<tree topology>:<deepest network node>[,<block topology>:<capacity block>]` for a node
+/// with these labels; `None` when they hold no layers.
+pub fn slinky_spec(
+    scheme: &LabelScheme,
+    slinky: &SlinkySpec,
+    labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    let leaf = crate::tree::path_of(scheme, labels)?.pop()?;
+    let mut spec = format!("{}:{leaf}", slinky.tree_topology);
+    if let (Some(block), Some(key)) = (&slinky.block_topology, &scheme.capacity_block_key)
+        && let Some(cb) = labels.get(key)
+    {
+        spec.push_str(&format!(",{block}:{cb}"));
+    }
+    Some(spec)
 }
 
 fn invalid(what: &'static str, value: &str) -> DeriveError {
@@ -585,6 +675,143 @@ mod tests {
             ("topology.k8s.aws/zone-id", "usw2-az1"),
         ]);
         assert!(diff(&s, &labels, &BTreeMap::new(), &d).is_empty());
+    }
+
+    #[test]
+    fn uniform_depth_repeats_the_deepest_network_node_and_never_cuts() {
+        let s = LabelScheme {
+            uniform_depth: Some(4),
+            ..LabelScheme::default()
+        };
+        let three = desired(&s, &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        assert_eq!(
+            three.labels["topology.k8s.aws/network-node-layer-3"],
+            "nn-c"
+        );
+        assert_eq!(
+            three.labels["topology.k8s.aws/network-node-layer-4"], "nn-c",
+            "layer 4 names the switch right above the node"
+        );
+        let four = desired(&s, &topo(&["nn-a", "nn-b", "nn-c", "nn-d"])).unwrap();
+        assert_eq!(four.labels["topology.k8s.aws/network-node-layer-4"], "nn-d");
+        let five = desired(&s, &topo(&["a", "b", "c", "d", "e"])).unwrap();
+        assert_eq!(
+            five.labels["topology.k8s.aws/network-node-layer-5"], "e",
+            "deeper kept"
+        );
+        // The tree reads the padding back as the node's real path.
+        assert_eq!(
+            crate::tree::path_of(&s, &three.labels),
+            Some(vec!["nn-a".into(), "nn-b".into(), "nn-c".into()])
+        );
+        // Turned off again, the padded layer is stale and goes.
+        let plain = desired(&LabelScheme::default(), &topo(&["nn-a", "nn-b", "nn-c"])).unwrap();
+        let d = diff(
+            &LabelScheme::default(),
+            &three.labels,
+            &BTreeMap::new(),
+            &plain,
+        );
+        assert_eq!(
+            d.labels.remove,
+            map(&[("topology.k8s.aws/network-node-layer-4", "nn-c")])
+        );
+        assert!(d.labels.add.is_empty() && d.labels.change.is_empty());
+    }
+
+    #[test]
+    fn uniform_depth_is_refused_with_leaf_first_numbering_or_out_of_range() {
+        let leaf_first = LabelScheme {
+            uniform_depth: Some(4),
+            numbering: LayerNumbering::LeafFirst,
+            ..LabelScheme::default()
+        };
+        assert!(leaf_first.validate().unwrap_err().contains("top-first"));
+        for n in [0, 17] {
+            let s = LabelScheme {
+                uniform_depth: Some(n),
+                ..LabelScheme::default()
+            };
+            assert!(s.validate().is_err(), "{n}");
+        }
+    }
+
+    fn slinky(block: Option<&str>) -> LabelScheme {
+        LabelScheme {
+            slinky: Some(SlinkySpec {
+                tree_topology: SLURM_TREE_TOPOLOGY.into(),
+                block_topology: block.map(String::from),
+            }),
+            ..LabelScheme::default()
+        }
+    }
+
+    #[test]
+    fn slinky_annotation_names_the_leaf_switch_and_the_capacity_block() {
+        let s = slinky(Some("topo-block"));
+        let mut t = topo(&["nn-a", "nn-b", "nn-c"]);
+        t.capacity_block_id = Some("cr-1".into());
+        let mut d = desired(&s, &t).unwrap();
+        settle(&s, &BTreeMap::new(), &mut d);
+        assert_eq!(
+            d.annotations[SLINKY_SPEC_KEY],
+            "topo-switch:nn-c,topo-block:cr-1"
+        );
+        // Without a block topology only the tree is named.
+        let s = slinky(None);
+        let mut d = desired(&s, &t).unwrap();
+        settle(&s, &BTreeMap::new(), &mut d);
+        assert_eq!(d.annotations[SLINKY_SPEC_KEY], "topo-switch:nn-c");
+        // Off: no annotation, and a stale one is not ours to touch.
+        let off = LabelScheme::default();
+        let mut d = desired(&off, &t).unwrap();
+        settle(&off, &BTreeMap::new(), &mut d);
+        assert!(!d.annotations.contains_key(SLINKY_SPEC_KEY));
+        assert!(!off.is_family_annotation(SLINKY_SPEC_KEY));
+        assert!(slinky(None).is_family_annotation(SLINKY_SPEC_KEY));
+    }
+
+    /// An answer without the capacity block keeps the label (EC2 fills it in late), so the
+    /// annotation keeps naming the block too, instead of flapping.
+    #[test]
+    fn slinky_annotation_follows_a_kept_capacity_block_and_the_padded_leaf() {
+        let s = LabelScheme {
+            uniform_depth: Some(4),
+            ..slinky(Some("topo-block"))
+        };
+        let t = topo(&["nn-a", "nn-b", "nn-c"]);
+        let current = map(&[(CAPACITY_BLOCK_KEY, "cr-9")]);
+        let mut d = desired(&s, &t).unwrap();
+        settle(&s, &current, &mut d);
+        assert_eq!(
+            d.annotations[SLINKY_SPEC_KEY],
+            "topo-switch:nn-c,topo-block:cr-9"
+        );
+        let mut annotations = BTreeMap::new();
+        annotations.insert(
+            SLINKY_SPEC_KEY.to_string(),
+            "topo-switch:nn-old".to_string(),
+        );
+        let diff = diff(&s, &current, &annotations, &d);
+        assert_eq!(
+            diff.annotations.change[SLINKY_SPEC_KEY].1,
+            "topo-switch:nn-c,topo-block:cr-9"
+        );
+    }
+
+    #[test]
+    fn slurm_topology_names_that_would_break_the_annotation_are_refused() {
+        for bad in ["", "a:b", "a,b", "a b"] {
+            let s = LabelScheme {
+                slinky: Some(SlinkySpec {
+                    tree_topology: bad.into(),
+                    block_topology: None,
+                }),
+                ..LabelScheme::default()
+            };
+            assert!(s.validate().is_err(), "{bad:?}");
+        }
+        assert!(slinky(Some("topo-block")).validate().is_ok());
     }
 
     #[test]

@@ -42,8 +42,9 @@ impl NodeView {
     }
 }
 
-/// The network path of a node, top of the hierarchy first, read from its layer labels; `None`
-/// when it has none, or they do not form a contiguous run from layer 1.
+/// The network path of a node, top of the hierarchy first, read from its layer labels (a deepest
+/// network node repeated by `--uniform-depth` counted once); `None` when it has none, or they do
+/// not form a contiguous run from layer 1.
 pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Option<Vec<String>> {
     let mut by_layer: BTreeMap<usize, &String> = BTreeMap::new();
     for (k, v) in labels {
@@ -58,6 +59,11 @@ pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Optio
     let mut path: Vec<String> = by_layer.into_values().cloned().collect();
     if scheme.numbering == LayerNumbering::LeafFirst {
         path.reverse();
+    }
+    // A network node repeated at the bottom is uniform-depth padding (EC2 never names one
+    // switch at two layers): the node hangs under it once.
+    while path.len() > 1 && path[path.len() - 1] == path[path.len() - 2] {
+        path.pop();
     }
     Some(path)
 }

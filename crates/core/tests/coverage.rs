@@ -1,7 +1,7 @@
 //! Coverage by instance type and zone, from the nodes' labels.
 
 use ec2_topology_core::{
-    coverage::{Coverage, INSTANCE_TYPE_LABEL, ZONE_LABEL},
+    coverage::{Coverage, INSTANCE_TYPE_LABEL, ZONE_LABEL, cells, depth_of},
     labels::LabelScheme,
     tree::NodeView,
 };
@@ -75,4 +75,29 @@ fn nodes_without_the_well_known_labels_are_grouped_as_none() {
     let cov = Coverage::build(&s, &[NodeView::labelled("a", &s, &["x", "y", "z"])]);
     assert_eq!(cov.by_instance_type["(none)"].full, 1);
     assert_eq!(cov.by_zone["(none)"].nodes, 1);
+}
+
+/// The metric's cells: per (type, zone), each node judged against its type's depth in any zone,
+/// and a padded node (uniform depth) counted at its real depth.
+#[test]
+fn cells_judge_each_zone_against_the_types_depth() {
+    let s = LabelScheme::default();
+    let t = |x: &str| Some(x.to_string());
+    let cells = cells([
+        (t("p6-b200.48xlarge"), t("us-east-1a"), 4),
+        (t("p6-b200.48xlarge"), t("us-east-1b"), 3),
+        (t("p6-b200.48xlarge"), t("us-east-1b"), 4),
+        (t("p5.48xlarge"), t("us-east-1a"), 3),
+        (t("p5.48xlarge"), None, 0),
+    ]);
+    let b = &cells[&("p6-b200.48xlarge".into(), "us-east-1b".into())];
+    assert_eq!((b.nodes, b.depth, b.full), (2, 4, 1));
+    assert_eq!(b.with_layer, vec![2, 2, 2, 1]);
+    let none = &cells[&("p5.48xlarge".into(), "(none)".into())];
+    assert_eq!((none.nodes, none.depth, none.full), (1, 3, 0));
+    let padded = NodeView::labelled("n", &s, &["a", "b", "c", "c"]);
+    assert_eq!(depth_of(&s, |k| padded.labels.get(k).cloned()), 3);
+    let two = NodeView::labelled("g", &s, &["a", "b"]);
+    assert_eq!(depth_of(&s, |k| two.labels.get(k).cloned()), 2);
+    assert_eq!(depth_of(&s, |_| None), 0);
 }

@@ -242,6 +242,8 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
         let c = cluster.admin().await?;
         kube_util::ensure_namespace(&c, NAMESPACE).await?;
         if cluster.local.is_some() {
+            // The Slurm ConfigMap's namespace: the chart puts a Role there.
+            kube_util::ensure_namespace(&c, "slurm").await?;
             // The chart itself, installed with Helm: the controller runs under its RBAC. (No
             // kubelet runs here, so its Deployment's Pods stay Pending; the controller runs as a
             // process with the ServiceAccount's identity instead.)
@@ -261,19 +263,27 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                     "--set",
                     "config.volcanoHypernodes=true",
                     "--set",
+                    "config.kaiTopology=true",
+                    "--set",
+                    "config.slurmTopologyConfigmap=slurm/slurm-topology",
+                    "--set",
                     "config.nodeCondition=true",
                     "--set",
                     "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
                 ],
             )?;
             eprintln!("helm install of the chart succeeded");
-            // The schedulers' CRDs, from the pinned Kueue and Volcano modules.
+            // The schedulers' CRDs, from the pinned Kueue and Volcano modules, and KAI's as
+            // its API documents it (e2e/schedulers/crds/kai: its module is not served here).
             let artifacts = crate::schedulers::artifacts()?;
-            for dir in ["crds/kueue", "crds/volcano"] {
-                let n = crate::schedulers::install_crds(&c, &artifacts.join(dir))
-                    .await?
-                    .len();
-                eprintln!("installed {n} CRDs from {dir}");
+            let kai = crate::repo_root().join("e2e/schedulers/crds/kai");
+            for dir in [
+                artifacts.join("crds/kueue"),
+                artifacts.join("crds/volcano"),
+                kai,
+            ] {
+                let n = crate::schedulers::install_crds(&c, &dir).await?.len();
+                eprintln!("installed {n} CRDs from {}", dir.display());
             }
         }
         let (mock, mock_admin, ec2_url) = match std::env::var("E2E_MOCK_EC2_URL") {

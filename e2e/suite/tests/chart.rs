@@ -88,12 +88,16 @@ fn example(key: &str, schema: &Value) -> String {
             .unwrap_or_default()
             .to_string();
     }
+    if key == "slurmTopologyConfigmap" {
+        return "slurm/slurm-topology".into();
+    }
     if key == "startupTaint" {
         return "example.com/pending:NoSchedule".into();
     }
     match (schema["type"].as_str(), schema["type"].as_array()) {
         (Some("boolean"), _) => "false".into(),
         (Some("integer"), _) => "7".into(),
+        (_, Some(types)) if types.iter().any(|t| t == "integer") => "4".into(),
         (Some("number"), _) => "4".into(),
         _ if schema.get("pattern").is_some() => "90s".into(),
         _ if key.ends_with("Key") => format!("example.com/{}", key.to_lowercase()),
@@ -221,6 +225,42 @@ fn rbac_is_exactly_what_the_code_uses() {
     assert!(
         verbs_for("nodes/status").is_empty(),
         "no status writes without the condition"
+    );
+    // KAI's Topology: its own group, the same verbs; the Slurm ConfigMap: a Role in its
+    // namespace, get and patch limited to its name.
+    let docs = render(&[
+        "config.kaiTopology=true".into(),
+        "config.slurmTopologyConfigmap=slurm/slurm-topology".into(),
+    ]);
+    let kai: Vec<&Value> = kind(&docs, "ClusterRole")[0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["apiGroups"][0] == "kai.scheduler")
+        .collect();
+    assert_eq!(kai.len(), 1);
+    assert_eq!(kai[0]["resources"], serde_json::json!(["topologies"]));
+    assert_eq!(
+        kai[0]["verbs"],
+        serde_json::json!(["get", "create", "patch"])
+    );
+    let role = kind(&docs, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["namespace"] == "slurm")
+        .expect("a Role in the ConfigMap's namespace");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"] },
+            { "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["slurm-topology"], "verbs": ["get", "patch"] }
+        ])
+    );
+    assert!(
+        kind(&docs, "RoleBinding")
+            .iter()
+            .any(|b| b["metadata"]["namespace"] == "slurm"
+                && b["roleRef"]["name"] == role["metadata"]["name"]),
+        "bound to the ServiceAccount"
     );
     // The TopologyLabeled condition adds exactly nodes/status patch; the startup taint needs
     // nothing more than the nodes patch already there.

@@ -1376,6 +1376,623 @@ spec: { clusterQueue: training }
     Ok(())
 }
 
+/// `--uniform-depth=4`: one 4-level Kueue Topology covers a fleet of 3- and 4-layer nodes. A
+/// 3-layer node gets its switch repeated as layer 4, so Kueue no longer leaves it out of TAS,
+/// and a workload requiring one layer-4 domain lands under one switch on either kind of node.
+async fn kueue_one_topology_for_a_mixed_fleet(env: &Env) -> anyhow::Result<()> {
+    const POOL: &str = "e2e.ec2-topology-labeler.io/pool";
+    const UNIFORM: &str = "aws-network-uniform";
+    let c = env.admin().await?;
+    // Three 3-layer nodes under switch nn-u3, two 4-layer nodes under switch nn-u4; each fits
+    // one pod of 100 CPUs.
+    let three: Vec<NodeSpec> = (0..3)
+        .map(|k| NodeSpec::ec2(0x115, k, "p5en-e2e.48xlarge"))
+        .collect();
+    let four: Vec<NodeSpec> = (3..5)
+        .map(|k| NodeSpec::ec2(0x115, k, "p6-b200-e2e.48xlarge"))
+        .collect();
+    let mut pairs: Vec<(NodeSpec, Instance)> = three
+        .iter()
+        .map(|s| (s.clone(), s.instance(&["nn-us", "nn-ua", "nn-u3"])))
+        .collect();
+    pairs.extend(four.iter().map(|s| {
+        (
+            s.clone(),
+            s.instance(&["nn-us", "nn-ua4", "nn-ub4", "nn-u4"]),
+        )
+    }));
+    label_and_wait(env, &c, &pairs).await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    for (s, _) in &pairs {
+        nodes
+            .patch(
+                &s.name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {POOL: "uniform"}}, "spec": {"taints": null}}),
+                ),
+            )
+            .await?;
+    }
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--uniform-depth=4",
+            &format!("--kueue-topology-name={UNIFORM}"),
+        ],
+    )
+    .await?;
+    let result = async {
+        for s in &three {
+            wait_for_topology(
+                &c,
+                &s.name,
+                &expected(&["nn-us", "nn-ua", "nn-u3", "nn-u3"], &[]),
+                WAIT,
+            )
+            .await
+            .context("a 3-layer node padded to 4 layers")?;
+        }
+        for s in &four {
+            wait_for_topology(
+                &c,
+                &s.name,
+                &expected(&["nn-us", "nn-ua4", "nn-ub4", "nn-u4"], &[]),
+                WAIT,
+            )
+            .await?;
+        }
+        let topology = eventually("the uniform Topology", WAIT, || async {
+            Ok(topology_api(&c).get_opt(UNIFORM).await?)
+        })
+        .await?;
+        ensure!(
+            levels(&topology)
+                == [1, 2, 3, 4]
+                    .map(|n| format!("{L}{n}"))
+                    .into_iter()
+                    .chain(["kubernetes.io/hostname".to_string()])
+                    .collect::<Vec<_>>(),
+            "levels of {UNIFORM}: {:?}",
+            levels(&topology)
+        );
+        // Volcano: the padding is no tier of its own; switch nn-u3 selects its nodes by the
+        // layer they now carry deepest.
+        let hns = eventually("HyperNode nn-u3 selecting layer 4", WAIT, || async {
+            let hns = hypernodes(&c).await?;
+            let leaf = hns.get("ec2tl-t1-nn-u3").cloned();
+            Ok(leaf
+                .filter(|(_, m)| m.iter().any(|m| m.contains(&format!("{L}4"))))
+                .map(|_| hns))
+        })
+        .await?;
+        ensure!(
+            !hns.contains_key("ec2tl-t2-nn-u3"),
+            "the padded layer made a tier: {hns:?}"
+        );
+        uniform_depth_admissions(env, &c, &three, &four, UNIFORM, POOL).await
+    }
+    .await;
+    // Back to the usual controller: the padding is a stale layer and goes.
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    result?;
+    for s in &three {
+        wait_for_topology(
+            &c,
+            &s.name,
+            &expected(&["nn-us", "nn-ua", "nn-u3"], &[]),
+            WAIT,
+        )
+        .await
+        .context("the padded layer removed once --uniform-depth is off")?;
+    }
+    eprintln!("    without --uniform-depth the padded layer 4 is removed from the 3-layer nodes");
+    Ok(())
+}
+
+async fn uniform_depth_admissions(
+    env: &Env,
+    c: &Client,
+    three: &[NodeSpec],
+    four: &[NodeSpec],
+    topology: &str,
+    pool: &str,
+) -> anyhow::Result<()> {
+    use e2e::schedulers::Kueue;
+    let artifacts = e2e::schedulers::artifacts()?;
+    let mut kueue = Kueue::start(
+        &artifacts.join("kueue"),
+        &env.cluster.admin_kubeconfig,
+        &env.dir.join("kueue-uniform"),
+        c,
+    )
+    .await?;
+    kube_util::ensure_namespace(c, "ml").await?;
+    let objects = format!(
+        r#"
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{ name: uniform }}
+spec:
+  nodeLabels: {{ {pool}: uniform }}
+  topologyName: {topology}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{ name: uniform }}
+spec:
+  namespaceSelector: {{}}
+  resourceGroups:
+    - coveredResources: ["cpu"]
+      flavors:
+        - name: uniform
+          resources: [{{ name: cpu, nominalQuota: 1000 }}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{ name: uniform, namespace: ml }}
+spec: {{ clusterQueue: uniform }}
+"#
+    );
+    kube_util::apply_yaml(c, &objects, "e2e").await?;
+    let workload = |name: &str, count: u32| {
+        format!(
+            "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {{ name: {name}, namespace: ml }}\nspec:\n  queueName: uniform\n  podSets:\n    - name: workers\n      count: {count}\n      topologyRequest:\n        required: {L}4\n      template:\n        spec:\n          restartPolicy: Never\n          containers:\n            - name: w\n              image: registry.k8s.io/pause:3.10\n              resources: {{ requests: {{ cpu: \"100\" }} }}\n"
+        )
+    };
+    let wl_ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    );
+    let workloads: Api<kube::api::DynamicObject> = Api::namespaced_with(c.clone(), "ml", &wl_ar);
+    let hosts_of = |specs: &[NodeSpec]| -> std::collections::BTreeSet<String> {
+        specs
+            .iter()
+            .map(|s| s.name.split('.').next().unwrap_or_default().to_string())
+            .collect()
+    };
+    let admitted = |name: &'static str| {
+        let workloads = workloads.clone();
+        async move {
+            eventually(
+                &format!("Kueue admits {name}"),
+                Duration::from_secs(60),
+                || async {
+                    let w = workloads.get(name).await?;
+                    let ta =
+                        w.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+                            .clone();
+                    Ok(ta.is_object().then_some(ta))
+                },
+            )
+            .await
+        }
+    };
+    let result = async {
+        // Three pods under one switch: only the 3-layer switch has three nodes. Without the
+        // padding Kueue would leave those nodes out of a 4-level Topology and never admit it.
+        kube_util::apply_yaml(c, &workload("three-under-one-switch", 3), "e2e").await?;
+        let ta = admitted("three-under-one-switch").await?;
+        let hosts: std::collections::BTreeSet<String> =
+            decode_assignment(&ta).into_iter().collect();
+        ensure!(
+            hosts == hosts_of(three),
+            "3 pods on the 3-layer nodes under nn-u3: {hosts:?} ({ta})"
+        );
+        eprintln!(
+            "    3 pods requiring one layer-4 domain admitted onto the 3-layer nodes: {hosts:?}"
+        );
+        // Two more: the 4-layer switch is the only domain with room left.
+        kube_util::apply_yaml(c, &workload("two-under-one-switch", 2), "e2e").await?;
+        let ta = admitted("two-under-one-switch").await?;
+        let hosts: std::collections::BTreeSet<String> =
+            decode_assignment(&ta).into_iter().collect();
+        ensure!(
+            hosts == hosts_of(four),
+            "2 pods on the 4-layer nodes under nn-u4: {hosts:?} ({ta})"
+        );
+        eprintln!(
+            "    2 pods requiring one layer-4 domain admitted onto the 4-layer nodes: {hosts:?}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    kueue.stop();
+    if let Err(e) = result {
+        let tail: Vec<String> = std::fs::read_to_string(&kueue.log)
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .take(15)
+            .map(String::from)
+            .collect();
+        anyhow::bail!(
+            "{e:#}\nkueue log tail:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(())
+}
+
+fn kai_topologies(c: &Client) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kai.scheduler", "v1alpha1", "Topology"),
+        "topologies",
+    );
+    Api::all_with(c.clone(), &ar)
+}
+
+/// Events about an object of any kind in `default` (where cluster-scoped objects' go).
+async fn events_about(c: &Client, kind: &str, name: &str, reason: &str) -> anyhow::Result<usize> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                })
+        })
+        .count())
+}
+
+/// `--kai-topology`: a KAI Topology as deep as the deepest labelled node. When a 4-layer node
+/// joins a 3-layer fleet the levels would change, which KAI's CRD refuses: a second Topology is
+/// created (and an Event says so), the first stays as it was. Runs before any 4-layer node.
+async fn kai_topology_follows_the_depth(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let kai = kai_topologies(&c);
+    let level = |n: usize| -> Vec<String> {
+        (1..=n)
+            .map(|i| format!("{L}{i}"))
+            .chain(["kubernetes.io/hostname".to_string()])
+            .collect()
+    };
+    e2e::env::restart_labeler_with(env, &["--kai-topology=true", "--kai-topology-name=kai-e2e"])
+        .await?;
+    let result = async {
+        let s3 = NodeSpec::ec2(0x116, 1, "p5.48xlarge");
+        label_and_wait(env, &c, &[(s3.clone(), s3.instance(&["nn-kai-s", "nn-kai-a3", "nn-kai-l3"]))])
+            .await?;
+        let three = eventually("KAI Topology kai-e2e", WAIT, || async {
+            Ok(kai.get_opt("kai-e2e").await?)
+        })
+        .await?;
+        ensure!(levels(&three) == level(3), "levels: {:?}", levels(&three));
+        ensure!(
+            kai.get_opt("kai-e2e-4-layer").await?.is_none(),
+            "no 4-level Topology before a 4-layer node"
+        );
+        // KAI's rule holds on this API server: the levels cannot be changed in place.
+        let changed = kai
+            .patch(
+                "kai-e2e",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"levels": [{"nodeLabel": format!("{L}1")}]}})),
+            )
+            .await;
+        ensure!(
+            matches!(&changed, Err(kube::Error::Api(e)) if e.message.contains("immutable")),
+            "levels changed in place: {changed:?}"
+        );
+        let s4 = NodeSpec::ec2(0x116, 2, "p6-b200.48xlarge");
+        label_and_wait(
+            env,
+            &c,
+            &[(s4.clone(), s4.instance(&["nn-kai-s", "nn-kai-a4", "nn-kai-b4", "nn-kai-l4"]))],
+        )
+        .await?;
+        let four = eventually("KAI Topology kai-e2e-4-layer", WAIT, || async {
+            Ok(kai.get_opt("kai-e2e-4-layer").await?)
+        })
+        .await?;
+        ensure!(levels(&four) == level(4), "levels: {:?}", levels(&four));
+        let kept = kai.get("kai-e2e").await?;
+        ensure!(levels(&kept) == level(3), "the first Topology kept its levels");
+        eventually("an Event saying the Topology was replaced", WAIT, || async {
+            let n = events_about(&c, "Topology", "kai-e2e-4-layer", "TopologyLevelsChanged").await?;
+            Ok((n > 0).then_some(()))
+        })
+        .await?;
+        eprintln!(
+            "    3-layer fleet: kai-e2e {:?}; a 4-layer node joined: kai-e2e-4-layer {:?}, kai-e2e kept",
+            levels(&kept),
+            levels(&four)
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    result
+}
+
+/// `--slurm-topology-configmap` and `--slinky-annotation`: a ConfigMap of that name that is not
+/// ours is left alone; once it is gone ours is created with Slurm's files, and both it and the
+/// per-node annotation follow a node that moves; turned off, the annotation we wrote is removed.
+async fn slurm_configmap_and_slinky_annotation(env: &Env) -> anyhow::Result<()> {
+    const SPEC: &str = "topology.slinky.slurm.net/spec";
+    let c = env.admin().await?;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.clone(), "slurm");
+    let theirs = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "slurm-topology", "namespace": "slurm"}, "data": {"topology.yaml": "theirs"}});
+    cms.patch(
+        "slurm-topology",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(theirs),
+    )
+    .await?;
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--slurm-topology-configmap=slurm/slurm-topology",
+            "--slinky-annotation=true",
+            "--slinky-block-topology=topo-block",
+        ],
+    )
+    .await?;
+    let result = async {
+        let s = NodeSpec::ec2(0x117, 1, "p6e-gb200.36xlarge");
+        let mut i = s.instance(&["nn-ss1", "nn-sa1", "nn-sl1"]);
+        i.capacity_block_id = Some("cr-0511e0bb10c0ffee0".into());
+        label_and_wait(env, &c, &[(s.clone(), i.clone())]).await?;
+        let annotation = || async {
+            let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+            let n = api.get(&s.name).await?;
+            anyhow::Ok(n.metadata.annotations.unwrap_or_default().get(SPEC).cloned())
+        };
+        eventually("the Slinky annotation", WAIT, || async {
+            Ok((annotation().await?.as_deref() == Some("topo-switch:nn-sl1,topo-block:cr-0511e0bb10c0ffee0")).then_some(()))
+        })
+        .await?;
+        // Theirs: never written, reported.
+        eventually("the foreign ConfigMap reported", WAIT, || async {
+            let guard = env.labeler.lock().await;
+            let Some(l) = guard.as_ref() else {
+                anyhow::bail!("no local controller");
+            };
+            let m = l.metrics().await?;
+            Ok((metric_sum(&m, "ec2_topology_labeler_publish_errors_total", &["publisher=\"slurm\""]) > 0.0).then_some(()))
+        })
+        .await?;
+        let live = cms.get("slurm-topology").await?;
+        ensure!(
+            live.data.unwrap_or_default().get("topology.yaml").map(String::as_str) == Some("theirs"),
+            "a ConfigMap that is not ours was changed"
+        );
+        // Gone: ours is created, with both files naming the node under its leaf switch.
+        cms.delete("slurm-topology", &Default::default()).await?;
+        let data = eventually("our Slurm ConfigMap", WAIT, || async {
+            let Some(cm) = cms.get_opt("slurm-topology").await? else {
+                return Ok(None);
+            };
+            Ok(cm.data.filter(|d| d.get("topology.yaml").is_some_and(|y| y.contains(&s.name))))
+        })
+        .await?;
+        let (yaml, conf) = (&data["topology.yaml"], &data["topology.conf"]);
+        ensure!(yaml.contains("- topology: topo-switch") && yaml.contains("switch: nn-sl1"), "{yaml}");
+        ensure!(conf.lines().any(|l| l.starts_with("SwitchName=nn-sl1 ") && l.contains(&s.name)), "{conf}");
+        // The instance moves (stop/start): annotation and ConfigMap follow.
+        env.mock_admin
+            .upsert(&{
+                let mut moved = i.clone();
+                moved.network_nodes = vec!["nn-ss1".into(), "nn-sa1".into(), "nn-sl2".into()];
+                moved
+            })
+            .await?;
+        kube_util::set_boot_id(&c, &s.name, &e2e::fixtures::boot_id(117)).await?;
+        eventually("the annotation follows the move", WAIT, || async {
+            Ok((annotation().await?.as_deref() == Some("topo-switch:nn-sl2,topo-block:cr-0511e0bb10c0ffee0")).then_some(()))
+        })
+        .await?;
+        eventually("the ConfigMap follows the move", WAIT, || async {
+            let cm = cms.get("slurm-topology").await?;
+            Ok(cm.data.unwrap_or_default().get("topology.conf").is_some_and(|c| {
+                c.lines().any(|l| l.starts_with("SwitchName=nn-sl2 ") && l.contains(&s.name))
+            }).then_some(()))
+        })
+        .await?;
+        eprintln!("    annotation and ConfigMap followed the node from nn-sl1 to nn-sl2; a foreign ConfigMap was left alone");
+        anyhow::Ok(s)
+    }
+    .await;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    let s = result?;
+    eventually("the annotation retired once turned off", WAIT, || async {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+        let n = api.get(&s.name).await?;
+        Ok((!n
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(SPEC))
+        .then_some(()))
+    })
+    .await?;
+    ensure!(
+        cms.get_opt("slurm-topology").await?.is_some(),
+        "the ConfigMap is never deleted"
+    );
+    Ok(())
+}
+
+/// Every recipe in docs/schedulers.md, read from the doc: the objects whose API this server
+/// serves (Kueue's, KAI's, core) are accepted by a server-side dry-run apply; each Topology has
+/// the levels the controller would publish; the Node example carries the Slinky annotation the
+/// controller would write for its labels.
+async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
+    use ec2_topology_labeler::{
+        labels::{LabelScheme, SlinkySpec, slinky_spec},
+        publish::kueue,
+    };
+    let c = env.admin().await?;
+    kube_util::ensure_namespace(&c, "ml").await?;
+    let doc = std::fs::read_to_string(e2e::repo_root().join("docs/schedulers.md"))?;
+    let mut blocks = Vec::new();
+    let mut rest = doc.as_str();
+    while let Some(start) = rest.find("```yaml\n") {
+        let body = &rest[start + 8..];
+        let end = body.find("```").context("an unterminated yaml block")?;
+        blocks.push(&body[..end]);
+        rest = &body[end..];
+    }
+    let (mut accepted, mut skipped, mut checked) = (Vec::new(), Vec::new(), 0);
+    for block in &blocks {
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(block)
+            .with_context(|| format!("a yaml block of docs/schedulers.md parses:\n{block}"))?;
+        for d in docs
+            .into_iter()
+            .filter(|d| d["kind"].is_string() && d["metadata"]["name"].is_string())
+        {
+            let kind = d["kind"].as_str().unwrap_or_default().to_string();
+            let name = d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if kind == "Topology" {
+                let levels: Vec<String> = d["spec"]["levels"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|l| l["nodeLabel"].as_str().map(String::from))
+                    .collect();
+                let depth = levels.len().saturating_sub(1);
+                ensure!(
+                    levels == kueue::levels(&LabelScheme::default(), depth, true),
+                    "{kind} {name} in the doc has levels the controller would not publish: {levels:?}"
+                );
+                checked += 1;
+            }
+            if kind == "Node" {
+                let labels: BTreeMap<String, String> =
+                    serde_json::from_value(d["metadata"]["labels"].clone())?;
+                let scheme = LabelScheme::default();
+                let spec = SlinkySpec {
+                    tree_topology: "topo-switch".into(),
+                    block_topology: Some("topo-block".into()),
+                };
+                let want = slinky_spec(&scheme, &spec, &labels);
+                ensure!(
+                    d["metadata"]["annotations"]["topology.slinky.slurm.net/spec"].as_str()
+                        == want.as_deref(),
+                    "the doc's Slinky annotation is not what the controller writes: {want:?}"
+                );
+                checked += 1;
+                continue;
+            }
+            let obj: kube::api::DynamicObject = serde_json::from_value(d.clone())?;
+            let gvk = kube::api::GroupVersionKind::try_from(
+                obj.types.as_ref().context("apiVersion and kind")?,
+            )?;
+            let Ok((ar, caps)) = kube::discovery::pinned_kind(&c, &gvk).await else {
+                skipped.push(format!("{} {kind}/{name}", gvk.group));
+                continue;
+            };
+            let api: Api<kube::api::DynamicObject> = match caps.scope {
+                kube::discovery::Scope::Namespaced => Api::namespaced_with(
+                    c.clone(),
+                    d["metadata"]["namespace"].as_str().unwrap_or("default"),
+                    &ar,
+                ),
+                kube::discovery::Scope::Cluster => Api::all_with(c.clone(), &ar),
+            };
+            api.patch(
+                &name,
+                &PatchParams::apply("e2e-docs").dry_run(),
+                &Patch::Apply(d),
+            )
+            .await
+            .with_context(|| format!("the doc's {kind} {name} is refused by the API server"))?;
+            accepted.push(format!("{kind}/{name}"));
+        }
+    }
+    eprintln!(
+        "    {} yaml blocks: accepted (dry run) {accepted:?}; checked {checked} against the controller; not served here {skipped:?}",
+        blocks.len()
+    );
+    for want in [
+        "Topology/aws-network-uniform",
+        "ResourceFlavor/gpu",
+        "Job/allreduce-kai",
+        "ClusterQueue/training",
+    ] {
+        ensure!(accepted.iter().any(|a| a == want), "{want} not exercised");
+    }
+    ensure!(checked >= 4, "the Topologies and the Node example checked");
+    Ok(())
+}
+
+/// Coverage gauges per instance type and zone; a node we label with fewer layers than the Kueue
+/// Topology has gets one `NotInSchedulerTopology` Warning Event.
+async fn coverage_is_counted_and_short_nodes_reported(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    // EC2 is documented to give 3 or 4 layers; an answer of 2 is labelled as it is, and Kueue's
+    // 3-level Topology would leave the node out.
+    let s = NodeSpec::ec2(0x118, 1, "cov-e2e.48xlarge");
+    let ok: Vec<NodeSpec> = (2..5)
+        .map(|k| NodeSpec::ec2(0x118, k, "cov-e2e.48xlarge"))
+        .collect();
+    let mut pairs = vec![(s.clone(), s.instance(&["nn-cov-s", "nn-cov-a"]))];
+    pairs.extend(
+        ok.iter()
+            .map(|o| (o.clone(), o.instance(&["nn-cov-s", "nn-cov-a", "nn-cov-l"]))),
+    );
+    label_and_wait(env, &c, &pairs).await?;
+    let cell = r#"instance_type="cov-e2e.48xlarge""#;
+    let counts = eventually("coverage gauges for cov-e2e", WAIT, || async {
+        let guard = env.labeler.lock().await;
+        let Some(l) = guard.as_ref() else {
+            anyhow::bail!("no local controller");
+        };
+        let m = l.metrics().await?;
+        let get = |name: &str, extra: &[&str]| {
+            let mut labels = vec![cell];
+            labels.extend_from_slice(extra);
+            metric_sum(&m, name, &labels)
+        };
+        let counts = (
+            get("ec2_topology_labeler_coverage_nodes", &[]),
+            get("ec2_topology_labeler_coverage_full_nodes", &[]),
+            get(
+                "ec2_topology_labeler_coverage_layer_nodes",
+                &[r#"layer="3""#],
+            ),
+        );
+        Ok((counts.0 == 4.0).then_some(counts))
+    })
+    .await?;
+    ensure!(
+        counts == (4.0, 3.0, 3.0),
+        "nodes, full, with layer 3: {counts:?}"
+    );
+    eventually(
+        "a NotInSchedulerTopology Event on the 2-layer node",
+        WAIT,
+        || async {
+            Ok((event_count(&c, &s.name, "NotInSchedulerTopology").await? == 1).then_some(()))
+        },
+    )
+    .await?;
+    for o in &ok {
+        ensure!(
+            event_count(&c, &o.name, "NotInSchedulerTopology").await? == 0,
+            "{} reported",
+            o.name
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    ensure!(
+        event_count(&c, &s.name, "NotInSchedulerTopology").await? == 1,
+        "reported once, not at every count"
+    );
+    eprintln!(
+        "    cov-e2e: 4 nodes, 3 fully labelled, 3 with layer 3; the 2-layer node reported once"
+    );
+    Ok(())
+}
+
 /// The values of the lowest level of a Kueue v1beta2 topology assignment, one per domain:
 /// each slice lists, per level, either one value shared by its domains (`universal`) or one per
 /// domain (`individual`: `prefix` + each of `roots` + `suffix`).
@@ -1422,6 +2039,7 @@ async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
 fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
     vec![
         scenario!(three_layer_node, false),
+        scenario!(kai_topology_follows_the_depth, true),
         scenario!(four_layer_node, false),
         scenario!(ultraserver_capacity_block, false),
         scenario!(odd_placement_group_name, false),
@@ -1443,6 +2061,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(hypernodes_follow_nodes, true),
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
+        scenario!(kueue_one_topology_for_a_mixed_fleet, true),
+        scenario!(slurm_configmap_and_slinky_annotation, true),
+        scenario!(schedulers_doc_recipes_are_accepted, true),
+        scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(steady_state_is_silent, false),
         scenario!(controller_is_healthy, false),
     ]

@@ -1,0 +1,239 @@
+//! Slurm's topology in a ConfigMap: `topology.yaml` (Slurm 25.05 and later) and `topology.conf`
+//! (the tree plugin), rendered from the labelled nodes by the pure generators `tree -o slurm`
+//! and `-o slurm-yaml` use, kept in step for a Slurm controller that mounts it (`scontrol
+//! reconfigure` after a change).
+//!
+//! Owns: that one ConfigMap, when we created it (our `managed-by` label). One of that name
+//! without our label is never changed, only reported. Never deletes it.
+
+use std::{
+    collections::hash_map::DefaultHasher,
+    hash::{Hash, Hasher},
+    sync::Arc,
+};
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tracing::{error, info, warn};
+
+use super::{Publisher, volcano::MANAGED_BY};
+use crate::{
+    FIELD_MANAGER,
+    labels::LabelScheme,
+    metrics::Metrics,
+    slurm,
+    tree::{Forest, NodeView},
+};
+
+/// ConfigMaps hold at most 1 MiB; a bigger topology is reported, not sent.
+pub const MAX_BYTES: usize = 1_000_000;
+
+/// `NAMESPACE/NAME` of the ConfigMap.
+pub fn parse_target(at: &str) -> Result<(String, String), String> {
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    match at.split_once('/') {
+        Some((ns, name)) if valid(ns) && valid(name) && ns.len() <= 63 && !ns.contains('.') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!(
+            "--slurm-topology-configmap {at:?} is not NAMESPACE/NAME (lowercase DNS names)"
+        )),
+    }
+}
+
+/// The ConfigMap's data for these nodes.
+pub fn data(
+    scheme: &LabelScheme,
+    topology_name: &str,
+    nodes: &[NodeView],
+) -> [(String, String); 2] {
+    let forest = Forest::build(scheme, nodes);
+    [
+        (
+            "topology.yaml".into(),
+            slurm::topology_yaml(&forest, topology_name),
+        ),
+        ("topology.conf".into(), slurm::topology_conf(&forest)),
+    ]
+}
+
+/// What a sync did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Applied,
+    Unchanged,
+    NotOurs,
+    TooBig(usize),
+}
+
+pub struct SlurmPublisher {
+    api: Api<ConfigMap>,
+    namespace: String,
+    name: String,
+    scheme: LabelScheme,
+    topology_name: String,
+    /// Hash of the data last applied (or last refused for its size): nothing is sent while the
+    /// topology stays the same.
+    last: Option<u64>,
+    reported: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl SlurmPublisher {
+    /// `namespace`/`name` come from [`parse_target`] (checked at start-up).
+    pub fn new(
+        client: Client,
+        (namespace, name): (String, String),
+        topology_name: &str,
+        scheme: &LabelScheme,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            name,
+            scheme: scheme.clone(),
+            topology_name: topology_name.to_string(),
+            last: None,
+            reported: false,
+            metrics,
+        }
+    }
+
+    async fn sync(&mut self, data: &[(String, String); 2]) -> Result<Outcome, kube::Error> {
+        let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if size > MAX_BYTES {
+            return Ok(Outcome::TooBig(size));
+        }
+        if let Some(live) = self.api.get_opt(&self.name).await? {
+            let ours = live
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY.0))
+                .is_some_and(|v| v == MANAGED_BY.1);
+            if !ours {
+                return Ok(Outcome::NotOurs);
+            }
+            let live_data = live.data.unwrap_or_default();
+            if data.iter().all(|(k, v)| live_data.get(k) == Some(v)) {
+                return Ok(Outcome::Unchanged);
+            }
+        }
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+            },
+            "data": { &data[0].0: data[0].1, &data[1].0: data[1].1 },
+        });
+        self.api
+            .patch(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(object),
+            )
+            .await?;
+        Ok(Outcome::Applied)
+    }
+}
+
+impl Publisher for SlurmPublisher {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn needs_nodes(&self) -> bool {
+        true
+    }
+
+    fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let data = data(&self.scheme, &self.topology_name, nodes);
+            let mut h = DefaultHasher::new();
+            data.hash(&mut h);
+            let hash = h.finish();
+            if self.last == Some(hash) {
+                return;
+            }
+            let at = format!("{}/{}", self.namespace, self.name);
+            match self.sync(&data).await {
+                Ok(Outcome::Applied) => {
+                    info!(configmap = %at, nodes = nodes.len(), "Slurm topology ConfigMap updated");
+                    self.reported = false;
+                    self.last = Some(hash);
+                }
+                Ok(Outcome::Unchanged) => self.last = Some(hash),
+                Ok(Outcome::NotOurs) => {
+                    if !self.reported {
+                        warn!(configmap = %at, "a ConfigMap of that name exists without our app.kubernetes.io/managed-by label; left alone: delete it or choose another --slurm-topology-configmap");
+                        self.reported = true;
+                    }
+                    self.metrics.publish_failed("slurm");
+                }
+                Ok(Outcome::TooBig(size)) => {
+                    error!(configmap = %at, size, limit = MAX_BYTES, "Slurm's topology for this fleet is larger than a ConfigMap holds; not written (tree -o slurm-yaml prints it)");
+                    self.metrics.publish_failed("slurm");
+                    self.last = Some(hash);
+                }
+                Err(e) => {
+                    warn!(configmap = %at, error = %e, "cannot write the Slurm topology ConfigMap; trying again later");
+                    self.metrics.publish_failed("slurm");
+                }
+            }
+        })
+    }
+
+    fn reset(&mut self) {
+        self.last = None;
+        self.reported = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_is_namespace_slash_name() {
+        assert_eq!(
+            parse_target("slurm/slurm-topology"),
+            Ok(("slurm".into(), "slurm-topology".into()))
+        );
+        for bad in ["slurm", "/x", "x/", "Slurm/x", "a/b/c", "a.b/x", "x/-y"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_data_holds_both_files_from_the_same_tree() {
+        let s = LabelScheme::default();
+        let nodes = [
+            NodeView::labelled("n1", &s, &["nn-a", "nn-b", "nn-c"]),
+            NodeView::labelled("n2", &s, &["nn-a", "nn-b", "nn-c"]),
+        ];
+        let [(yk, yaml), (ck, conf)] = data(&s, "topo-switch", &nodes);
+        assert_eq!(
+            (yk.as_str(), ck.as_str()),
+            ("topology.yaml", "topology.conf")
+        );
+        assert!(yaml.contains("- topology: topo-switch"), "{yaml}");
+        assert!(yaml.contains("nodes: n1,n2"), "{yaml}");
+        assert!(conf.contains("SwitchName=nn-c Nodes=n1,n2"), "{conf}");
+    }
+}

@@ -172,8 +172,10 @@ pub async fn retire_all(
                         .filter(|k| node.labels().contains_key(*k))
                         .collect();
                     metrics.label_write("retire");
-                    info!(node = %name, retired = ?r.labels.keys().collect::<Vec<_>>(), kept_by_other_managers = ?still,
-                        "removed labels this configuration no longer manages");
+                    info!(node = %name, retired = ?r.labels.keys().collect::<Vec<_>>(),
+                        retired_annotations = ?r.annotations.keys().collect::<Vec<_>>(),
+                        kept_by_other_managers = ?still,
+                        "removed labels and annotations this configuration no longer manages");
                     true
                 }
                 // Changed or deleted since the list: the next start-up (or plan) sees it again.

@@ -96,6 +96,9 @@ pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metric
 /// Run the controller until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
+    if let Some(at) = &args.publish.slurm_topology_configmap {
+        crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
+    }
     if args.leader.leader_election {
         crate::leader::Timings::from_args(&args.leader)?;
     }
@@ -301,7 +304,7 @@ async fn retire_at_start(
             Ok(n) => {
                 info!(
                     nodes = n,
-                    "removed labels this configuration no longer manages"
+                    "removed labels and annotations this configuration no longer manages"
                 );
                 return;
             }
@@ -314,7 +317,6 @@ async fn retire_at_start(
     }
 }
 
-/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 /// The fewest levels a configured Kueue Topology has (`None` when none is published): a node
 /// with fewer layer labels is left out of topology-aware scheduling.
 fn kueue_levels(
@@ -394,6 +396,7 @@ async fn coverage(
     }
 }
 
+/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
     _alive: crate::http::TaskGuard,
     reader: Store<LiteNode>,

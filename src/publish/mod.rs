@@ -153,6 +153,7 @@ impl Publishers {
                 target,
                 slurm_topology_name,
                 scheme,
+                args.publish_interval.0.saturating_mul(12),
                 metrics.clone(),
             )));
         }

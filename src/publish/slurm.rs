@@ -84,9 +84,11 @@ pub struct SlurmPublisher {
     name: String,
     scheme: LabelScheme,
     topology_name: String,
-    /// Hash of the data last applied (or last refused for its size): nothing is sent while the
-    /// topology stays the same.
-    last: Option<u64>,
+    /// Hash of the data last applied (or last refused for its size), and when: nothing is sent
+    /// while the topology stays the same; the ConfigMap is read again every `recheck` (someone
+    /// may have edited or deleted it).
+    last: Option<(u64, std::time::Instant)>,
+    recheck: std::time::Duration,
     reported: bool,
     metrics: Arc<Metrics>,
 }
@@ -98,6 +100,7 @@ impl SlurmPublisher {
         (namespace, name): (String, String),
         topology_name: &str,
         scheme: &LabelScheme,
+        recheck: std::time::Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
@@ -107,6 +110,7 @@ impl SlurmPublisher {
             scheme: scheme.clone(),
             topology_name: topology_name.to_string(),
             last: None,
+            recheck,
             reported: false,
             metrics,
         }
@@ -168,28 +172,34 @@ impl Publisher for SlurmPublisher {
             let mut h = DefaultHasher::new();
             data.hash(&mut h);
             let hash = h.finish();
-            if self.last == Some(hash) {
+            if self
+                .last
+                .is_some_and(|(h, at)| h == hash && at.elapsed() < self.recheck)
+            {
                 return;
             }
+            let now = std::time::Instant::now();
             let at = format!("{}/{}", self.namespace, self.name);
             match self.sync(&data).await {
                 Ok(Outcome::Applied) => {
                     info!(configmap = %at, nodes = nodes.len(), "Slurm topology ConfigMap updated");
                     self.reported = false;
-                    self.last = Some(hash);
+                    self.last = Some((hash, now));
                 }
-                Ok(Outcome::Unchanged) => self.last = Some(hash),
+                Ok(Outcome::Unchanged) => self.last = Some((hash, now)),
                 Ok(Outcome::NotOurs) => {
                     if !self.reported {
                         warn!(configmap = %at, "a ConfigMap of that name exists without our app.kubernetes.io/managed-by label; left alone: delete it or choose another --slurm-topology-configmap");
                         self.reported = true;
                     }
                     self.metrics.publish_failed("slurm");
+                    // Looked at again at the next recheck, not every interval.
+                    self.last = Some((hash, now));
                 }
                 Ok(Outcome::TooBig(size)) => {
                     error!(configmap = %at, size, limit = MAX_BYTES, "Slurm's topology for this fleet is larger than a ConfigMap holds; not written (tree -o slurm-yaml prints it)");
                     self.metrics.publish_failed("slurm");
-                    self.last = Some(hash);
+                    self.last = Some((hash, now));
                 }
                 Err(e) => {
                     warn!(configmap = %at, error = %e, "cannot write the Slurm topology ConfigMap; trying again later");

@@ -511,6 +511,38 @@ mod tests {
         );
     }
 
+    /// `--uniform-depth=4`: a 3-layer node carries its switch as layers 3 and 4. The switch is
+    /// one tier-1 HyperNode selecting by layer 4 (the deepest label the node carries), not two.
+    #[test]
+    fn padded_nodes_make_no_extra_tier_and_are_selected_by_their_deepest_label() {
+        let s = LabelScheme {
+            uniform_depth: Some(4),
+            ..LabelScheme::default()
+        };
+        let nodes = vec![
+            NodeView::labelled("n1", &s, &["s", "a", "m", "m"]),
+            NodeView::labelled("n2", &s, &["s", "b", "r", "l"]),
+        ];
+        let hns = desired(&s, &nodes, "ec2tl").unwrap();
+        let by_name: BTreeMap<&str, &HyperNode> =
+            hns.iter().map(|h| (h.name.as_str(), h)).collect();
+        assert!(!by_name.contains_key("ec2tl-t2-m"), "{:?}", by_name.keys());
+        assert_eq!(
+            by_name["ec2tl-t3-s"].tier, 3,
+            "the 3-layer path keeps its tiers"
+        );
+        assert_eq!(
+            by_name["ec2tl-t1-m"].members,
+            vec![Member::Nodes {
+                labels: BTreeMap::from([(
+                    "topology.k8s.aws/network-node-layer-4".to_string(),
+                    "m".to_string()
+                )]),
+                absent: vec!["topology.k8s.aws/network-node-layer-5".to_string()],
+            }]
+        );
+    }
+
     #[test]
     fn four_layer_nodes_put_their_top_at_tier_four() {
         let nodes = vec![

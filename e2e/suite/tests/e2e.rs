@@ -1898,9 +1898,11 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
                 ),
                 kube::discovery::Scope::Cluster => Api::all_with(c.clone(), &ar),
             };
+            // Forced: the objects may exist already (the Kueue scenarios made some), with fields
+            // Kueue's own manager set; a dry run changes nothing either way.
             api.patch(
                 &name,
-                &PatchParams::apply("e2e-docs").dry_run(),
+                &PatchParams::apply("e2e-docs").force().dry_run(),
                 &Patch::Apply(d),
             )
             .await

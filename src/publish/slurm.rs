@@ -69,6 +69,19 @@ pub fn data(
     ]
 }
 
+/// What fits a ConfigMap: both files; else `topology.yaml` alone (Slurm 25.05 and later read
+/// only it when it exists), for fleets about twice as big; else the size that does not fit.
+pub fn fitting(data: &[(String, String); 2]) -> Result<&[(String, String)], usize> {
+    let size = |d: &[(String, String)]| d.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if size(data) <= MAX_BYTES {
+        Ok(&data[..])
+    } else if size(&data[..1]) <= MAX_BYTES {
+        Ok(&data[..1])
+    } else {
+        Err(size(data))
+    }
+}
+
 /// What a sync did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Outcome {
@@ -117,10 +130,12 @@ impl SlurmPublisher {
     }
 
     async fn sync(&mut self, data: &[(String, String); 2]) -> Result<Outcome, kube::Error> {
-        let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if size > MAX_BYTES {
-            return Ok(Outcome::TooBig(size));
-        }
+        let send = match fitting(data) {
+            Ok(send) => send,
+            Err(size) => return Ok(Outcome::TooBig(size)),
+        };
+        // Keys of ours left out (topology.conf when only topology.yaml fits) must go.
+        let dropped: Vec<&str> = data[send.len()..].iter().map(|(k, _)| k.as_str()).collect();
         if let Some(live) = self.api.get_opt(&self.name).await? {
             let ours = live
                 .metadata
@@ -132,10 +147,14 @@ impl SlurmPublisher {
                 return Ok(Outcome::NotOurs);
             }
             let live_data = live.data.unwrap_or_default();
-            if data.iter().all(|(k, v)| live_data.get(k) == Some(v)) {
+            if send.iter().all(|(k, v)| live_data.get(k) == Some(v))
+                && dropped.iter().all(|k| !live_data.contains_key(*k))
+            {
                 return Ok(Outcome::Unchanged);
             }
         }
+        let files: serde_json::Map<String, serde_json::Value> =
+            send.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
         let object = json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -144,7 +163,7 @@ impl SlurmPublisher {
                 "namespace": self.namespace,
                 "labels": { MANAGED_BY.0: MANAGED_BY.1 },
             },
-            "data": { &data[0].0: data[0].1, &data[1].0: data[1].1 },
+            "data": files,
         });
         self.api
             .patch(
@@ -153,6 +172,9 @@ impl SlurmPublisher {
                 &Patch::Apply(object),
             )
             .await?;
+        if !dropped.is_empty() {
+            warn!(configmap = %format!("{}/{}", self.namespace, self.name), left_out = ?dropped, "both Slurm files do not fit a ConfigMap: topology.yaml only (Slurm 25.05 and later)");
+        }
         Ok(Outcome::Applied)
     }
 }
@@ -228,6 +250,20 @@ mod tests {
         for bad in ["slurm", "/x", "x/", "Slurm/x", "a/b/c", "a.b/x", "x/-y"] {
             assert!(parse_target(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_fleet_too_big_for_both_files_gets_topology_yaml_alone() {
+        let file = |k: &str, n: usize| (k.to_string(), "x".repeat(n));
+        let small = [file("topology.yaml", 10), file("topology.conf", 10)];
+        assert_eq!(fitting(&small).map(<[_]>::len), Ok(2));
+        let half = MAX_BYTES / 2 + 10;
+        let big = [file("topology.yaml", half), file("topology.conf", half)];
+        let sent = fitting(&big).unwrap();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, "topology.yaml");
+        let huge = [file("topology.yaml", MAX_BYTES), file("topology.conf", 1)];
+        assert!(fitting(&huge).is_err());
     }
 
     #[test]

@@ -79,7 +79,11 @@ enum Stop {
 async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
     let mut in_flight = FuturesUnordered::new();
     let mut done = 0usize;
-    for node in store.state() {
+    // In the order the reconciles come (the initial list's: by name), not the store's hash
+    // order: the first reconciles then ask for what the walk's first calls carry.
+    let mut nodes = store.state();
+    nodes.sort_unstable_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for node in nodes {
         let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) else {
             continue;
         };

@@ -14,18 +14,17 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use kube::{
-    Api, Client, Resource,
-    api::{ApiResource, DynamicObject, Patch, PatchParams},
+    Client, Resource,
+    api::{ApiResource, DynamicObject},
     runtime::events::EventType,
 };
 use tracing::{error, info, warn};
 
 use super::{
     PublishArgs, Publisher,
-    kueue::{levels, levels_of, served_resource, topology_object},
+    kueue::{Outcome, ensure_in, levels, served_resource},
 };
 use crate::{
-    FIELD_MANAGER,
     labels::{LabelScheme, MAX_LAYERS},
     metrics::Metrics,
     tree::NodeView,
@@ -64,14 +63,6 @@ pub fn name_for(scheme: &LabelScheme, name: &str, depth: usize) -> String {
     } else {
         format!("{name}-{depth}-layer")
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
-    Created,
-    UpToDate,
-    Mismatch { have: Vec<String> },
-    NotServed,
 }
 
 /// An existing Topology is checked again every this many publish intervals (and whenever the
@@ -124,21 +115,8 @@ impl KaiPublisher {
         else {
             return Ok((Outcome::NotServed, None));
         };
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
-        if let Some(existing) = api.get_opt(name).await? {
-            let have = levels_of(&existing);
-            let outcome = if have == want {
-                Outcome::UpToDate
-            } else {
-                Outcome::Mismatch { have }
-            };
-            return Ok((outcome, Some((existing, ar))));
-        }
-        let obj = topology_object(&ar.api_version, name, want);
-        let created = api
-            .patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(obj))
-            .await?;
-        Ok((Outcome::Created, Some((created, ar))))
+        let (outcome, obj) = ensure_in(&self.client, &ar, name, want).await?;
+        Ok((outcome, obj.map(|o| (o, ar))))
     }
 
     async fn check(&mut self, name: String, want: Vec<String>) {

@@ -120,7 +120,18 @@ pub async fn ensure(
     let Some(ar) = topology_resource(client).await? else {
         return Ok((Outcome::NotServed, None));
     };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    ensure_in(client, &ar, name, levels).await
+}
+
+/// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
+/// served as `ar`.
+pub async fn ensure_in(
+    client: &Client,
+    ar: &ApiResource,
+    name: &str,
+    levels: &[String],
+) -> Result<(Outcome, Option<DynamicObject>), kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
     if let Some(existing) = api.get_opt(name).await? {
         let have = levels_of(&existing);
         return Ok(if have == levels {

@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 
 use super::{
     PublishArgs, Publisher,
-    kueue::{Outcome, ensure_in, levels, served_resource},
+    kueue::{Outcome, ensure_in, levels, report_mismatch, served_resource},
 };
 use crate::{
     labels::{LabelScheme, MAX_LAYERS},
@@ -155,15 +155,7 @@ impl KaiPublisher {
                 if self.reported.as_deref() != Some(name.as_str()) {
                     warn!(topology = %name, ?have, ?want, "KAI Topology exists with other levels; levels are immutable, so it is left alone: delete it to let us recreate it, or set --kai-topology-name");
                     if let Some((obj, ar)) = obj {
-                        self.events.publish(
-                            EventType::Warning,
-                            "TopologyLevelsMismatch",
-                            "PublishTopology",
-                            &format!(
-                                "levels {have:?} differ from the labels ec2-topology-labeler writes {want:?}; levels are immutable, left alone"
-                            ),
-                            obj.object_ref(&ar),
-                        );
+                        report_mismatch(&self.events, &obj, &ar, &have, &want);
                     }
                     self.reported = Some(name.clone());
                 }

@@ -111,16 +111,37 @@ pub async fn served_resource(
     Ok(None)
 }
 
-/// Create the Topology if it is missing; never change an existing one's levels.
+/// Create the Topology if it is missing; never change an existing one's levels. Returns the
+/// object with the API it is served by (for Events about it).
 pub async fn ensure(
     client: &Client,
     name: &str,
     levels: &[String],
-) -> Result<(Outcome, Option<DynamicObject>), kube::Error> {
+) -> Result<(Outcome, Option<(DynamicObject, ApiResource)>), kube::Error> {
     let Some(ar) = topology_resource(client).await? else {
         return Ok((Outcome::NotServed, None));
     };
-    ensure_in(client, &ar, name, levels).await
+    let (outcome, obj) = ensure_in(client, &ar, name, levels).await?;
+    Ok((outcome, obj.map(|o| (o, ar))))
+}
+
+/// The Warning Event on a Topology (Kueue's or KAI's) of our name whose levels differ.
+pub fn report_mismatch(
+    events: &crate::events::Events,
+    obj: &DynamicObject,
+    ar: &ApiResource,
+    have: &[String],
+    want: &[String],
+) {
+    events.publish(
+        EventType::Warning,
+        "TopologyLevelsMismatch",
+        "PublishTopology",
+        &format!(
+            "levels {have:?} differ from the labels ec2-topology-labeler writes {want:?}; levels are immutable, left alone"
+        ),
+        obj.object_ref(ar),
+    );
 }
 
 /// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
@@ -145,14 +166,6 @@ pub async fn ensure_in(
         .patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(obj))
         .await?;
     Ok((Outcome::Created, Some(created)))
-}
-
-/// A reference for Events about the Topology.
-pub fn object_ref(
-    obj: &DynamicObject,
-    ar: &ApiResource,
-) -> k8s_openapi::api::core::v1::ObjectReference {
-    obj.object_ref(ar)
 }
 
 /// An existing Kueue Topology is checked again every this many publish intervals.
@@ -223,18 +236,8 @@ impl KueuePublisher {
                     mismatched.push(name.clone());
                     if self.reported.as_ref().is_none_or(|r| !r.contains(&name)) {
                         warn!(topology = %name, have = ?have, want = ?levels, "Kueue Topology exists with other levels; levels are immutable, so it is left alone: delete it to let us recreate it, or point ResourceFlavors at another name");
-                        if let Some(obj) = obj
-                            && let Ok(Some(ar)) = topology_resource(&self.client).await
-                        {
-                            self.events.publish(
-                                EventType::Warning,
-                                "TopologyLevelsMismatch",
-                                "PublishTopology",
-                                &format!(
-                                    "levels {have:?} differ from the labels ec2-topology-labeler writes {levels:?}; levels are immutable, left alone"
-                                ),
-                                object_ref(&obj, &ar),
-                            );
+                        if let Some((obj, ar)) = obj {
+                            report_mismatch(&self.events, &obj, &ar, &have, &levels);
                         }
                     }
                 }

@@ -61,6 +61,86 @@ pub enum Command {
     /// Print the cluster's network topology as its labels describe it: layer → … → nodes, with
     /// counts, readiness, and nodes missing labels.
     Tree(TreeArgs),
+    /// Say why a node has, or lacks, its topology labels: its providerID, the controller's view
+    /// (state, last error, next look, EC2 cache), EC2's answer now, the labels, taint and
+    /// condition it would get. Run it in the controller's Pod (`kubectl exec`) to read the same
+    /// configuration and reach the controller.
+    Explain(ExplainArgs),
+    /// Remove what the controller wrote to the cluster (our condition, HyperNodes, Kueue and KAI
+    /// Topologies, Slurm ConfigMaps, the Lease) except the topology labels, unless `--labels`.
+    /// Run once the controller is gone (the chart's post-delete hook does).
+    Uninstall(UninstallArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UninstallArgs {
+    /// Print what would be removed; remove nothing.
+    #[arg(long, env = "LABELER_UNINSTALL_DRY_RUN", action = clap::ArgAction::SetTrue)]
+    pub dry_run: bool,
+    /// Also remove the topology labels and annotations that only we own (keys another manager
+    /// co-owns, as EKS's cloud controller does the layer keys, stay).
+    #[arg(long, env = "LABELER_UNINSTALL_LABELS", action = clap::ArgAction::SetTrue)]
+    pub labels: bool,
+    /// Remove a Kueue Topology even when a ResourceFlavor names it, and run even while a
+    /// controller holds the Lease.
+    #[arg(long, env = "LABELER_UNINSTALL_FORCE", action = clap::ArgAction::SetTrue)]
+    pub force: bool,
+    /// Prefix of the HyperNode names this installation owns (as given to `run`).
+    #[arg(
+        long,
+        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
+        default_value = "ec2tl"
+    )]
+    pub volcano_hypernode_prefix: String,
+    /// The startup taint (as given to `run`): nodes still carrying it are pointed out.
+    #[arg(long, env = "LABELER_STARTUP_TAINT")]
+    pub startup_taint: Option<StartupTaint>,
+    /// Where the Lease is.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The node's name.
+    pub node: String,
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    /// What the startup gate would do (the same flags as `run`).
+    #[command(flatten)]
+    pub gate: GateArgs,
+    #[command(flatten)]
+    pub ec2: Ec2Args,
+    #[command(flatten)]
+    pub lookup: LookupArgs,
+    /// Where to find the Lease, to name the leader.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// The controller's admin address (its port is asked on loopback for the controller's view
+    /// of the node).
+    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Do not ask EC2: show only the node and the controller's view.
+    #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
+    pub no_ec2: bool,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -158,7 +238,7 @@ mod tests {
         let cmd = Cli::command();
         for sub in cmd.get_subcommands() {
             for arg in sub.get_arguments() {
-                if arg.get_id() == "help" || arg.get_id() == "version" {
+                if arg.get_id() == "help" || arg.get_id() == "version" || arg.is_positional() {
                     continue;
                 }
                 assert!(
@@ -177,21 +257,60 @@ mod tests {
         }
     }
 
+    /// docs/configuration.md's flag reference, generated from the flags themselves.
     #[test]
-    fn readme_documents_every_flag_and_env_var() {
-        let readme = include_str!("../README.md");
+    fn docs_flags_table_is_generated_from_the_code() {
+        use std::collections::BTreeMap;
+        // long flag -> (env, default, help, commands)
+        let mut flags: BTreeMap<String, (String, String, String, Vec<String>)> = BTreeMap::new();
+        let mut order: Vec<String> = Vec::new();
         for sub in Cli::command().get_subcommands() {
             for arg in sub.get_arguments() {
-                if let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) {
-                    assert!(
-                        readme.contains(&format!("`--{long}`")),
-                        "README lacks --{long}"
-                    );
-                    let env = env.to_string_lossy();
-                    assert!(readme.contains(&format!("`{env}`")), "README lacks {env}");
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                if long == "help" || long == "version" {
+                    continue;
                 }
+                let key = match arg.get_short() {
+                    Some(c) => format!("`-{c}`, `--{long}`"),
+                    None => format!("`--{long}`"),
+                };
+                let entry = flags.entry(key.clone()).or_insert_with(|| {
+                    order.push(key.clone());
+                    let env = arg
+                        .get_env()
+                        .map(|e| format!("`{}`", e.to_string_lossy()))
+                        .unwrap_or_default();
+                    let default = arg
+                        .get_default_values()
+                        .iter()
+                        .map(|v| v.to_string_lossy().into_owned())
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let default = if default.is_empty() {
+                        String::new()
+                    } else {
+                        format!("`{default}`")
+                    };
+                    let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    (env, default, help, Vec::new())
+                });
+                entry.3.push(sub.get_name().to_string());
             }
         }
+        let mut t = String::from(
+            "| Flag | Environment | Default | Commands | What |\n| --- | --- | --- | --- | --- |\n",
+        );
+        for key in &order {
+            let (env, default, help, commands) = &flags[key];
+            t.push_str(&format!(
+                "| {key} | {env} | {default} | {} | {} |\n",
+                commands.join(", "),
+                crate::docs::cell(help)
+            ));
+        }
+        crate::docs::check_generated("docs/configuration.md", "flags", &t);
     }
 
     #[test]

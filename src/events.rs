@@ -44,6 +44,150 @@ const IN_FLIGHT: usize = 4;
 /// The Events API caps notes at 1 kB.
 const NOTE_MAX: usize = 1000;
 
+/// Every Event this controller records: its reason, type, what it is about and when. The Event
+/// table in docs/operations.md is generated from [`Reason::ALL`] (a test fails when it drifts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    TopologyLabelsUpdated,
+    TopologyLabelingFailed,
+    TopologyInvalid,
+    InstanceIdRejected,
+    TopologyNotDescribed,
+    TopologySkipped,
+    Ec2AccessDenied,
+    TopologyLabelConflict,
+    StartupTaintReleased,
+    StartupTaintTimedOut,
+    NotInSchedulerTopology,
+    TopologyLevelsMismatch,
+    TopologyLevelsChanged,
+    PublishedObjectKept,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 14] = [
+        Reason::TopologyLabelsUpdated,
+        Reason::TopologyLabelingFailed,
+        Reason::TopologyInvalid,
+        Reason::InstanceIdRejected,
+        Reason::TopologyNotDescribed,
+        Reason::TopologySkipped,
+        Reason::Ec2AccessDenied,
+        Reason::TopologyLabelConflict,
+        Reason::StartupTaintReleased,
+        Reason::StartupTaintTimedOut,
+        Reason::NotInSchedulerTopology,
+        Reason::TopologyLevelsMismatch,
+        Reason::TopologyLevelsChanged,
+        Reason::PublishedObjectKept,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TopologyLabelsUpdated => "TopologyLabelsUpdated",
+            Reason::TopologyLabelingFailed => "TopologyLabelingFailed",
+            Reason::TopologyInvalid => "TopologyInvalid",
+            Reason::InstanceIdRejected => "InstanceIdRejected",
+            Reason::TopologyNotDescribed => "TopologyNotDescribed",
+            Reason::TopologySkipped => "TopologySkipped",
+            Reason::Ec2AccessDenied => "Ec2AccessDenied",
+            Reason::TopologyLabelConflict => "TopologyLabelConflict",
+            Reason::StartupTaintReleased => "StartupTaintReleased",
+            Reason::StartupTaintTimedOut => "StartupTaintTimedOut",
+            Reason::NotInSchedulerTopology => "NotInSchedulerTopology",
+            Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
+            Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
+            Reason::PublishedObjectKept => "PublishedObjectKept",
+        }
+    }
+
+    pub fn type_(self) -> EventType {
+        match self {
+            Reason::TopologyLabelsUpdated
+            | Reason::TopologyNotDescribed
+            | Reason::TopologySkipped
+            | Reason::StartupTaintReleased
+            | Reason::TopologyLevelsChanged => EventType::Normal,
+            Reason::TopologyLabelingFailed
+            | Reason::TopologyInvalid
+            | Reason::InstanceIdRejected
+            | Reason::Ec2AccessDenied
+            | Reason::TopologyLabelConflict
+            | Reason::StartupTaintTimedOut
+            | Reason::NotInSchedulerTopology
+            | Reason::TopologyLevelsMismatch
+            | Reason::PublishedObjectKept => EventType::Warning,
+        }
+    }
+
+    /// The object the Event is recorded on.
+    pub fn regarding(self) -> &'static str {
+        match self {
+            Reason::Ec2AccessDenied => "Node, and the leader's Pod",
+            Reason::TopologyLevelsMismatch => "Kueue or KAI Topology",
+            Reason::TopologyLevelsChanged => "KAI Topology",
+            Reason::PublishedObjectKept => {
+                "the published object (Kueue Topology, KAI Topology, ConfigMap)"
+            }
+            _ => "Node",
+        }
+    }
+
+    /// When it is recorded, for the docs.
+    pub fn when(self) -> &'static str {
+        match self {
+            Reason::TopologyLabelsUpdated => {
+                "we changed the node's topology labels (the note says before → after)"
+            }
+            Reason::TopologyLabelingFailed => {
+                "the node's lookup or label write started failing (EC2 down or throttled past its retries, the API server refusing); its labels are left as they are"
+            }
+            Reason::TopologyInvalid => {
+                "EC2's answer for the node's instance cannot be turned into labels (for example more network nodes than layers); its labels are left as they are"
+            }
+            Reason::InstanceIdRejected => {
+                "EC2 refuses the instance ID in the node's providerID (`InvalidInstanceID.*`: terminated, another account or region, or too new to be visible)"
+            }
+            Reason::TopologyNotDescribed => {
+                "EC2 does not describe the node's instance: an instance type without topology (reason `unsupported_instance_type`), or one not running or too new (`not_described_yet`); asked again with backoff"
+            }
+            Reason::TopologySkipped => {
+                "the node is not an EC2 instance we can look up: Fargate, EKS Hybrid, another cloud, a malformed or (yet) empty providerID"
+            }
+            Reason::Ec2AccessDenied => {
+                "EC2 refuses the controller's credentials (UnauthorizedOperation, AccessDenied, expired or missing credentials): on each node as it falls into it, and on the leader's Pod at most every 10 minutes while it lasts"
+            }
+            Reason::TopologyLabelConflict => {
+                "another writer keeps changing our labels on the node; we hold our writes to it for a while (the note names the other field manager)"
+            }
+            Reason::StartupTaintReleased => {
+                "the startup taint was released from a node we cannot label (`--startup-taint-when-unsupported=release`)"
+            }
+            Reason::StartupTaintTimedOut => {
+                "the startup taint was released by `--startup-taint-timeout` before the node's labels were written"
+            }
+            Reason::NotInSchedulerTopology => {
+                "a labelled node carries fewer layer labels than the Kueue Topology we publish has levels: Kueue leaves it out of topology-aware scheduling"
+            }
+            Reason::TopologyLevelsMismatch => {
+                "a Kueue or KAI Topology of our name exists with other levels (levels are immutable: left alone)"
+            }
+            Reason::TopologyLevelsChanged => {
+                "deeper nodes joined: a new KAI Topology with more levels was created beside the old one"
+            }
+            Reason::PublishedObjectKept => {
+                "a feature was turned off but an object it published is still in use (a ResourceFlavor names the Kueue Topology, ...): reported, not deleted"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where Events go; [`Events::default`] drops them (Events turned off).
 #[derive(Clone, Default)]
 pub struct Events {
@@ -111,17 +255,11 @@ impl Events {
     }
 
     /// Record an Event about `regarding`; returns at once (see the module docs).
-    pub fn publish(
-        &self,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-        regarding: ObjectReference,
-    ) {
+    pub fn publish(&self, reason: Reason, action: &str, note: &str, regarding: ObjectReference) {
         let Some(inner) = &self.inner else {
             return;
         };
+        let type_ = reason.type_();
         let bucket = match type_ {
             EventType::Normal => &inner.normal,
             EventType::Warning => &inner.warning,
@@ -134,7 +272,7 @@ impl Events {
             inner.metrics.event("dropped_rate_limited");
             return;
         }
-        let event = inner.event(type_, reason, action, note, regarding);
+        let event = inner.event(type_, reason.as_str(), action, note, regarding);
         match inner.tx.try_send(event) {
             Ok(()) => {}
             Err(_) => inner.metrics.event("dropped_queue_full"),
@@ -259,22 +397,10 @@ mod tests {
         };
         let started = Instant::now();
         for k in 0..150 {
-            events.publish(
-                EventType::Normal,
-                "TopologyLabelsUpdated",
-                "A",
-                "n",
-                node(k),
-            );
+            events.publish(Reason::TopologyLabelsUpdated, "A", "n", node(k));
         }
         // Warnings have their own budget: a wave of Normal Events does not starve them.
-        events.publish(
-            EventType::Warning,
-            "TopologyLabelingFailed",
-            "A",
-            "n",
-            node(0),
-        );
+        events.publish(Reason::TopologyLabelingFailed, "A", "n", node(0));
         assert!(
             started.elapsed() < Duration::from_millis(500),
             "publishing never waits for the API server"
@@ -297,12 +423,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn docs_events_table_is_generated_from_the_code() {
+        use crate::docs::cell;
+        let mut t = String::from("| Reason | Type | On | When |\n| --- | --- | --- | --- |\n");
+        for r in Reason::ALL {
+            let type_ = match r.type_() {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            };
+            t.push_str(&format!(
+                "| `{}` | {type_} | {} | {} |\n",
+                r.as_str(),
+                cell(r.regarding()),
+                cell(r.when())
+            ));
+        }
+        crate::docs::check_generated("docs/operations.md", "events", &t);
+    }
+
+    #[test]
+    fn every_reason_is_listed_once() {
+        let names: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len());
+    }
+
     #[tokio::test]
     async fn turned_off_events_cost_nothing() {
         // No client, no task: publishing is a no-op.
         Events::default().publish(
-            EventType::Warning,
-            "R",
+            Reason::TopologyLabelingFailed,
             "A",
             "note",
             ObjectReference::default(),

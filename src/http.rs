@@ -10,8 +10,15 @@ use std::sync::{
 
 use clap::Args;
 
+use std::net::SocketAddr;
+
 use axum::{
-    Router, extract::State, http::StatusCode, http::header, response::IntoResponse, routing::get,
+    Router,
+    extract::{ConnectInfo, Path, State},
+    http::StatusCode,
+    http::header,
+    response::IntoResponse,
+    routing::get,
 };
 use tracing::{error, info};
 
@@ -29,6 +36,9 @@ pub struct ServeArgs {
 }
 
 type Check = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// The controller's view of one node by name, for `/debug/nodes/NAME` (`None`: unknown node).
+pub type Inspector = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
 
 /// What `/livez` checks: named conditions that hold while the process can do its work (the
 /// EC2 batcher runs, the leader election runs…). Once one fails the process is of no use
@@ -82,6 +92,7 @@ struct AppState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     live: Liveness,
+    inspect: Option<Inspector>,
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -118,15 +129,54 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
     }
 }
 
-pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>, live: Liveness) -> Router {
+/// `/debug/nodes/NAME`: the controller's view of a node, for `explain`. Loopback only: it names
+/// instances and errors, and the metrics port is reachable from the whole cluster.
+async fn debug_node(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    request: axum::extract::Request,
+) -> (StatusCode, String) {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let loopback = peer.is_some_and(|ip| match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    });
+    if !loopback {
+        return (
+            StatusCode::FORBIDDEN,
+            "loopback only: run `ec2-topology-labeler explain` in the controller's Pod".into(),
+        );
+    }
+    match s.inspect.as_ref().and_then(|inspect| inspect(&name)) {
+        Some(view) => (StatusCode::OK, view.to_string()),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no node {name} in the cache"),
+        ),
+    }
+}
+
+pub fn router(
+    metrics_: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    live: Liveness,
+    inspect: Option<Inspector>,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .route("/debug/nodes/{name}", get(debug_node))
         .with_state(AppState {
             metrics: metrics_,
             ready,
             live,
+            inspect,
         })
 }
 
@@ -136,11 +186,14 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     live: Liveness,
+    inspect: Option<Inspector>,
 ) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics, /livez, /readyz");
+        info!(%addr, "serving /metrics, /livez, /readyz (and /debug/nodes/NAME on loopback)");
     }
-    if let Err(e) = axum::serve(listener, router(metrics, ready, live)).await {
+    let app =
+        router(metrics, ready, live, inspect).into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(e) = axum::serve(listener, app).await {
         error!(error = %e, "metrics server stopped");
     }
 }
@@ -150,15 +203,18 @@ mod tests {
     use super::*;
 
     async fn get(router: Router, path: &str) -> (StatusCode, String) {
+        get_from(router, path, "127.0.0.1:40000").await
+    }
+
+    async fn get_from(router: Router, path: &str, peer: &str) -> (StatusCode, String) {
         use tower::ServiceExt;
-        let res = router
-            .oneshot(
-                axum::http::Request::get(path)
-                    .body(axum::body::Body::empty())
-                    .expect("request"),
-            )
-            .await
-            .expect("response");
+        let mut request = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("request");
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().expect("address")));
+        let res = router.oneshot(request).await.expect("response");
         let status = res.status();
         let body = axum::body::to_bytes(res.into_body(), 1 << 16)
             .await
@@ -176,6 +232,7 @@ mod tests {
                 Arc::new(Metrics::default()),
                 Arc::new(AtomicBool::new(true)),
                 live.clone(),
+                None,
             )
         };
         assert_eq!(get(router(), "/livez").await.0, StatusCode::OK);
@@ -187,6 +244,40 @@ mod tests {
             get(router(), "/readyz").await.0,
             StatusCode::OK,
             "readiness is apart"
+        );
+    }
+
+    #[tokio::test]
+    async fn node_views_are_served_on_loopback_only() {
+        let inspect: Inspector = Arc::new(|name: &str| {
+            (name == "n1").then(|| serde_json::json!({ "identity": "me", "node": name }))
+        });
+        let router = || {
+            super::router(
+                Arc::new(Metrics::default()),
+                Arc::new(AtomicBool::new(true)),
+                Liveness::default(),
+                Some(inspect.clone()),
+            )
+        };
+        let (status, body) = get(router(), "/debug/nodes/n1").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains(r#""node":"n1""#), "{body}");
+        assert_eq!(
+            get_from(router(), "/debug/nodes/n1", "[::1]:40000").await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            get(router(), "/debug/nodes/other").await.0,
+            StatusCode::NOT_FOUND
+        );
+        let (status, body) = get_from(router(), "/debug/nodes/n1", "10.0.0.7:40000").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(
+            get_from(router(), "/debug/nodes/n1", "[::ffff:10.0.0.7]:40000")
+                .await
+                .0,
+            StatusCode::FORBIDDEN
         );
     }
 }

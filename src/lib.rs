@@ -7,9 +7,13 @@
 //! [`retire`] removes labels no longer configured; [`http`] serves metrics and probes. `plan` and
 //! `tree` ([`plan`], [`tree_cmd`]) read and write nothing.
 
+pub mod cleanup;
 pub mod config;
+#[cfg(test)]
+mod docs;
 pub mod duration;
 pub mod events;
+pub mod explain;
 pub mod http;
 pub mod reconcile;
 pub mod run;
@@ -19,10 +23,12 @@ pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod plan;
+pub mod process;
 pub mod publish;
 pub mod retire;
 pub mod scheme;
 pub mod tree_cmd;
+pub mod uninstall;
 
 pub use ec2_topology_core::{coverage, labels, provider_id, slurm, topology, tree};
 use topology::Ec2Error;

@@ -36,6 +36,8 @@ async fn main() -> ExitCode {
         Command::Run(args) => ec2_topology_labeler::run::run(args).await,
         Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
         Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
+        Command::Explain(args) => ec2_topology_labeler::explain::run(args).await,
+        Command::Uninstall(args) => ec2_topology_labeler::uninstall::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

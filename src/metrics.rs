@@ -5,7 +5,10 @@
 use std::{sync::atomic::AtomicI64, time::Duration};
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::{
+        EncodeLabelSet,
+        text::{encode_eof, encode_registry},
+    },
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
     registry::Registry,
 };
@@ -32,43 +35,104 @@ pub struct WriteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: String,
+    pub reason: String,
 }
 
-/// Where a node stands, for the `nodes{state}` gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// Why EC2 does not describe an instance, as far as we can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NotDescribed {
+    /// Its instance type is not one EC2 documents for `DescribeInstanceTopology`: it never will.
+    UnsupportedType,
+    /// A type EC2 describes (or one not known yet): the instance is new, not running, or EC2's
+    /// answer has not caught up.
+    NotYet,
+}
+
+impl NotDescribed {
+    /// From the node's `node.kubernetes.io/instance-type` label (absent: not known yet, as
+    /// right after registration, before the cloud controller sets it).
+    pub fn of(instance_type: Option<&str>) -> Self {
+        match instance_type {
+            Some(t) if !t.is_empty() && !crate::topology::is_topology_type(t) => {
+                NotDescribed::UnsupportedType
+            }
+            _ => NotDescribed::NotYet,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotDescribed::UnsupportedType => "unsupported_instance_type",
+            NotDescribed::NotYet => "not_described_yet",
+        }
+    }
+}
+
+/// Where a node stands, for the `nodes{state, reason}` gauge.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum NodeState {
     /// Labels match EC2's answer.
     Labelled,
-    /// EC2 does not describe the instance (unsupported type, not running yet).
-    NotDescribed,
+    /// EC2 does not describe the instance.
+    NotDescribed(NotDescribed),
     /// EC2 refuses the instance ID (`InvalidInstanceID.*`).
     Rejected,
     /// Not an EC2 instance we can look up; the reason is `SkipReason::as_str`.
     Skipped(&'static str),
     /// Waiting for its first answer.
     Pending,
-    /// The last attempt failed.
-    Failing,
+    /// The last attempt failed; the reason is the error's category (`Error::category`).
+    Failing(&'static str),
     /// Another writer keeps changing our labels; writes are held.
     Conflict,
 }
 
 impl NodeState {
-    pub fn name(&self) -> String {
+    /// The `state` label.
+    pub fn name(&self) -> &'static str {
         match self {
-            NodeState::Labelled => "labelled".into(),
-            NodeState::NotDescribed => "not_described".into(),
-            NodeState::Rejected => "rejected".into(),
-            NodeState::Skipped(reason) => format!("skipped_{reason}"),
-            NodeState::Pending => "pending".into(),
-            NodeState::Failing => "failing".into(),
-            NodeState::Conflict => "conflict".into(),
+            NodeState::Labelled => "labelled",
+            NodeState::NotDescribed(_) => "not_described",
+            NodeState::Rejected => "rejected",
+            NodeState::Skipped(_) => "skipped",
+            NodeState::Pending => "pending",
+            NodeState::Failing(_) => "failing",
+            NodeState::Conflict => "conflict",
+        }
+    }
+
+    /// The `reason` label: why a node is in a state other than `labelled` or `pending`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NodeState::Labelled | NodeState::Pending => "",
+            NodeState::NotDescribed(r) => r.as_str(),
+            NodeState::Rejected => "invalid_instance_id",
+            NodeState::Skipped(r) | NodeState::Failing(r) => r,
+            NodeState::Conflict => "other_writer",
+        }
+    }
+
+    fn labels(&self) -> StateLabels {
+        StateLabels {
+            state: self.name().to_string(),
+            reason: self.reason().to_string(),
         }
     }
 }
 
 pub struct Metrics {
+    /// This replica's own work (every replica exports it).
     registry: Registry,
+    /// The state of the whole fleet and of the objects published for it: exported by the leader
+    /// only, so that `sum()` over replicas counts every node once.
+    fleet: Registry,
+    /// Whether this replica leads (then [`Metrics::render`] includes `fleet`).
+    leading: std::sync::atomic::AtomicBool,
     reconciles: Counter,
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Histogram,
@@ -78,7 +142,7 @@ pub struct Metrics {
     cache_hits: Counter,
     cache_misses: Counter,
     label_writes: Family<WriteLabels, Counter>,
-    skips: Family<OutcomeLabels, Counter>,
+    skips: Family<ReasonLabels, Counter>,
     nodes: Family<StateLabels, Gauge>,
     leader: Gauge<i64, AtomicI64>,
     publish_errors: Family<PublisherLabels, Counter>,
@@ -92,7 +156,7 @@ pub struct Metrics {
     coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
     events: Family<OutcomeLabels, Counter>,
-    taint_releases: Family<OutcomeLabels, Counter>,
+    taint_releases: Family<ReasonLabels, Counter>,
     first_label_latency: Histogram,
     taint_release_latency: Histogram,
 }
@@ -137,6 +201,7 @@ fn ec2_outcome(error: Option<&Ec2Error>) -> String {
 
 impl Metrics {
     pub fn new() -> Self {
+        crate::process::started();
         let mut registry = Registry::with_prefix("ec2_topology_labeler");
         let reconciles = Counter::default();
         registry.register("reconciles", "Node reconciles run", reconciles.clone());
@@ -192,14 +257,19 @@ impl Metrics {
             "Node PATCH requests sent, by kind",
             label_writes.clone(),
         );
-        let skips = Family::<OutcomeLabels, Counter>::default();
+        let skips = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "skipped_nodes",
-            "Times a node was skipped, by reason (counted when the reason changes)",
+            "Times a node was found not to be an EC2 instance we can look up, by reason (counted when its reason changes)",
             skips.clone(),
         );
+        let mut fleet = Registry::with_prefix("ec2_topology_labeler");
         let nodes = Family::<StateLabels, Gauge>::default();
-        registry.register("nodes", "Nodes by labelling state", nodes.clone());
+        fleet.register(
+            "nodes",
+            "Nodes by labelling state and reason (leader only)",
+            nodes.clone(),
+        );
         let leader = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "leader",
@@ -213,7 +283,7 @@ impl Metrics {
             publish_errors.clone(),
         );
         let hypernodes = Gauge::<i64, AtomicI64>::default();
-        registry.register(
+        fleet.register(
             "hypernodes",
             "Volcano HyperNodes we publish",
             hypernodes.clone(),
@@ -225,37 +295,37 @@ impl Metrics {
             hypernode_writes.clone(),
         );
         let hypernode_conflicts = Gauge::<i64, AtomicI64>::default();
-        registry.register(
+        fleet.register(
             "hypernode_conflicts",
             "Network nodes seen under more than one parent (HyperNodes are not published then)",
             hypernode_conflicts.clone(),
         );
         let kueue_mismatch = Family::<TopologyLabels, Gauge>::default();
-        registry.register(
+        fleet.register(
             "kueue_topology_mismatch",
             "1 when a Kueue Topology of our name exists with other levels (left alone)",
             kueue_mismatch.clone(),
         );
         let kai_mismatch = Family::<TopologyLabels, Gauge>::default();
-        registry.register(
+        fleet.register(
             "kai_topology_mismatch",
             "1 when a KAI Topology of our name exists with other levels (left alone)",
             kai_mismatch.clone(),
         );
         let coverage_nodes = Family::<CellLabels, Gauge>::default();
-        registry.register(
+        fleet.register(
             "coverage_nodes",
             "EC2 nodes per instance type and zone (the denominator of the coverage gauges)",
             coverage_nodes.clone(),
         );
         let coverage_full = Family::<CellLabels, Gauge>::default();
-        registry.register(
+        fleet.register(
             "coverage_full_nodes",
             "Nodes carrying every layer their instance type has (its deepest node's depth)",
             coverage_full.clone(),
         );
         let coverage_layer = Family::<CellLayerLabels, Gauge>::default();
-        registry.register(
+        fleet.register(
             "coverage_layer_nodes",
             "Nodes carrying layer labels 1 to `layer` (what a scheduler topology of that many levels sees)",
             coverage_layer.clone(),
@@ -272,10 +342,10 @@ impl Metrics {
             "Times another writer kept changing our labels on a node and writes were held",
             label_conflicts.clone(),
         );
-        let taint_releases = Family::<OutcomeLabels, Counter>::default();
+        let taint_releases = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "startup_taint_releases",
-            "Startup taints removed, by outcome (labelled, unsupported, timeout)",
+            "Startup taints removed, by reason (labelled, unsupported, timeout)",
             taint_releases.clone(),
         );
         let first_label_latency = Histogram::new(JOIN_BUCKETS);
@@ -297,6 +367,8 @@ impl Metrics {
         );
         Self {
             registry,
+            fleet,
+            leading: std::sync::atomic::AtomicBool::new(false),
             reconciles,
             reconcile_errors,
             reconcile_duration,
@@ -327,10 +399,10 @@ impl Metrics {
     }
 
     /// A startup taint was removed `age` after the node's creation.
-    pub fn taint_released(&self, outcome: &str, age: Duration) {
+    pub fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
-            .get_or_create(&OutcomeLabels {
-                outcome: outcome.to_string(),
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
             })
             .inc();
         self.taint_release_latency.observe(age.as_secs_f64());
@@ -341,11 +413,16 @@ impl Metrics {
         self.first_label_latency.observe(age.as_secs_f64());
     }
 
-    /// The text exposition format.
+    /// The text exposition format: this replica's metrics, and the fleet's while it leads.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        if self.leading.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = encode_registry(&mut out, &self.fleet);
+        }
+        let _ = crate::process::encode(&mut out);
+        let _ = encode_eof(&mut out);
         out
     }
 
@@ -468,6 +545,8 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+        self.leading
+            .store(leader, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A node went from one state to another (`None`: unknown, or forgotten). The states
@@ -477,20 +556,14 @@ impl Metrics {
             return;
         }
         if let Some(p) = from {
-            self.nodes
-                .get_or_create(&StateLabels { state: p.name() })
-                .dec();
+            self.nodes.get_or_create(&p.labels()).dec();
         }
         if let Some(state) = to {
-            self.nodes
-                .get_or_create(&StateLabels {
-                    state: state.name(),
-                })
-                .inc();
+            self.nodes.get_or_create(&state.labels()).inc();
             if let NodeState::Skipped(reason) = state {
                 self.skips
-                    .get_or_create(&OutcomeLabels {
-                        outcome: reason.to_string(),
+                    .get_or_create(&ReasonLabels {
+                        reason: reason.to_string(),
                     })
                     .inc();
             }
@@ -503,31 +576,89 @@ mod tests {
     use super::*;
 
     #[test]
-    fn node_state_gauge_follows_transitions() {
+    fn node_state_gauge_follows_transitions_with_the_reason_apart() {
         let m = Metrics::new();
-        let (pending, labelled, fargate) = (
+        m.set_leader(true);
+        let (pending, labelled, fargate, unsupported) = (
             NodeState::Pending,
             NodeState::Labelled,
             NodeState::Skipped("fargate"),
+            NodeState::NotDescribed(NotDescribed::of(Some("m7i.large"))),
         );
+        m.node_state_changed(None, Some(&pending));
         m.node_state_changed(None, Some(&pending));
         m.node_state_changed(None, Some(&pending));
         m.node_state_changed(Some(&pending), Some(&labelled));
         m.node_state_changed(Some(&pending), Some(&fargate));
         m.node_state_changed(Some(&fargate), Some(&fargate));
+        m.node_state_changed(Some(&pending), Some(&unsupported));
         let text = m.render();
         assert!(
-            text.contains("ec2_topology_labeler_nodes{state=\"labelled\"} 1"),
+            text.contains(r#"ec2_topology_labeler_nodes{state="labelled",reason=""} 1"#),
             "{text}"
         );
-        assert!(text.contains("ec2_topology_labeler_nodes{state=\"pending\"} 0"));
-        assert!(text.contains("ec2_topology_labeler_nodes{state=\"skipped_fargate\"} 1"));
-        assert!(text.contains("ec2_topology_labeler_skipped_nodes_total{outcome=\"fargate\"} 1"));
+        assert!(text.contains(r#"ec2_topology_labeler_nodes{state="pending",reason=""} 0"#));
+        assert!(text.contains(r#"ec2_topology_labeler_nodes{state="skipped",reason="fargate"} 1"#));
+        assert!(text.contains(
+            r#"ec2_topology_labeler_nodes{state="not_described",reason="unsupported_instance_type"} 1"#
+        ));
+        assert!(text.contains(r#"ec2_topology_labeler_skipped_nodes_total{reason="fargate"} 1"#));
         m.node_state_changed(Some(&labelled), None);
         assert!(
             m.render()
-                .contains("ec2_topology_labeler_nodes{state=\"labelled\"} 0")
+                .contains(r#"ec2_topology_labeler_nodes{state="labelled",reason=""} 0"#)
         );
+    }
+
+    #[test]
+    fn fleet_gauges_are_exported_by_the_leader_only() {
+        let m = Metrics::new();
+        m.node_state_changed(None, Some(&NodeState::Labelled));
+        m.set_coverage(
+            &[(
+                ("p5.48xlarge".to_string(), "us-east-1a".to_string()),
+                crate::coverage::Group {
+                    nodes: 1,
+                    with_layer: vec![1, 1, 1],
+                    depth: 3,
+                    full: 1,
+                },
+            )]
+            .into(),
+        );
+        let follower = m.render();
+        assert!(
+            !follower.contains("ec2_topology_labeler_nodes{"),
+            "{follower}"
+        );
+        assert!(!follower.contains("ec2_topology_labeler_coverage_nodes{"));
+        assert!(follower.contains("ec2_topology_labeler_leader 0"));
+        assert!(
+            follower.trim_end().ends_with("# EOF"),
+            "one exposition: {follower}"
+        );
+        m.set_leader(true);
+        let leader = m.render();
+        assert!(leader.contains("ec2_topology_labeler_nodes{"), "{leader}");
+        assert!(leader.contains("ec2_topology_labeler_coverage_nodes{"));
+        assert_eq!(leader.matches("# EOF").count(), 1);
+        m.set_leader(false);
+        assert!(!m.render().contains("ec2_topology_labeler_nodes{"));
+    }
+
+    #[test]
+    fn not_described_tells_an_unsupported_type_from_one_not_known_yet() {
+        assert_eq!(
+            NotDescribed::of(Some("m7i.large")),
+            NotDescribed::UnsupportedType
+        );
+        assert_eq!(NotDescribed::of(Some("p5.48xlarge")), NotDescribed::NotYet);
+        assert_eq!(
+            NotDescribed::of(None),
+            NotDescribed::NotYet,
+            "no instance-type label yet (the cloud controller has not set it) is not unsupported"
+        );
+        assert_eq!(NotDescribed::of(Some("")), NotDescribed::NotYet);
     }
 
     /// Series names a scrape can show, from the TYPE lines of the exposition.
@@ -557,6 +688,7 @@ mod tests {
     #[test]
     fn coverage_gauges_follow_the_cells_and_drop_emptied_ones() {
         let m = Metrics::new();
+        m.set_leader(true);
         let cell = |t: &str, nodes, full, layers: Vec<usize>| {
             (
                 (t.to_string(), "us-east-1a".to_string()),
@@ -590,9 +722,11 @@ mod tests {
 
     #[test]
     fn the_grafana_dashboard_only_uses_series_we_export() {
-        let dashboard = include_str!("../deploy/grafana-dashboard.json");
+        let dashboard =
+            include_str!("../charts/ec2-topology-labeler/dashboards/ec2-topology-labeler.json");
         // Families appear in a scrape once they have a series: give each one.
         let m = Metrics::new();
+        m.set_leader(true);
         m.node_state_changed(None, Some(&NodeState::Skipped("fargate")));
         m.reconcile_failed("ec2_throttled");
         m.ec2_call("r", 1, Duration::from_millis(1), None);
@@ -611,6 +745,101 @@ mod tests {
             used += 1;
         }
         assert!(used >= 10);
+    }
+
+    /// A scrape in which every family has a series (a family with none shows no sample line).
+    pub(crate) fn every_family() -> String {
+        let m = Metrics::new();
+        m.set_leader(true);
+        m.reconciled(Duration::from_millis(1));
+        m.reconcile_failed("ec2_throttled");
+        m.ec2_call("r", 1, Duration::from_millis(1), None);
+        m.cache_hit();
+        m.cache_miss();
+        m.label_write("apply");
+        m.node_state_changed(None, Some(&NodeState::Skipped("fargate")));
+        m.publish_failed("volcano");
+        m.hypernodes(1, 1, 0);
+        m.hypernode_conflicts(0);
+        m.kueue_topology_mismatch("aws-network", false);
+        m.kai_topology_mismatch("aws-network", false);
+        m.set_coverage(
+            &[(
+                ("p5.48xlarge".to_string(), "us-east-1a".to_string()),
+                crate::coverage::Group {
+                    nodes: 1,
+                    with_layer: vec![1, 1, 1],
+                    depth: 3,
+                    full: 1,
+                },
+            )]
+            .into(),
+        );
+        m.label_conflict();
+        m.event("sent");
+        m.taint_released("labelled", Duration::from_secs(1));
+        m.first_labelled(Duration::from_secs(1));
+        m.render()
+    }
+
+    #[test]
+    fn docs_metrics_table_is_generated_from_the_code() {
+        use std::collections::BTreeMap;
+        let text = every_family();
+        // name -> (type, help, label names)
+        let mut families: BTreeMap<String, (String, String, Vec<String>)> = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                families.entry(name.to_string()).or_default().1 = help.to_string();
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+                families.entry(name.to_string()).or_default().0 = kind.to_string();
+            }
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, _)) = line.split_once('{') else {
+                continue;
+            };
+            let family = families
+                .keys()
+                .filter(|f| series.starts_with(f.as_str()))
+                .max_by_key(|f| f.len())
+                .cloned();
+            let Some(family) = family else { continue };
+            let labels: Vec<String> = line[series.len() + 1..]
+                .split(['}'])
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+                .filter(|k| k != "le")
+                .collect();
+            let entry = &mut families.get_mut(&family).expect("family").2;
+            for l in labels {
+                if !entry.contains(&l) {
+                    entry.push(l);
+                }
+            }
+        }
+        let mut t = String::from("| Metric | Type | Labels | What |\n| --- | --- | --- | --- |\n");
+        for (name, (kind, help, labels)) in &families {
+            let shown = match kind.as_str() {
+                "counter" => format!("{name}_total"),
+                "info" => format!("{name}_info"),
+                _ => name.clone(),
+            };
+            let labels = labels
+                .iter()
+                .map(|l| format!("`{l}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            t.push_str(&format!(
+                "| `{shown}` | {kind} | {labels} | {} |\n",
+                crate::docs::cell(help)
+            ));
+        }
+        crate::docs::check_generated("docs/operations.md", "metrics", &t);
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metric
     Lookup::spawn(source, limiter, lookup.lookup(), metrics)
 }
 
+/// What `/debug/nodes/NAME` reads, once the controller is wired: the node cache, the context and
+/// this replica's identity.
+type Wired = (Store<LiteNode>, Arc<Context>, String);
+
 /// Run the controller until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
@@ -109,11 +113,31 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let synced = Arc::new(AtomicBool::new(false));
     let live = crate::http::Liveness::default();
     let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
+    // `/debug/nodes/NAME` (for `explain`) answers once the controller is wired below.
+    let wired: Arc<std::sync::OnceLock<Wired>> = Arc::default();
+    let inspect: crate::http::Inspector = {
+        let wired = wired.clone();
+        Arc::new(move |name: &str| {
+            let (reader, ctx, identity) = wired.get()?;
+            let node = reader.get(&reflector::ObjectRef::new(name));
+            let view = crate::explain::controller_view(
+                identity,
+                ctx.leader.is_leader(),
+                node.as_deref(),
+                ctx.records.view(name),
+                &ctx.lookup,
+            );
+            (node.is_some() || view.record.is_some())
+                .then(|| serde_json::to_value(view).ok())
+                .flatten()
+        })
+    };
     tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
         synced.clone(),
         live.clone(),
+        Some(inspect),
     ));
     let client = Client::try_default().await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
@@ -145,6 +169,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .identity
         .clone()
         .unwrap_or_else(default_identity);
+    ctx.pod = own_pod();
     if args.serve.events {
         ctx.events =
             crate::events::Events::start(client.clone(), FIELD_MANAGER, &identity, metrics.clone());
@@ -156,7 +181,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let (election, leadership) = crate::leader::Election::start(
             client.clone(),
             &args.leader,
-            identity,
+            identity.clone(),
             metrics.clone(),
             elected_tx,
             live.task("leader election"),
@@ -170,6 +195,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let ctx = Arc::new(ctx);
 
     let (reader, writer) = reflector::store();
+    let _ = wired.set((reader.clone(), ctx.clone(), identity));
     let prune_scheme = scheme.clone();
     // Read from the stream itself: the store's own readiness signal wakes a single waiter, and
     // the controller is already waiting on it.
@@ -275,6 +301,27 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     info!("controller stopped");
     Ok(())
+}
+
+/// This replica's Pod, from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, which the
+/// chart sets): where Events about the controller itself go. `None` outside a Pod.
+fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let name = env("POD_NAME")?;
+    let namespace = env("POD_NAMESPACE").or_else(|| {
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .ok()
+            .map(|ns| ns.trim().to_string())
+    })?;
+    Some(k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name),
+        namespace: Some(namespace),
+        // `kubectl describe pod` finds Events by the Pod's UID.
+        uid: env("POD_UID"),
+        ..Default::default()
+    })
 }
 
 /// Hostname and PID: unique enough among replicas when no Pod name is given.
@@ -383,8 +430,7 @@ async fn coverage(
         for (node, depth) in short {
             if reported.insert(node.name_any()) {
                 ctx.events.publish(
-                    kube::runtime::events::EventType::Warning,
-                    "NotInSchedulerTopology",
+                    crate::events::Reason::NotInSchedulerTopology,
                     "CountCoverage",
                     &format!(
                         "the node carries {depth} layer label(s), Kueue Topology {name} has {levels} levels: Kueue leaves the node out of topology-aware scheduling"

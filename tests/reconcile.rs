@@ -817,7 +817,7 @@ async fn the_timeout_releases_a_node_ec2_never_answered_for() {
     assert!(
         ctx.metrics
             .render()
-            .contains(r#"startup_taint_releases_total{outcome="timeout"} 1"#)
+            .contains(r#"startup_taint_releases_total{reason="timeout"} 1"#)
     );
     assert_no_more_requests(ctx, handle).await;
 }
@@ -857,7 +857,7 @@ async fn the_timeout_falls_due_on_time_while_an_ec2_call_hangs() {
     assert!(
         ctx.metrics
             .render()
-            .contains(r#"startup_taint_releases_total{outcome="timeout"} 1"#)
+            .contains(r#"startup_taint_releases_total{reason="timeout"} 1"#)
     );
 }
 

@@ -215,12 +215,36 @@ fn convert(t: &aws_sdk_ec2::types::InstanceTopology) -> Option<InstanceTopology>
     })
 }
 
+/// The SDK could not get credentials to sign the call with (no provider found any, IRSA's STS
+/// exchange or EKS Pod Identity's agent refused or failed): the operator's to fix, like a denied
+/// call. A provider that only timed out is transient.
+fn credentials_error(err: &(dyn std::error::Error + 'static)) -> Option<Ec2Error> {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if let Some(c) = e.downcast_ref::<CredentialsError>() {
+            return match c {
+                CredentialsError::ProviderTimedOut(_) => None,
+                _ => Some(Ec2Error::Unauthorized {
+                    code: "CredentialsUnavailable".into(),
+                    message: DisplayErrorContext(c).to_string(),
+                }),
+            };
+        }
+        source = e.source();
+    }
+    None
+}
+
 fn classify<E, R>(err: SdkError<E, R>) -> Ec2Error
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
+    R: std::fmt::Debug + 'static,
 {
     let context = || DisplayErrorContext(&err).to_string();
+    if let Some(e) = credentials_error(&err) {
+        return e;
+    }
     match &err {
         SdkError::ServiceError(service) => {
             let e = service.err();

@@ -9,7 +9,7 @@
 //! Owns: what we know about instances, and every EC2 call. Never touches the Kubernetes API.
 
 mod batcher;
-mod cache;
+pub mod cache;
 pub mod ec2;
 pub mod limiter;
 #[cfg(test)]
@@ -278,5 +278,10 @@ impl Lookup {
     /// Number of cached instances.
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// What the cache holds about `instance_id` (for `explain`); asks nobody.
+    pub fn inspect(&self, instance_id: &str) -> Option<cache::CacheView> {
+        self.cache.inspect(instance_id, Instant::now())
     }
 }

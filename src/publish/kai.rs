@@ -16,7 +16,6 @@ use futures::future::BoxFuture;
 use kube::{
     Client, Resource,
     api::{ApiResource, DynamicObject},
-    runtime::events::EventType,
 };
 use tracing::{error, info, warn};
 
@@ -132,8 +131,7 @@ impl KaiPublisher {
                         warn!(topology = %name, replaces = %before, ?want, "{message}");
                         if let Some((obj, ar)) = obj {
                             self.events.publish(
-                                EventType::Normal,
-                                "TopologyLevelsChanged",
+                                crate::events::Reason::TopologyLevelsChanged,
                                 "PublishTopology",
                                 &message,
                                 obj.object_ref(&ar),

@@ -12,7 +12,6 @@ use kube::{
     Api, Client, Resource,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
     discovery::{Discovery, verbs},
-    runtime::events::EventType,
 };
 use serde_json::{Value, json};
 use tracing::{error, info, warn};
@@ -134,8 +133,7 @@ pub fn report_mismatch(
     want: &[String],
 ) {
     events.publish(
-        EventType::Warning,
-        "TopologyLevelsMismatch",
+        crate::events::Reason::TopologyLevelsMismatch,
         "PublishTopology",
         &format!(
             "levels {have:?} differ from the labels ec2-topology-labeler writes {want:?}; levels are immutable, left alone"

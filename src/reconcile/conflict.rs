@@ -57,6 +57,11 @@ pub struct History {
 }
 
 impl History {
+    /// Are writes to this node held at `now`?
+    pub fn holding(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|until| now < until)
+    }
+
     /// May we write this node's labels now?
     pub fn before_write(
         &mut self,

@@ -7,12 +7,12 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::warn;
 
 use super::{Context, conflict::other_owners};
-use crate::{FIELD_MANAGER, events::EventType, labels::NodeDiff, node::LiteNode};
+use crate::{FIELD_MANAGER, events::Reason, labels::NodeDiff, node::LiteNode};
 
 /// Record an Event on the node (never waits: see [`crate::events`]).
-pub async fn record(ctx: &Context, node: &LiteNode, type_: EventType, reason: &str, note: String) {
+pub async fn record(ctx: &Context, node: &LiteNode, reason: Reason, note: String) {
     ctx.events
-        .publish(type_, reason, "LabelTopology", &note, node.object_ref(&()));
+        .publish(reason, "LabelTopology", &note, node.object_ref(&()));
 }
 
 /// Someone keeps changing our labels on this node: say who, once per hold.
@@ -52,5 +52,5 @@ pub async fn report_conflict(
     );
     warn!(owners = ?owners, keys = ?keys, pause_s = pause, "label conflict: {note}");
     ctx.metrics.label_conflict();
-    record(ctx, node, EventType::Warning, "TopologyLabelConflict", note).await;
+    record(ctx, node, Reason::TopologyLabelConflict, note).await;
 }

@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use crate::events::EventType;
+use crate::events::Reason;
 use clap::Args;
 use kube::{Api, ResourceExt, runtime::controller::Action};
 use schemars::JsonSchema;
@@ -46,7 +46,7 @@ use crate::{
     labels::LabelScheme,
     leader::Leadership,
     lookup::Lookup,
-    metrics::{Metrics, NodeState},
+    metrics::{Metrics, NodeState, NotDescribed},
     node::LiteNode,
     provider_id,
 };
@@ -100,6 +100,10 @@ pub struct Context {
     /// Asks for every node to be reconciled (the API server accepts writes again).
     pub kicks: Option<futures::channel::mpsc::UnboundedSender<()>>,
     operator_error_logged_at: AtomicU64,
+    /// This replica's Pod (from the downward API), where operator-facing Events about the
+    /// controller itself go (EC2 refusing its credentials).
+    pub pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    denied_reported_at: AtomicU64,
 }
 
 impl Context {
@@ -127,8 +131,44 @@ impl Context {
             api_failing: AtomicBool::new(false),
             kicks: None,
             operator_error_logged_at: AtomicU64::new(0),
+            pod: None,
+            denied_reported_at: AtomicU64::new(0),
         }
     }
+
+    /// EC2 refused our credentials: a Warning Event on this replica's Pod, at most every
+    /// [`DENIED_EVERY`] while it lasts (the operator looking at the controller sees it without
+    /// reading logs), besides the per-node Events and the metrics.
+    fn report_denied(&self, e: &Error) {
+        let Some(pod) = &self.pod else {
+            return;
+        };
+        if once_every(&self.denied_reported_at, DENIED_EVERY) {
+            self.events.publish(
+                Reason::Ec2AccessDenied,
+                "LookUpTopology",
+                &format!("no node can be labelled until this is fixed: {e}"),
+                pod.clone(),
+            );
+        }
+    }
+}
+
+/// How often the Pod Event about refused credentials is repeated while they are refused.
+const DENIED_EVERY: Duration = Duration::from_secs(600);
+
+/// True at most once per `every` (process-wide, across threads), using `at` (seconds since the
+/// Unix epoch of the last time it was true).
+fn once_every(at: &AtomicU64, every: Duration) -> bool {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let last = at.load(Ordering::Relaxed);
+    (last == 0 || now >= last + every.as_secs())
+        && at
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
@@ -142,43 +182,60 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
     let started = Instant::now();
     let result = reconcile_node(&node, &ctx).instrument(span.clone()).await;
     ctx.metrics.reconciled(started.elapsed());
-    match &result {
-        Ok(_) => ctx.records.with(&node, |r| r.failures = 0),
+    match result {
+        Ok(next) => {
+            ctx.records.with(&node, |r| r.succeeded(next));
+            Ok(next.map_or_else(Action::await_change, Action::requeue))
+        }
         Err(e) => {
             ctx.metrics.reconcile_failed(e.category());
-            if let Some(standing) = startup::standing_of_error(e)
+            if let Some(standing) = startup::standing_of_error(&e)
                 && let Err(gate_error) = startup::step(&ctx, &node, &standing, None)
                     .instrument(span.clone())
                     .await
             {
                 warn!(node = %name, error = %gate_error, "cannot update the node's startup taint or condition");
             }
-            if ctx.records.set_state(&node, NodeState::Failing) != Some(NodeState::Failing) {
-                let note = format!(
-                    "cannot look up or write this node's topology labels; they are left as they are: {e}"
-                );
-                events::record(
-                    &ctx,
-                    &node,
-                    EventType::Warning,
-                    "TopologyLabelingFailed",
-                    note,
-                )
-                .instrument(span)
-                .await;
+            let denied = matches!(
+                &e,
+                Error::Ec2(crate::topology::Ec2Error::Unauthorized { .. })
+            );
+            if ctx.records.enter(&node, NodeState::Failing(e.category())) {
+                let (reason, note) = if denied {
+                    (
+                        Reason::Ec2AccessDenied,
+                        format!(
+                            "EC2 refuses the controller's credentials, so this node's topology cannot be looked up; its labels are left as they are: {e}"
+                        ),
+                    )
+                } else {
+                    (
+                        Reason::TopologyLabelingFailed,
+                        format!(
+                            "cannot look up or write this node's topology labels; they are left as they are: {e}"
+                        ),
+                    )
+                };
+                events::record(&ctx, &node, reason, note)
+                    .instrument(span)
+                    .await;
             }
+            if denied {
+                ctx.report_denied(&e);
+            }
+            ctx.records.with(&node, |r| r.failed(&e));
+            Err(e)
         }
     }
-    result
 }
 
 /// Look again after `usual` (`None`: when the node changes), or sooner if the gate asks.
-fn next_look(usual: Option<Duration>, gate: Option<Duration>) -> Action {
+fn next_look(usual: Option<Duration>, gate: Option<Duration>) -> Option<Duration> {
     let gate = gate.map(|d| d + Duration::from_millis(100));
     match (usual, gate) {
-        (Some(a), Some(b)) => Action::requeue(a.min(b)),
-        (Some(d), None) | (None, Some(d)) => Action::requeue(d),
-        (None, None) => Action::await_change(),
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (Some(d), None) | (None, Some(d)) => Some(d),
+        (None, None) => None,
     }
 }
 
@@ -188,7 +245,9 @@ fn grid(retry_in: Duration) -> Option<Duration> {
     Some(retry_in + Duration::from_millis(5))
 }
 
-async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
+/// One node's reconcile; returns when to look again (`None`: when it changes, or at its resync
+/// slot).
+async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duration>> {
     ctx.records.pending_if_new(node);
     let held = ctx.gate.taint.as_ref().is_some_and(|t| t.on(node));
     let lookup = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held);
@@ -208,13 +267,18 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
     };
     match assessment {
         Assessment::Skipped(reason) => {
-            let state = NodeState::Skipped(reason.as_str());
-            if ctx.records.set_state(node, state.clone()) != Some(state) {
-                debug!(
-                    provider_id = %provider_id::for_log(provider_id_of(node)),
+            if ctx.records.enter(node, NodeState::Skipped(reason.as_str())) {
+                let provider_id = provider_id::for_log(provider_id_of(node));
+                info!(
+                    %provider_id,
                     %reason,
                     "not an EC2 instance we can look up; skipping until its providerID changes"
                 );
+                let note = format!(
+                    "not labelled: {} (providerID {provider_id:?}); looked at again when its providerID changes",
+                    reason.explain()
+                );
+                events::record(ctx, node, Reason::TopologySkipped, note).await;
             }
             // The watch brings the node back when its providerID changes.
             let gate = startup::step(ctx, node, &Standing::Skipped(reason), None).await?;
@@ -225,16 +289,31 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             retry_in,
         } => {
             tracing::Span::current().record("instance", instance_id.as_str());
-            if ctx.records.set_state(node, NodeState::NotDescribed) != Some(NodeState::NotDescribed)
-            {
-                debug!(
+            let instance_type = node.label(gate::INSTANCE_TYPE_LABEL);
+            let why = NotDescribed::of(instance_type.as_deref());
+            if ctx.records.enter(node, NodeState::NotDescribed(why)) {
+                let what = match why {
+                    NotDescribed::UnsupportedType => format!(
+                        "its instance type {} is not one EC2 describes network topology for",
+                        instance_type.as_deref().unwrap_or_default()
+                    ),
+                    NotDescribed::NotYet => {
+                        "the instance is not running, is too new, or EC2's answer has not caught up"
+                            .to_string()
+                    }
+                };
+                info!(
                     retry_in_s = retry_in.as_secs(),
-                    "EC2 does not describe this instance (unsupported type or not running yet); leaving its labels alone"
+                    reason = why.as_str(),
+                    "EC2 does not describe this instance; leaving its labels alone"
                 );
+                let note = format!(
+                    "EC2 does not describe instance {instance_id}: {what}; its labels are left as they are and EC2 is asked again in {}s (backoff up to --not-described-ttl)",
+                    retry_in.as_secs()
+                );
+                events::record(ctx, node, Reason::TopologyNotDescribed, note).await;
             }
-            let standing = Standing::NotDescribed {
-                instance_type: node.label(gate::INSTANCE_TYPE_LABEL),
-            };
+            let standing = Standing::NotDescribed { instance_type };
             let gate = startup::step(ctx, node, &standing, None).await?;
             Ok(next_look(grid(retry_in), gate))
         }
@@ -244,14 +323,14 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             retry_in,
         } => {
             tracing::Span::current().record("instance", instance_id.as_str());
-            if ctx.records.set_state(node, NodeState::Rejected) != Some(NodeState::Rejected) {
+            if ctx.records.enter(node, NodeState::Rejected) {
                 warn!(%error, retry_in_s = retry_in.as_secs(), provider_id = %provider_id::for_log(provider_id_of(node)),
                     "EC2 refuses this node's instance ID; leaving its labels alone and keeping it out of other nodes' calls");
                 let note = format!(
                     "EC2 refuses instance ID {instance_id} from this node's providerID ({error}); its labels are left as they are and it is asked about again in {}s",
                     retry_in.as_secs()
                 );
-                events::record(ctx, node, EventType::Warning, "InstanceIdRejected", note).await;
+                events::record(ctx, node, Reason::InstanceIdRejected, note).await;
             }
             let gate = startup::step(ctx, node, &Standing::Rejected, None).await?;
             Ok(next_look(grid(retry_in), gate))
@@ -262,12 +341,15 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             // Not an answer to keep: ask EC2 again later, with the backoff of an instance it
             // did not describe, rather than trusting it until the cache TTL.
             let retry_in = ctx.lookup.reject(&instance_id);
-            if ctx.records.set_state(node, NodeState::Failing) != Some(NodeState::Failing) {
+            if ctx
+                .records
+                .enter(node, NodeState::Failing("invalid_topology"))
+            {
                 warn!(%error, retry_in_s = retry_in.as_secs(), "cannot label from EC2's answer; leaving the node's labels alone");
                 let note = format!(
                     "EC2's topology answer cannot be turned into labels; they are left as they are: {error}"
                 );
-                events::record(ctx, node, EventType::Warning, "TopologyInvalid", note).await;
+                events::record(ctx, node, Reason::TopologyInvalid, note).await;
             }
             let gate = startup::step(ctx, node, &Standing::Ec2Unavailable, None).await?;
             Ok(next_look(grid(retry_in), gate))
@@ -300,7 +382,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             }
             if !ctx.leader.is_leader() {
                 // Leadership was lost while we looked EC2 up.
-                return Ok(Action::await_change());
+                return Ok(None);
             }
             let verdict = ctx.records.with(node, |r| {
                 r.conflict
@@ -325,7 +407,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
                 let _permit = ctx.writes.acquire().await.ok();
                 // The wait for a permit can be long under load: leadership may have lapsed.
                 if !ctx.leader.is_leader() {
-                    return Ok(Action::await_change());
+                    return Ok(None);
                 }
                 match write_labels(
                     &ctx.api,
@@ -372,14 +454,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Action> {
             let summary = diff.summary();
             info!(changes = %summary, "node labels updated");
             ctx.records.set_state(node, NodeState::Labelled);
-            events::record(
-                ctx,
-                node,
-                EventType::Normal,
-                "TopologyLabelsUpdated",
-                summary,
-            )
-            .await;
+            events::record(ctx, node, Reason::TopologyLabelsUpdated, summary).await;
             // The gate decides from the node as the API server returned it after our write.
             let gate =
                 startup::step(ctx, &written, &Standing::Labelled, Some(&desired.labels)).await?;
@@ -411,19 +486,10 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
     if let Some(due) = ctx.gate.timeout_in(&node).filter(|d| !d.is_zero()) {
         delay = delay.min(due + Duration::from_millis(100));
     }
+    ctx.records.with(&node, |r| r.next_look(Some(delay)));
     if err.needs_operator() {
         // One line a minute for the whole fleet, not one per node.
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let last = ctx.operator_error_logged_at.load(Ordering::Relaxed);
-        if now >= last + 60
-            && ctx
-                .operator_error_logged_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if once_every(&ctx.operator_error_logged_at, Duration::from_secs(60)) {
             error!(node = %name, category = err.category(), error = %err, "cannot label nodes until this is fixed; retrying with backoff");
         }
     } else {

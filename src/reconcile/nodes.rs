@@ -24,6 +24,11 @@ use crate::{
 pub struct NodeRecord {
     /// Reconciles in a row that failed.
     pub failures: u32,
+    /// When the controller looks at the node again (seconds after [`EPOCH`], plus one; 0: when
+    /// it changes or at its resync slot). For `explain`.
+    next_look: u32,
+    /// The last reconcile's error, while it fails. For `explain`.
+    last_error: Option<Box<str>>,
     /// Our last write, while the node cache does not show it yet (see [`Echo`]). Boxed, like
     /// `gate_write`: both are short-lived, and a record is kept for every node.
     echo: Option<Box<Echo>>,
@@ -57,7 +62,68 @@ struct Echo {
     desired: Desired,
 }
 
+/// The clock `next_look` counts from.
+static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// What `explain` shows of a node's record.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordView {
+    pub state: Option<String>,
+    pub reason: Option<String>,
+    pub failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Seconds until the controller looks at the node again by itself (`None`: when the node
+    /// changes, or at its resync slot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_look_in_s: Option<u64>,
+    /// Our last write is not in the node cache yet.
+    pub write_pending: bool,
+    /// Another writer keeps changing our labels: writes to this node are held.
+    pub held_for_conflict: bool,
+}
+
 impl NodeRecord {
+    /// The reconcile succeeded; it looks again after `next` (`None`: on change or resync).
+    pub fn succeeded(&mut self, next: Option<std::time::Duration>) {
+        self.failures = 0;
+        self.last_error = None;
+        self.next_look(next);
+    }
+
+    /// The reconcile failed with `e` (the error policy sets the next look).
+    pub fn failed(&mut self, e: &crate::Error) {
+        self.last_error = Some(e.to_string().into_boxed_str());
+    }
+
+    /// The controller looks at the node again after `after` (`None`: on change or resync).
+    pub fn next_look(&mut self, after: Option<std::time::Duration>) {
+        self.next_look = after.map_or(0, |d| {
+            let at = EPOCH.elapsed().saturating_add(d).as_secs();
+            u32::try_from(at).unwrap_or(u32::MAX - 1).saturating_add(1)
+        });
+    }
+
+    pub fn view(&self) -> RecordView {
+        let next_look_in_s = (self.next_look > 0)
+            .then(|| u64::from(self.next_look - 1).saturating_sub(EPOCH.elapsed().as_secs()));
+        RecordView {
+            state: self.state.as_ref().map(|s| s.name().to_string()),
+            reason: self
+                .state
+                .as_ref()
+                .map(|s| s.reason().to_string())
+                .filter(|r| !r.is_empty()),
+            failures: self.failures,
+            last_error: self.last_error.as_deref().map(str::to_owned),
+            next_look_in_s,
+            write_pending: self.echo.is_some(),
+            held_for_conflict: self.conflict.holding(std::time::Instant::now()),
+        }
+    }
+
     /// We wrote `desired` to `node` (as the cache had it).
     pub fn written(&mut self, node: &LiteNode, desired: &Desired) {
         // Without a resourceVersion there is no telling the cache caught up: record nothing.
@@ -150,6 +216,21 @@ impl Nodes {
         previous
     }
 
+    /// Record where `node` stands; true when it has just fallen into this state *and reason*
+    /// (callers then say so once, in an Event and a log line). A failing node changing from one
+    /// error to another has not: one Event per spell of failing, except that refused
+    /// credentials are told apart.
+    pub fn enter(&self, node: &LiteNode, state: NodeState) -> bool {
+        let denied = |s: &NodeState| matches!(s, NodeState::Failing("ec2_unauthorized"));
+        match self.set_state(node, state.clone()) {
+            Some(p @ NodeState::Failing(_)) if matches!(state, NodeState::Failing(_)) => {
+                denied(&p) != denied(&state)
+            }
+            Some(p) => p != state,
+            None => true,
+        }
+    }
+
     /// A node seen for the first time is pending until its first reconcile settles.
     pub fn pending_if_new(&self, node: &LiteNode) {
         if self.with(node, |r| r.state.is_none()) {
@@ -175,6 +256,11 @@ impl Nodes {
             }
             keep
         });
+    }
+
+    /// The record of the node called `name`, as `explain` shows it.
+    pub fn view(&self, name: &str) -> Option<RecordView> {
+        self.records().get(name).map(NodeRecord::view)
     }
 
     #[cfg(test)]
@@ -259,6 +345,7 @@ mod tests {
     #[test]
     fn a_deleted_node_takes_all_its_state_with_it() {
         let metrics = Arc::new(Metrics::default());
+        metrics.set_leader(true);
         let nodes = Nodes::new(metrics.clone());
         let (a, b) = (node("a", Some("1")), node("b", Some("1")));
         nodes.pending_if_new(&a);
@@ -271,11 +358,11 @@ mod tests {
         assert_eq!(nodes.tracked(), 1);
         let text = metrics.render();
         assert!(
-            text.contains("ec2_topology_labeler_nodes{state=\"labelled\"} 0"),
+            text.contains(r#"ec2_topology_labeler_nodes{state="labelled",reason=""} 0"#),
             "{text}"
         );
         assert!(
-            text.contains("ec2_topology_labeler_nodes{state=\"pending\"} 1"),
+            text.contains(r#"ec2_topology_labeler_nodes{state="pending",reason=""} 1"#),
             "{text}"
         );
         assert_eq!(

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, time::Duration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-use crate::events::EventType;
+use crate::events::Reason;
 use tracing::{info, warn};
 
 use super::{
@@ -115,14 +115,14 @@ async fn announce(
                 "startup taint {taint} released: this node's topology cannot be labelled ({standing:?}); policy --startup-taint-when-unsupported=release"
             );
             info!(taint = %taint, ?standing, "startup taint released: node cannot be labelled");
-            events::record(ctx, node, EventType::Normal, "StartupTaintReleased", note).await;
+            events::record(ctx, node, Reason::StartupTaintReleased, note).await;
         }
         Release::Timeout => {
             let note = format!(
                 "startup taint {taint} released {age_s}s after the node was created, without its topology labels ({standing:?}): --startup-taint-timeout passed"
             );
             warn!(taint = %taint, ?standing, age_s, "startup taint released by timeout, topology not labelled");
-            events::record(ctx, node, EventType::Warning, "StartupTaintTimedOut", note).await;
+            events::record(ctx, node, Reason::StartupTaintTimedOut, note).await;
         }
     }
 }

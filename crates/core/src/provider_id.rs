@@ -6,7 +6,8 @@
 use std::fmt;
 
 /// The EC2 instance a node runs on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct InstanceRef {
     pub instance_id: String,
     /// Availability Zone or Local Zone from the providerID, when it names one.
@@ -37,6 +38,23 @@ impl SkipReason {
             SkipReason::Hybrid => "hybrid",
             SkipReason::OtherCloud => "other_cloud",
             SkipReason::Malformed => "malformed_provider_id",
+        }
+    }
+
+    /// What it means, for an operator (Events, `explain`).
+    pub fn explain(self) -> &'static str {
+        match self {
+            SkipReason::Empty => {
+                "the node has no spec.providerID yet (the kubelet or the cloud controller sets it; we look again when it does)"
+            }
+            SkipReason::Fargate => "an EKS Fargate node: EC2 does not describe its topology",
+            SkipReason::Hybrid => "an EKS Hybrid Node, not an EC2 instance",
+            SkipReason::OtherCloud => {
+                "its providerID is not an AWS one (aws:///<zone>/<instance-id>)"
+            }
+            SkipReason::Malformed => {
+                "its providerID is aws:// but not aws:///<zone>/i-<8 or 17 hex digits> (EC2 would refuse the ID)"
+            }
         }
     }
 

@@ -4,7 +4,8 @@
 use std::future::Future;
 
 /// One instance as `DescribeInstanceTopology` describes it, in our own terms.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct InstanceTopology {
     pub instance_id: String,
     pub instance_type: Option<String>,
@@ -105,9 +106,10 @@ pub enum Ec2Error {
     /// `RequestLimitExceeded`: slow down (every caller, through the shared limiter).
     #[error("EC2 throttled the request ({code}): {message}")]
     Throttled { code: String, message: String },
-    /// The credentials lack `ec2:DescribeInstanceTopology`.
+    /// The credentials lack `ec2:DescribeInstanceTopology`, or EC2 does not accept them (unknown,
+    /// expired, badly signed), or the SDK could not get any.
     #[error(
-        "EC2 refused the call ({code}): the controller's IAM role needs ec2:DescribeInstanceTopology: {message}"
+        "EC2 refused the controller's credentials ({code}): {message}; the IAM role (IRSA or EKS Pod Identity) must allow ec2:DescribeInstanceTopology and its credentials must be valid"
     )]
     Unauthorized { code: String, message: String },
     /// The region does not offer the API.
@@ -193,12 +195,23 @@ impl Ec2Error {
             "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "RequestThrottled" => {
                 Ec2Error::Throttled { code, message }
             }
+            // Denied, or credentials EC2 does not accept (unknown, expired, badly signed): the
+            // operator's to fix (IAM role, IRSA / Pod Identity set-up, clock).
             "UnauthorizedOperation"
             | "AuthFailure"
             | "AccessDenied"
             | "AccessDeniedException"
+            | "NotAuthorized"
             | "Blocked"
-            | "OptInRequired" => Ec2Error::Unauthorized { code, message },
+            | "OptInRequired"
+            | "ExpiredToken"
+            | "ExpiredTokenException"
+            | "RequestExpired"
+            | "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "MissingAuthenticationToken"
+            | "IncompleteSignature"
+            | "SignatureDoesNotMatch" => Ec2Error::Unauthorized { code, message },
             "UnsupportedOperation" | "InvalidAction" => {
                 Ec2Error::UnsupportedOperation { code, message }
             }
@@ -330,5 +343,22 @@ mod tests {
     fn unauthorized_message_names_the_permission() {
         let e = Ec2Error::from_code("UnauthorizedOperation", "not authorized");
         assert!(e.to_string().contains("ec2:DescribeInstanceTopology"));
+        for code in [
+            "AuthFailure",
+            "ExpiredToken",
+            "RequestExpired",
+            "InvalidClientTokenId",
+            "MissingAuthenticationToken",
+            "SignatureDoesNotMatch",
+        ] {
+            assert!(
+                matches!(Ec2Error::from_code(code, ""), Ec2Error::Unauthorized { .. }),
+                "{code} is about the credentials, not the request"
+            );
+        }
+        assert!(matches!(
+            Ec2Error::from_code("InvalidInstanceID.Malformed", ""),
+            Ec2Error::InvalidRequest { .. }
+        ));
     }
 }

@@ -720,7 +720,7 @@ async fn startup_gate_steps(env: &Env, c: &Client, timeout_s: u64) -> anyhow::Re
         let got = metric_sum(
             &metrics,
             "ec2_topology_labeler_startup_taint_releases_total",
-            &[&format!("outcome=\"{outcome}\"")],
+            &[&format!("reason=\"{outcome}\"")],
         );
         ensure!(got == want, "releases {outcome}: {got}, want {want}");
     }
@@ -861,8 +861,8 @@ async fn metrics_match_what_happened(env: &Env) -> anyhow::Result<()> {
         "ec2_topology_labeler_ec2_instances_per_call_bucket",
         "ec2_topology_labeler_cache_hits_total",
         "ec2_topology_labeler_cache_misses_total",
-        "ec2_topology_labeler_nodes{state=\"labelled\"}",
-        "ec2_topology_labeler_skipped_nodes_total{outcome=\"fargate\"}",
+        "ec2_topology_labeler_nodes{state=\"labelled\",reason=\"\"}",
+        "ec2_topology_labeler_skipped_nodes_total{reason=\"fargate\"}",
         "ec2_topology_labeler_leader 1",
         "ec2_topology_labeler_build_info",
     ] {

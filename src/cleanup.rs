@@ -1,0 +1,346 @@
+//! A clean way out: what we wrote, found and removed — when a feature is turned off (by the
+//! leader at start-up, only what cannot hurt a running workload) and by `uninstall` (everything
+//! we own, labels only when asked).
+//!
+//! What is ours: our `TopologyLabeled` condition on Nodes; objects carrying our
+//! `app.kubernetes.io/managed-by` label (HyperNodes also under this installation's name prefix);
+//! the Lease; the label and annotation keys our field manager owns on Nodes.
+//!
+//! "Cannot hurt" decides what turning a feature off removes: a condition nothing else should
+//! gate on any more, HyperNodes (Volcano re-plans from what exists), a Kueue Topology no
+//! ResourceFlavor names. A Kueue Topology a ResourceFlavor still names, a KAI Topology (workloads
+//! name it in annotations we cannot cheaply find), a Slurm ConfigMap (a slurmctld may mount it)
+//! are reported and kept.
+//!
+//! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
+//! operator's own command.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Node},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
+};
+use serde::Serialize;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::{
+    FIELD_MANAGER,
+    node::CONDITION_TYPE,
+    publish::{kai, kueue, volcano},
+};
+
+/// One thing of ours, and what happens to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Item {
+    /// `condition`, `hypernode`, `kueue-topology`, `kai-topology`, `configmap`, `lease`,
+    /// `labels`.
+    pub kind: &'static str,
+    /// `NAME` or `NAMESPACE/NAME` (for `condition` and `labels`: the node).
+    pub name: String,
+    /// Kept, and why (`None`: removed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
+}
+
+impl Item {
+    fn remove(kind: &'static str, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            kept: None,
+        }
+    }
+
+    fn keep(kind: &'static str, name: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            kept: Some(why.into()),
+        }
+    }
+}
+
+fn selector() -> String {
+    format!("{}={}", volcano::MANAGED_BY.0, volcano::MANAGED_BY.1)
+}
+
+/// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
+async fn ours(client: &Client, ar: &ApiResource) -> Result<Vec<DynamicObject>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    match api.list(&ListParams::default().labels(&selector())).await {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Names of nodes carrying our condition, among `nodes` (the node cache, or a fresh list).
+pub fn with_condition<'a>(
+    nodes: impl IntoIterator<Item = &'a crate::node::LiteNode>,
+) -> Vec<String> {
+    nodes
+        .into_iter()
+        .filter(|n| n.topology_condition().is_some())
+        .map(|n| n.name_any())
+        .collect()
+}
+
+/// Remove our condition from node `name` (a strategic merge patch of its status deleting the
+/// entry of our type: other conditions are untouched).
+pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let patch =
+        json!({ "status": { "conditions": [ { "type": CONDITION_TYPE, "$patch": "delete" } ] } });
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Our HyperNodes (this installation's prefix).
+pub async fn hypernodes(client: &Client, prefix: &str) -> Result<Vec<Item>, kube::Error> {
+    Ok(ours(client, &volcano::api_resource())
+        .await?
+        .into_iter()
+        .map(|o| o.name_any())
+        .filter(|n| volcano::owned_by(prefix, n))
+        .map(|n| Item::remove("hypernode", n))
+        .collect())
+}
+
+/// Our Kueue Topologies: removed unless a ResourceFlavor names one (then kept, with the
+/// flavors), or `force`.
+pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>, kube::Error> {
+    let Some(ar) = kueue::topology_resource(client).await? else {
+        return Ok(Vec::new());
+    };
+    let topologies = ours(client, &ar).await?;
+    if topologies.is_empty() {
+        return Ok(Vec::new());
+    }
+    let flavors = match kueue::served_resource(
+        client,
+        kueue::GROUP,
+        &["v1beta2", "v1beta1"],
+        "ResourceFlavor",
+    )
+    .await?
+    {
+        Some(far) => {
+            Api::<DynamicObject>::all_with(client.clone(), &far)
+                .list(&ListParams::default())
+                .await?
+                .items
+        }
+        None => Vec::new(),
+    };
+    Ok(topologies
+        .into_iter()
+        .map(|t| {
+            let name = t.name_any();
+            let users: BTreeSet<String> = flavors
+                .iter()
+                .filter(|f| f.data["spec"]["topologyName"].as_str() == Some(name.as_str()))
+                .map(|f| f.name_any())
+                .collect();
+            if users.is_empty() || force {
+                Item::remove("kueue-topology", name)
+            } else {
+                Item::keep(
+                    "kueue-topology",
+                    name,
+                    format!(
+                        "ResourceFlavor(s) {} name it: deleting it would stop topology-aware admission; move them to another Topology first",
+                        users.into_iter().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            }
+        })
+        .collect())
+}
+
+/// Our KAI Topologies: removed by `uninstall`; kept (and reported) when a feature is turned off,
+/// since workloads name them in annotations.
+pub async fn kai_topologies(client: &Client, remove: bool) -> Result<Vec<Item>, kube::Error> {
+    let Some(ar) = kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
+    else {
+        return Ok(Vec::new());
+    };
+    Ok(ours(client, &ar)
+        .await?
+        .into_iter()
+        .map(|t| {
+            if remove {
+                Item::remove("kai-topology", t.name_any())
+            } else {
+                Item::keep(
+                    "kai-topology",
+                    t.name_any(),
+                    "workloads may name it (kai.scheduler/topology): delete it yourself when none does, or run `uninstall`",
+                )
+            }
+        })
+        .collect())
+}
+
+/// Our Slurm ConfigMaps (any namespace): removed by `uninstall`, kept when a feature is turned off.
+pub async fn configmaps(client: &Client, remove: bool) -> Result<Vec<Item>, kube::Error> {
+    let api: Api<ConfigMap> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default().labels(&selector()))
+        .await?
+        .items
+        .into_iter()
+        .map(|c| {
+            let name = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
+            if remove {
+                Item::remove("configmap", name)
+            } else {
+                Item::keep(
+                    "configmap",
+                    name,
+                    "a slurmctld may mount it: delete it yourself once Slurm no longer reads it",
+                )
+            }
+        })
+        .collect())
+}
+
+/// Carry out the removals in `items` (kept ones are skipped); returns the failures.
+pub async fn apply(
+    client: &Client,
+    items: &[Item],
+    leader: &crate::leader::Leadership,
+) -> Vec<(Item, kube::Error)> {
+    let mut failed = Vec::new();
+    for item in items.iter().filter(|i| i.kept.is_none()) {
+        if !leader.is_leader() {
+            break;
+        }
+        if let Err(e) = remove(client, item).await {
+            failed.push((item.clone(), e));
+        }
+    }
+    failed
+}
+
+async fn remove(client: &Client, item: &Item) -> Result<(), kube::Error> {
+    let gone = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        other => other,
+    };
+    let dp = DeleteParams::default();
+    match item.kind {
+        "condition" => remove_condition(client, &item.name).await,
+        "hypernode" => gone(
+            Api::<DynamicObject>::all_with(client.clone(), &volcano::api_resource())
+                .delete(&item.name, &dp)
+                .await
+                .map(drop),
+        ),
+        "kueue-topology" | "kai-topology" => {
+            let ar = if item.kind == "kueue-topology" {
+                kueue::topology_resource(client).await?
+            } else {
+                kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
+            };
+            match ar {
+                Some(ar) => gone(
+                    Api::<DynamicObject>::all_with(client.clone(), &ar)
+                        .delete(&item.name, &dp)
+                        .await
+                        .map(drop),
+                ),
+                None => Ok(()),
+            }
+        }
+        "configmap" | "lease" => {
+            let (ns, name) = item.name.split_once('/').unwrap_or(("default", &item.name));
+            if item.kind == "configmap" {
+                gone(
+                    Api::<ConfigMap>::namespaced(client.clone(), ns)
+                        .delete(name, &dp)
+                        .await
+                        .map(drop),
+                )
+            } else {
+                gone(
+                    Api::<Lease>::namespaced(client.clone(), ns)
+                        .delete(name, &dp)
+                        .await
+                        .map(drop),
+                )
+            }
+        }
+        "labels" => give_up_keys(client, &item.name).await,
+        _ => Ok(()),
+    }
+}
+
+/// Give up every label and annotation key our field manager owns on node `name`: one
+/// server-side apply of an empty set. Keys only we own go; keys another manager co-owns (EKS's
+/// cloud controller writes the same layer keys) stay, theirs.
+async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name } });
+    match api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Nodes on which our field manager owns label or annotation keys.
+pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        for meta in &page.items {
+            let (labels, annotations) = crate::retire::owned_keys(
+                meta.metadata.managed_fields.as_deref().unwrap_or_default(),
+                FIELD_MANAGER,
+            );
+            if !labels.is_empty() || !annotations.is_empty() {
+                out.push(Item::remove("labels", meta.name_any()));
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Log what a removal pass did.
+pub fn report(what: &str, items: &[Item], failed: &[(Item, kube::Error)]) {
+    for item in items {
+        match &item.kept {
+            Some(why) => warn!(kind = item.kind, name = %item.name, "{what}: kept: {why}"),
+            None if failed.iter().any(|(f, _)| f == item) => {}
+            None => info!(kind = item.kind, name = %item.name, "{what}: removed"),
+        }
+    }
+    for (item, e) in failed {
+        warn!(kind = item.kind, name = %item.name, error = %e, "{what}: could not remove");
+    }
+}

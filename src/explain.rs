@@ -1,0 +1,490 @@
+//! `explain NODE`: why a node has (or lacks) its topology labels, in one place. Run it where the
+//! controller runs (`kubectl exec` into the leader's Pod, or anywhere with a kubeconfig and the
+//! same environment) and it reads the same configuration as the controller (every flag is an
+//! environment variable the chart sets):
+//!
+//! - the Node: its providerID, how it parses, its labels, taints and condition;
+//! - the controller's own view, from its admin server on loopback (`/debug/nodes/NODE`): where
+//!   it stands (state and reason), failures and the last error, when it looks again, what its EC2
+//!   cache holds and how old it is — or, on a follower, which replica leads;
+//! - EC2's answer now (one call, like `plan`), the labels it gives, what would change, and what
+//!   the startup taint and condition would become;
+//! - a verdict in one sentence.
+//!
+//! Owns: the report. Never writes to the cluster; the admin endpoint answers loopback only.
+
+use std::{io::Write, net::SocketAddr, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{Api, Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{
+    Error, Result,
+    config::{ExplainArgs, OutputFormat},
+    lookup::cache::CacheView,
+    metrics::Metrics,
+    node::LiteNode,
+    plan::{NodePlan, plan_nodes},
+    provider_id,
+    reconcile::{gate::Gate, nodes::RecordView},
+    run::{lookup_from, prune},
+};
+
+/// The controller's view of one node, served on loopback at `/debug/nodes/NODE`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerView {
+    /// The replica that answered.
+    pub identity: String,
+    pub leading: bool,
+    /// The node is in this replica's node cache.
+    pub cached: bool,
+    /// Its record (`None` before its first reconcile on this replica, and on followers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<RecordView>,
+    /// What the EC2 cache holds about its instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<CacheView>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub node: String,
+    pub provider_id: String,
+    /// The instance, or why the providerID gives none.
+    pub instance: std::result::Result<provider_id::InstanceRef, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    /// The holder of the Lease, when leader election is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// The controller's view, or why it could not be had.
+    pub controller: std::result::Result<ControllerView, String>,
+    /// What `plan` says about the node now (EC2 asked once), unless `--no-ec2`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub now: Option<NodePlan>,
+    /// The node's current topology labels.
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub verdict: String,
+}
+
+/// The controller's side: what it knows about `name`.
+pub fn controller_view(
+    identity: &str,
+    leading: bool,
+    node: Option<&LiteNode>,
+    record: Option<RecordView>,
+    lookup: &crate::lookup::Lookup,
+) -> ControllerView {
+    let cache = node
+        .and_then(|n| provider_id::parse(n.provider_id()).ok())
+        .and_then(|i| lookup.inspect(&i.instance_id));
+    ControllerView {
+        identity: identity.to_string(),
+        leading,
+        cached: node.is_some(),
+        record,
+        lookup: cache,
+    }
+}
+
+/// Ask the controller on `addr` (its admin server; loopback) for its view of `node`.
+async fn ask_controller(
+    addr: SocketAddr,
+    node: &str,
+) -> std::result::Result<ControllerView, String> {
+    let target = SocketAddr::new(
+        if addr.is_ipv6() {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        },
+        addr.port(),
+    );
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(target).await?;
+        // Node names are DNS subdomains: nothing to escape in a path.
+        let request = format!(
+            "GET /debug/nodes/{node} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return Err(format!(
+                "no controller answers on {target} ({e}): run explain inside the controller's Pod (kubectl exec), or pass --metrics-addr"
+            ));
+        }
+        Err(_) => {
+            return Err(format!(
+                "the controller on {target} did not answer within 5s"
+            ));
+        }
+    };
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| "the controller's answer has no body".to_string())?;
+    let status = head.split_whitespace().nth(1).unwrap_or_default();
+    match status {
+        "200" => serde_json::from_str(body)
+            .map_err(|e| format!("cannot read the controller's answer: {e}")),
+        "404" => Err(format!(
+            "the controller has no node {node} in its cache (deleted, or not seen yet)"
+        )),
+        other => Err(format!("the controller answered {other}: {}", body.trim())),
+    }
+}
+
+/// The holder of the Lease, if any.
+async fn leader(client: &Client, args: &ExplainArgs) -> Option<String> {
+    if !args.leader.leader_election {
+        return None;
+    }
+    let ns = args
+        .leader
+        .leader_election_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    leases
+        .get_opt(&args.leader.leader_election_lease_name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// One sentence: why the node has, or lacks, its labels.
+pub fn verdict(e: &Explanation) -> String {
+    let instance = match &e.instance {
+        Ok(i) => i.instance_id.clone(),
+        Err(why) => return format!("Not labelled, by design: {why}."),
+    };
+    if let Ok(view) = &e.controller
+        && let Some(r) = &view.record
+        && let Some(err) = &r.last_error
+    {
+        return format!(
+            "Failing: the controller's last attempt failed ({err}); labels are left as they are and it retries{}.",
+            r.next_look_in_s
+                .map(|s| format!(" in {s}s"))
+                .unwrap_or_default()
+        );
+    }
+    if let Ok(view) = &e.controller
+        && let Some(r) = &view.record
+        && r.held_for_conflict
+    {
+        return "Held: another writer keeps changing our labels on this node; we stopped correcting it for a while (see its TopologyLabelConflict Event).".to_string();
+    }
+    let Some(plan) = &e.now else {
+        return match &e.controller {
+            Ok(ControllerView {
+                record: Some(r), ..
+            }) => format!(
+                "The controller says {}{}.",
+                r.state.as_deref().unwrap_or("unknown"),
+                r.reason
+                    .as_deref()
+                    .map(|x| format!(" ({x})"))
+                    .unwrap_or_default()
+            ),
+            _ => "EC2 was not asked (--no-ec2) and the controller's view is not available.".into(),
+        };
+    };
+    match plan.status {
+        "up-to-date" => format!("Labelled: the labels match EC2's answer for {instance}."),
+        "change" => match &e.controller {
+            Ok(v) if !v.leading => format!(
+                "Labels differ from EC2's answer for {instance}; this replica follows{}: ask the leader.",
+                e.leader
+                    .as_deref()
+                    .map(|l| format!(" (the leader is {l})"))
+                    .unwrap_or_default()
+            ),
+            _ => format!(
+                "Labels differ from EC2's answer for {instance}: the controller writes them at its next look at this node (if this persists, see its Events and the controller's log)."
+            ),
+        },
+        "not-described" => match e
+            .instance_type
+            .as_deref()
+            .map(|t| crate::metrics::NotDescribed::of(Some(t)))
+        {
+            Some(crate::metrics::NotDescribed::UnsupportedType) => format!(
+                "Not labelled: EC2 describes no network topology for instance type {}; nothing to fix here (only some types have it).",
+                e.instance_type.as_deref().unwrap_or_default()
+            ),
+            _ => format!(
+                "Not labelled yet: EC2 does not describe {instance} (not running, too new, or a type without topology); the controller asks again with backoff."
+            ),
+        },
+        "rejected" => format!(
+            "Not labelled: EC2 refuses the instance ID {instance} ({}): terminated, in another account or region (check --region), or too new.",
+            plan.reason.as_deref().unwrap_or_default()
+        ),
+        "invalid" => format!(
+            "Not labelled: EC2's answer cannot be turned into labels ({}).",
+            plan.reason.as_deref().unwrap_or_default()
+        ),
+        "skipped" => format!(
+            "Not labelled, by design: {}.",
+            plan.reason.as_deref().unwrap_or_default()
+        ),
+        _ => format!(
+            "Cannot tell: asking EC2 failed ({}).",
+            plan.reason.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
+pub async fn run(args: ExplainArgs) -> Result<()> {
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let client = Client::try_default().await?;
+    let full: Api<Node> = Api::all(client.clone());
+    let node = full
+        .get_opt(&args.node)
+        .await?
+        .ok_or_else(|| Error::Config(format!("no node named {:?}", args.node)))?;
+    // The Node as the controller reads it (the same pruning as its cache).
+    let mut lite: LiteNode = serde_json::to_value(&node)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Error::Config(format!("cannot read node {}: {e}", args.node)))?;
+    prune(&mut lite, &scheme);
+    let pid = lite.provider_id().to_string();
+    let instance = provider_id::parse(&pid).map_err(|r| r.explain().to_string());
+    let instance_type = lite.label(crate::reconcile::gate::INSTANCE_TYPE_LABEL);
+    let controller = ask_controller(args.metrics_addr, &args.node).await;
+    let now = if args.no_ec2 {
+        None
+    } else {
+        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
+        let gate = Gate::from(&args.gate);
+        plan_nodes(
+            std::slice::from_ref(&lite),
+            &scheme,
+            args.ec2.region.as_deref(),
+            &lookup,
+            &gate,
+        )
+        .await
+        .pop()
+    };
+    let labels = lite
+        .labels()
+        .iter()
+        .filter(|(k, _)| scheme.is_family_label(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut e = Explanation {
+        node: node.name_any(),
+        provider_id: pid,
+        instance,
+        instance_type,
+        leader: leader(&client, &args).await,
+        controller,
+        now,
+        labels,
+        verdict: String::new(),
+    };
+    e.verdict = verdict(&e);
+    let text = match args.output {
+        OutputFormat::Table => render(&e, &args),
+        OutputFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&e)
+                .map_err(|err| Error::Config(format!("cannot render JSON: {err}")))?;
+            s.push('\n');
+            s
+        }
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// The report as text, one fact per line, the verdict first.
+pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<15}{v}\n"));
+    line("Node", e.node.clone());
+    line("Verdict", e.verdict.clone());
+    line(
+        "providerID",
+        match &e.instance {
+            Ok(i) => format!(
+                "{:?} -> instance {}{}",
+                e.provider_id,
+                i.instance_id,
+                i.zone
+                    .as_deref()
+                    .map(|z| format!(" in {z}"))
+                    .unwrap_or_default()
+            ),
+            Err(why) => format!("{:?}: {why}", e.provider_id),
+        },
+    );
+    line(
+        "Instance type",
+        e.instance_type
+            .clone()
+            .unwrap_or_else(|| "(no node.kubernetes.io/instance-type label yet)".into()),
+    );
+    match (&e.leader, &e.controller) {
+        (Some(l), Ok(v)) if !v.leading => line(
+            "Leader",
+            format!(
+                "{l} (this replica, {}, follows: for the controller's own view run kubectl exec {l} -- /app explain {})",
+                v.identity, e.node
+            ),
+        ),
+        (Some(l), _) => line("Leader", l.clone()),
+        (None, _) if args.leader.leader_election => line("Leader", "none holds the Lease".into()),
+        _ => {}
+    }
+    match &e.controller {
+        Ok(v) => {
+            let who = format!(
+                "{} ({})",
+                v.identity,
+                if v.leading { "leader" } else { "follower" }
+            );
+            match &v.record {
+                Some(r) => {
+                    line(
+                        "Controller",
+                        format!(
+                            "{who}: {}{}, {} failure(s) in a row{}{}",
+                            r.state.as_deref().unwrap_or("not reconciled yet"),
+                            r.reason
+                                .as_deref()
+                                .map(|x| format!(" ({x})"))
+                                .unwrap_or_default(),
+                            r.failures,
+                            if r.write_pending {
+                                ", its last write not in the watch cache yet"
+                            } else {
+                                ""
+                            },
+                            if r.held_for_conflict {
+                                ", writes held (label conflict)"
+                            } else {
+                                ""
+                            },
+                        ),
+                    );
+                    if let Some(err) = &r.last_error {
+                        line("Last error", err.clone());
+                    }
+                    line(
+                        "Next look",
+                        r.next_look_in_s
+                            .map(|s| format!("in {s}s"))
+                            .unwrap_or_else(|| {
+                                "when the node changes, or at its resync slot (--resync-period)"
+                                    .into()
+                            }),
+                    );
+                }
+                None if v.leading => line(
+                    "Controller",
+                    format!(
+                        "{who}: not reconciled yet{}",
+                        if v.cached {
+                            ""
+                        } else {
+                            " (not in its node cache)"
+                        }
+                    ),
+                ),
+                None => line("Controller", format!("{who}: followers do not reconcile")),
+            }
+            match &v.lookup {
+                Some(c) => line(
+                    "EC2 cache",
+                    format!(
+                        "{}{}; asked again in {}s{}{}",
+                        c.state,
+                        c.age_s
+                            .map(|a| format!(", answered {a}s ago"))
+                            .unwrap_or_default(),
+                        c.ask_again_in_s,
+                        if c.attempts > 0 {
+                            format!(" (attempt {})", c.attempts)
+                        } else {
+                            String::new()
+                        },
+                        c.refused
+                            .as_deref()
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default()
+                    ),
+                ),
+                None if v.leading => line("EC2 cache", "nothing cached for its instance".into()),
+                None => {}
+            }
+        }
+        Err(why) => line("Controller", why.clone()),
+    }
+    match &e.now {
+        Some(p) => {
+            line(
+                "EC2 now",
+                format!(
+                    "{}{}",
+                    p.status,
+                    p.reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ),
+            );
+            let mut changes = Vec::new();
+            for (k, v) in &p.labels.add {
+                changes.push(format!("+{k}={v}"));
+            }
+            for (k, (from, to)) in &p.labels.change {
+                changes.push(format!("~{k}={from}->{to}"));
+            }
+            for k in p.labels.remove.keys() {
+                changes.push(format!("-{k}"));
+            }
+            line(
+                "Would change",
+                if changes.is_empty() {
+                    "nothing".into()
+                } else {
+                    changes.join(" ")
+                },
+            );
+            if let Some(t) = &p.startup_taint {
+                line("Startup taint", t.clone());
+            }
+            if let Some(c) = &p.condition {
+                line("Condition", c.clone());
+            }
+        }
+        None => line("EC2 now", "not asked (--no-ec2)".into()),
+    }
+    line(
+        "Labels now",
+        if e.labels.is_empty() {
+            "none of ours".into()
+        } else {
+            e.labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        },
+    );
+    out
+}

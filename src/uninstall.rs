@@ -1,0 +1,164 @@
+//! `uninstall`: remove everything this controller wrote to the cluster except the topology labels
+//! (unless `--labels`): our `TopologyLabeled` condition, our HyperNodes, our Kueue and KAI
+//! Topologies (not a Kueue Topology a ResourceFlavor still names, unless `--force`), our Slurm
+//! ConfigMaps, the Lease. Run after the controller is gone (the chart's post-delete hook does),
+//! since a running controller would write them again; it refuses while the Lease is held.
+//!
+//! Owns: the command. The removals themselves are [`crate::cleanup`]'s.
+
+use std::io::Write;
+
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use kube::{Api, Client, ResourceExt};
+
+use crate::{
+    Error, Result,
+    cleanup::{self, Item},
+    config::{OutputFormat, UninstallArgs},
+    leader::Leadership,
+    node::LiteNode,
+};
+
+/// The Lease, if a controller still holds it (renewed within its lease duration).
+async fn held_by(client: &Client, ns: &str, args: &UninstallArgs) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let Some(lease) = leases
+        .get_opt(&args.leader.leader_election_lease_name)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let Some(spec) = lease.spec else {
+        return Ok(None);
+    };
+    let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    let fresh = spec.renew_time.is_some_and(|t| {
+        let age = Timestamp::now().duration_since(t.0).as_secs();
+        age >= 0
+            && (age as u64)
+                < args
+                    .leader
+                    .leader_election_lease_duration
+                    .0
+                    .as_secs()
+                    .max(1)
+    });
+    Ok(holder.filter(|_| fresh))
+}
+
+pub async fn run(args: UninstallArgs) -> Result<()> {
+    let client = Client::try_default().await?;
+    let ns = args
+        .leader
+        .leader_election_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    if !args.dry_run
+        && !args.force
+        && let Some(holder) = held_by(&client, &ns, &args).await?
+    {
+        return Err(Error::Config(format!(
+            "a controller still runs ({holder} holds the Lease {ns}/{}): it would write everything again. Uninstall it first (helm uninstall runs this command in its post-delete hook with uninstallHook.enabled=true), or pass --force",
+            args.leader.leader_election_lease_name
+        )));
+    }
+    let mut items: Vec<Item> = Vec::new();
+    let nodes: Api<LiteNode> = Api::all(client.clone());
+    let list = nodes.list(&Default::default()).await?;
+    items.extend(
+        cleanup::with_condition(list.items.iter())
+            .into_iter()
+            .map(|n| Item {
+                kind: "condition",
+                name: n,
+                kept: None,
+            }),
+    );
+    let tainted: Vec<String> = match &args.startup_taint {
+        Some(t) => list
+            .items
+            .iter()
+            .filter(|n| t.on(n))
+            .map(|n| n.name_any())
+            .collect(),
+        None => Vec::new(),
+    };
+    items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix).await?);
+    items.extend(cleanup::kueue_topologies(&client, args.force).await?);
+    items.extend(cleanup::kai_topologies(&client, true).await?);
+    items.extend(cleanup::configmaps(&client, true).await?);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    if let Some(l) = leases
+        .get_opt(&args.leader.leader_election_lease_name)
+        .await?
+    {
+        items.push(Item {
+            kind: "lease",
+            name: format!("{ns}/{}", l.name_any()),
+            kept: None,
+        });
+    }
+    if args.labels {
+        items.extend(cleanup::nodes_with_our_keys(&client).await?);
+    }
+    let failed = if args.dry_run {
+        Vec::new()
+    } else {
+        cleanup::apply(&client, &items, &Leadership::always()).await
+    };
+    let mut out = String::new();
+    match args.output {
+        OutputFormat::Json => {
+            let failed: Vec<_> = failed
+                .iter()
+                .map(|(i, e)| serde_json::json!({ "kind": i.kind, "name": i.name, "error": e.to_string() }))
+                .collect();
+            out = serde_json::to_string_pretty(&serde_json::json!({
+                "dryRun": args.dry_run,
+                "items": items,
+                "failed": failed,
+                "nodesStillTainted": tainted,
+            }))
+            .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
+            out.push('\n');
+        }
+        OutputFormat::Table => {
+            let verb = if args.dry_run {
+                "would remove"
+            } else {
+                "removed"
+            };
+            for i in &items {
+                let failure = failed.iter().find(|(f, _)| f == i).map(|(_, e)| e);
+                let what = match (&i.kept, failure) {
+                    (Some(why), _) => format!("kept: {why}"),
+                    (None, Some(e)) => format!("FAILED: {e}"),
+                    (None, None) => verb.to_string(),
+                };
+                out.push_str(&format!("{:<16}{:<48}{what}\n", i.kind, i.name));
+            }
+            if items.is_empty() {
+                out.push_str("nothing of ours left in the cluster\n");
+            }
+            if !args.labels {
+                out.push_str("topology labels left in place (they are what schedulers read; --labels removes the ones only we own)\n");
+            }
+            if !tainted.is_empty() {
+                out.push_str(&format!(
+                    "WARNING: {} node(s) still carry the startup taint ({}…): nothing will remove it now. Take it out of your NodePools / node groups first, then remove it from these nodes (kubectl taint nodes NODE KEY-)\n",
+                    tainted.len(),
+                    tainted.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+    }
+    std::io::stdout().write_all(out.as_bytes())?;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{} removal(s) failed (see above)",
+            failed.len()
+        )))
+    }
+}

@@ -108,3 +108,63 @@ fn names_yaml_would_misread_are_quoted() {
         "{yaml}"
     );
 }
+
+/// What slurmctld 22.05 refuses in `topology.conf` (each is `fatal`, at start and on `scontrol
+/// reconfigure`): a switch with both `Switches=` and `Nodes=`, one with neither, and a switch
+/// name defined twice. Returns the refusals found.
+fn slurmctld_refusals(conf: &str) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for line in conf.lines().filter(|l| !l.starts_with('#')) {
+        let name = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("SwitchName="))
+            .unwrap_or_default();
+        let has = |k: &str| line.split_whitespace().any(|w| w.starts_with(k));
+        match (has("Switches="), has("Nodes=")) {
+            (true, true) => out.push(format!("{name}: both child switches and nodes")),
+            (false, false) => out.push(format!("{name}: neither child switches nor nodes")),
+            _ => {}
+        }
+        if !seen.insert(name.to_string()) {
+            out.push(format!("{name}: defined twice"));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_network_node_that_is_a_leaf_and_a_parent_gives_a_file_slurmctld_loads() {
+    let s = LabelScheme::default();
+    // nn-c is the switch of two 3-layer instances and the parent of a 4-layer one's switch.
+    let nodes = [
+        NodeView::labelled("p5-a", &s, &["nn-a", "nn-b", "nn-c"]),
+        NodeView::labelled("p5-b", &s, &["nn-a", "nn-b", "nn-c"]),
+        NodeView::labelled("b200-a", &s, &["nn-a", "nn-b", "nn-c", "nn-d"]),
+    ];
+    let conf = slurm::topology_conf(&Forest::build(&s, &nodes));
+    assert_eq!(slurmctld_refusals(&conf), Vec::<String>::new(), "{conf}");
+}
+
+#[test]
+fn a_network_node_named_at_two_layers_gives_a_file_slurmctld_loads() {
+    let s = LabelScheme::default();
+    // Labels that disagree: nn-x is a layer-2 node in one path, layer 3 in another.
+    let nodes = [
+        NodeView::labelled("a", &s, &["nn-t", "nn-x", "nn-l"]),
+        NodeView::labelled("b", &s, &["nn-t", "nn-m", "nn-x"]),
+    ];
+    let conf = slurm::topology_conf(&Forest::build(&s, &nodes));
+    assert_eq!(slurmctld_refusals(&conf), Vec::<String>::new(), "{conf}");
+}
+
+#[test]
+fn a_network_node_under_two_parents_gives_a_file_slurmctld_loads() {
+    let s = LabelScheme::default();
+    let nodes = [
+        NodeView::labelled("a", &s, &["nn-t", "nn-m1", "nn-l"]),
+        NodeView::labelled("b", &s, &["nn-t", "nn-m2", "nn-l"]),
+    ];
+    let conf = slurm::topology_conf(&Forest::build(&s, &nodes));
+    assert_eq!(slurmctld_refusals(&conf), Vec::<String>::new(), "{conf}");
+}

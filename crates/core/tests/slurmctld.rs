@@ -100,8 +100,10 @@ impl Ctld {
             .unwrap_or_default()
             .to_string();
         let d = dir.display();
+        // No static node: Slinky's case, dynamic nodes only (MaxNodeCount makes room for
+        // them; with static nodes its free slots would count as nodes under no switch).
         let node_line = if nodes.is_empty() {
-            String::new()
+            "MaxNodeCount=64\n".to_string()
         } else {
             format!(
                 "NodeName={} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\nPartitionName=all Nodes=ALL Default=YES\n",
@@ -115,11 +117,9 @@ impl Ctld {
              SlurmctldPidFile={d}/slurmctld.pid\nSlurmctldLogFile={d}/log/slurmctld.log\n\
              SlurmctldDebug=info\nTopologyPlugin=topology/tree\nSelectType=select/cons_tres\n\
              ProctrackType=proctrack/linuxproc\nMpiDefault=none\nMailProg=/bin/true\n\
-             AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n\
-             MaxNodeCount={}\n{node_line}",
+             AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n{node_line}",
             free_port(),
             free_port(),
-            nodes.len() + 64,
         );
         std::fs::write(host_dir.join("slurm.conf"), conf).expect("slurm.conf");
         for (name, content) in files {
@@ -350,7 +350,11 @@ fn unlabelled(name: &str) -> NodeView {
 }
 
 fn eks(i: usize) -> String {
-    format!("ip-10-0-{}-{}.us-west-2.compute.internal", i / 200, i % 200 + 1)
+    format!(
+        "ip-10-0-{}-{}.us-west-2.compute.internal",
+        i / 200,
+        i % 200 + 1
+    )
 }
 
 /// Every shape the labels can take whose files slurmctld must load.
@@ -520,11 +524,23 @@ fn every_loadable_shape_loads_in_slurmctld_22_05_from_topology_conf() {
     for shape in loadable_shapes() {
         let files = data(&shape.scheme, &tree_files(), &shape.nodes)
             .unwrap_or_else(|p| panic!("{}: {p:?}", shape.name));
-        let conf = &files.iter().find(|(k, _)| k == "topology.conf").expect("conf").1;
-        let ctld = Ctld::start(Slurm::Host, &names(&shape.nodes), &[("topology.conf", conf)])
-            .unwrap_or_else(|log| panic!("{}: slurmctld refused\n{conf}\n{log}", shape.name));
+        let conf = &files
+            .iter()
+            .find(|(k, _)| k == "topology.conf")
+            .expect("conf")
+            .1;
+        let ctld = Ctld::start(
+            Slurm::Host,
+            &names(&shape.nodes),
+            &[("topology.conf", conf)],
+        )
+        .unwrap_or_else(|log| panic!("{}: slurmctld refused\n{conf}\n{log}", shape.name));
         let shown = ctld.topology();
-        println!("== {} (22.05, topology.conf)\n{}", shape.name, ctld.scontrol(&["show", "topology"]).unwrap_or_default());
+        println!(
+            "== {} (22.05, topology.conf)\n{}",
+            shape.name,
+            ctld.scontrol(&["show", "topology"]).unwrap_or_default()
+        );
         assert_placed(&shape, &shown, &ctld.log());
     }
 }
@@ -540,7 +556,11 @@ fn every_loadable_shape_loads_in_slurmctld_26_05_from_topology_yaml_and_conf() {
                     panic!("{}: slurmctld refused {file}\n{content}\n{log}", shape.name)
                 });
             let shown = ctld.topology();
-            println!("== {} (sid, {file})\n{}", shape.name, ctld.scontrol(&["show", "topology"]).unwrap_or_default());
+            println!(
+                "== {} (sid, {file})\n{}",
+                shape.name,
+                ctld.scontrol(&["show", "topology"]).unwrap_or_default()
+            );
             assert_placed(&shape, &shown, &ctld.log());
         }
     }
@@ -564,12 +584,17 @@ fn refused_shapes_give_no_file_and_their_naive_file_stops_slurmctld() {
 #[test]
 fn an_empty_fleet_gets_a_topology_yaml_slurmctld_26_05_loads_and_no_topology_conf() {
     let files = data(&LabelScheme::default(), &tree_files(), &[]);
-    assert_eq!(files, Err(vec![Problem::NoSwitch]), "no topology.conf for an empty fleet");
+    assert_eq!(
+        files,
+        Err(vec![Problem::NoSwitch]),
+        "no topology.conf for an empty fleet"
+    );
     // What each Slurm makes of a topology.conf without a switch: 26.05 stops.
     let none = "# no switch\n";
     let err = Ctld::start(Slurm::Sid, &[], &[("topology.conf", none)]).err();
     assert!(
-        err.as_deref().is_some_and(|l| l.contains("No switches configured")),
+        err.as_deref()
+            .is_some_and(|l| l.contains("No switches configured")),
         "{err:?}"
     );
     let forest = Forest::default();
@@ -613,9 +638,13 @@ fn a_reconfigure_reads_the_changed_file_and_survives_refused_labels() {
         // The recipe: the file changes (kubelet refreshes a projected ConfigMap), then
         // `scontrol reconfigure` (Slinky's reconfigure sidecar runs it on any change).
         ctld.write(file, &render(&after));
-        ctld.scontrol(&["reconfigure"]).expect("scontrol reconfigure");
+        ctld.scontrol(&["reconfigure"])
+            .expect("scontrol reconfigure");
         let shown = ctld.topology();
-        println!("== reconfigured ({slurm:?}, {file})\n{}", ctld.scontrol(&["show", "topology"]).unwrap_or_default());
+        println!(
+            "== reconfigured ({slurm:?}, {file})\n{}",
+            ctld.scontrol(&["show", "topology"]).unwrap_or_default()
+        );
         assert_eq!(shown["nn-c"].nodes, BTreeSet::from(["n1".to_string()]));
         assert_eq!(shown["nn-d"].nodes, BTreeSet::from(["n2".to_string()]));
         assert_eq!(shown["nn-e"].nodes, BTreeSet::from(["n3".to_string()]));
@@ -626,14 +655,15 @@ fn a_reconfigure_reads_the_changed_file_and_survives_refused_labels() {
             node(&s, "n2", &["nn-a", "nn-x", "nn-c"]),
         ];
         assert!(data(&s, &tree_files(), &refused).is_err());
-        ctld.scontrol(&["reconfigure"]).expect("scontrol reconfigure");
+        ctld.scontrol(&["reconfigure"])
+            .expect("scontrol reconfigure");
         assert!(ctld.alive(), "{}", ctld.log());
-        assert_eq!(ctld.topology()["nn-d"].nodes, BTreeSet::from(["n2".to_string()]));
-        // The file those labels would naively give stops a running slurmctld on reconfigure.
-        ctld.write(
-            "topology.conf",
-            &naive_conf(&Forest::build(&s, &refused)),
+        assert_eq!(
+            ctld.topology()["nn-d"].nodes,
+            BTreeSet::from(["n2".to_string()])
         );
+        // The file those labels would naively give stops a running slurmctld on reconfigure.
+        ctld.write("topology.conf", &naive_conf(&Forest::build(&s, &refused)));
         if slurm == Slurm::Sid {
             // 26.05 reads topology.yaml first: take it away so that it reads topology.conf.
             let _ = std::fs::remove_file(ctld.host_dir.join("topology.yaml"));
@@ -643,7 +673,11 @@ fn a_reconfigure_reads_the_changed_file_and_survives_refused_labels() {
             ctld.exits_within(Duration::from_secs(10)),
             "{slurm:?}: slurmctld outlived a file it refuses"
         );
-        assert!(ctld.log().contains("has already been defined"), "{}", ctld.log());
+        assert!(
+            ctld.log().contains("has already been defined"),
+            "{}",
+            ctld.log()
+        );
     }
 }
 
@@ -709,7 +743,10 @@ fn slinky_names_exist_in_the_switches_only_topology_yaml_and_place_dynamic_nodes
         placed.insert(pod, leaf.expect("a labelled node"));
     }
     let shown = ctld.topology();
-    println!("== Slinky, switches only (sid)\n{yaml}\n{}", ctld.scontrol(&["show", "topology"]).unwrap_or_default());
+    println!(
+        "== Slinky, switches only (sid)\n{yaml}\n{}",
+        ctld.scontrol(&["show", "topology"]).unwrap_or_default()
+    );
     for (pod, leaf) in &placed {
         assert!(
             shown[leaf].level == 0 && shown[leaf].nodes.contains(pod),

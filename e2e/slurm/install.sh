@@ -25,7 +25,14 @@ if ((${#need[@]})); then
   log "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
-  # Debian starts daemons from maintainer scripts where it can: these are started by the tests.
+  # Debian starts munged and slurmctld from their maintainer scripts where it can; the tests
+  # start their own. Without a policy of the machine's, deny those starts for this install.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod +x "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 

@@ -295,8 +295,8 @@ pub fn topology_yaml(forest: &Forest, name: &str, opts: &Options) -> Result<Stri
     Ok(out)
 }
 
-/// How the Slurm files are drawn: the tree topology's name, switches only (Slinky), and the
-/// block topology Slinky's annotation names, if any.
+/// How the Slurm files are drawn: the tree topology's name and switches only (Slinky). The
+/// block topology, if any, is the one the scheme's Slinky annotation names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Files {
     pub tree_topology: String,

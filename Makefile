@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build build-release bench-scale controlplane schedulers tools demo test test-faults fuzz e2e bench lint fmt schema kind kind-prepare manifests check-manifests ci clean-cache
+.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema kind kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -24,6 +24,11 @@ controlplane:
 schedulers:
 	@e2e/schedulers/build.sh >/dev/null
 
+## slurm: the real slurmctld our Slurm files are judged by: Debian's 22.05 (apt) and Debian
+## sid's (25.05+, topology.yaml) in a root of its own (debootstrap, cached); needs root
+slurm:
+	@e2e/slurm/install.sh
+
 ## tools: build the pinned Helm from the Go module proxy (cached)
 tools:
 	@e2e/tools/build.sh >/dev/null
@@ -33,7 +38,7 @@ demo: build controlplane
 	$(BIN)/e2e-cluster demo
 
 ## test: unit + integration tests, then e2e against a real kube-apiserver (README command 2)
-test: build controlplane schedulers check-manifests
+test: build controlplane schedulers slurm check-manifests
 	cargo test --workspace --locked
 
 # Single targets are selected with --workspace, not -p: -p resolves features for one package
@@ -58,7 +63,7 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test --workspace --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
+SHELL_SCRIPTS := .ci/run e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
   e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 

@@ -149,6 +149,7 @@ pub struct Metrics {
     hypernodes: Gauge<i64, AtomicI64>,
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
+    slurm_topology_problems: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     kai_mismatch: Family<TopologyLabels, Gauge>,
     coverage_nodes: Family<CellLabels, Gauge>,
@@ -300,6 +301,12 @@ impl Metrics {
             "Network nodes seen under more than one parent (HyperNodes are not published then)",
             hypernode_conflicts.clone(),
         );
+        let slurm_topology_problems = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "slurm_topology_problems",
+            "Reasons the labels give no Slurm topology slurmctld would load (the ConfigMap is left as it was then)",
+            slurm_topology_problems.clone(),
+        );
         let kueue_mismatch = Family::<TopologyLabels, Gauge>::default();
         fleet.register(
             "kueue_topology_mismatch",
@@ -385,6 +392,7 @@ impl Metrics {
             hypernodes,
             hypernode_writes,
             hypernode_conflicts,
+            slurm_topology_problems,
             kueue_mismatch,
             kai_mismatch,
             coverage_nodes,
@@ -494,6 +502,10 @@ impl Metrics {
 
     pub fn hypernode_conflicts(&self, n: usize) {
         self.hypernode_conflicts.set(n as i64);
+    }
+
+    pub fn slurm_topology_problems(&self, n: usize) {
+        self.slurm_topology_problems.set(n as i64);
     }
 
     pub fn kueue_topology_mismatch(&self, topology: &str, mismatch: bool) {

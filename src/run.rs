@@ -228,7 +228,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &client,
         &args.publish,
         &scheme,
-        &args.labels.slurm_topology_name,
+        crate::publish::slurm::Files {
+            tree_topology: args.labels.slurm_topology_name.clone(),
+            switches_only: args.labels.slurm_switches_only,
+        },
         &metrics,
         ctx.events.clone(),
         &ctx.leader,

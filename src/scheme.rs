@@ -80,9 +80,14 @@ pub struct LabelArgs {
     #[arg(long, env = "LABELER_SLURM_TOPOLOGY_NAME", default_value = SLURM_TREE_TOPOLOGY)]
     pub slurm_topology_name: String,
     /// Also name a block topology in the Slinky annotation, the node's capacity block its
-    /// block (`,<name>:<capacity block>`); only when Slurm's topology defines it.
+    /// block (`,<name>:<capacity block>`); the Slurm ConfigMap's `topology.yaml` defines it.
     #[arg(long, env = "LABELER_SLINKY_BLOCK_TOPOLOGY")]
     pub slinky_block_topology: Option<String>,
+    /// Slurm's `topology.yaml` (`tree -o slurm-yaml`, the Slurm ConfigMap) with switches and
+    /// blocks only, no node names: for Slinky, whose Slurm nodes are pods that join their leaf
+    /// switch through the annotation (Slurm 25.05 and later; no `topology.conf` then).
+    #[arg(long, env = "LABELER_SLURM_SWITCHES_ONLY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub slurm_switches_only: bool,
 }
 
 impl LabelArgs {

@@ -57,9 +57,31 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let coverage = Coverage::build(&scheme, &views);
     let text = match args.output {
         TreeFormat::Table => format!("{}\n{}", forest.render(), coverage.render()),
-        TreeFormat::Slurm => crate::slurm::topology_conf(&forest),
-        TreeFormat::SlurmYaml => {
-            crate::slurm::topology_yaml(&forest, &args.labels.slurm_topology_name)
+        TreeFormat::Slurm | TreeFormat::SlurmYaml => {
+            let files = crate::publish::slurm::Files {
+                tree_topology: args.labels.slurm_topology_name.clone(),
+                switches_only: args.labels.slurm_switches_only,
+            };
+            let data =
+                crate::publish::slurm::data(&scheme, &files, &views).map_err(|problems| {
+                    let list: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+                    Error::Config(format!(
+                        "the labels give no Slurm topology slurmctld would load:\n{}",
+                        list.join("\n")
+                    ))
+                })?;
+            let want = match args.output {
+                TreeFormat::Slurm => "topology.conf",
+                _ => "topology.yaml",
+            };
+            match data.into_iter().find(|(k, _)| k == want) {
+                Some((_, text)) => text,
+                None => {
+                    return Err(Error::Config(
+                        "no topology.conf in switches-only mode (--slurm-switches-only): use -o slurm-yaml".into(),
+                    ));
+                }
+            }
         }
         TreeFormat::Json => {
             #[derive(serde::Serialize)]

@@ -111,14 +111,14 @@ pub struct Publishers {
 }
 
 impl Publishers {
-    /// The publishers `args` turn on (`None` when none is); `slurm_topology_name` names the
-    /// tree topology in Slurm's file. A malformed `--slurm-topology-configmap` is an error.
+    /// The publishers `args` turn on (`None` when none is); `slurm_files` says how to draw
+    /// Slurm's files. A malformed `--slurm-topology-configmap` is an error.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: &Client,
         args: &PublishArgs,
         scheme: &LabelScheme,
-        slurm_topology_name: &str,
+        slurm_files: slurm::Files,
         metrics: &Arc<Metrics>,
         events: crate::events::Events,
         leader: &Leadership,
@@ -151,10 +151,11 @@ impl Publishers {
             list.push(Box::new(slurm::SlurmPublisher::new(
                 client.clone(),
                 target,
-                slurm_topology_name,
+                slurm_files,
                 scheme,
                 args.publish_interval.0.saturating_mul(12),
                 metrics.clone(),
+                events.clone(),
             )));
         }
         if args.volcano_hypernodes {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
@@ -24,11 +24,15 @@ use tracing::{error, info, warn};
 use super::{Publisher, volcano::MANAGED_BY};
 use crate::{
     FIELD_MANAGER,
+    events::{EventType, Events},
     labels::LabelScheme,
     metrics::Metrics,
-    slurm,
-    tree::{Forest, NodeView},
+    slurm::Problem,
+    tree::NodeView,
 };
+
+/// The files this publisher may keep in the ConfigMap.
+const FILES: [&str; 2] = ["topology.yaml", "topology.conf"];
 
 /// ConfigMaps hold at most 1 MiB; a bigger topology is reported, not sent.
 pub const MAX_BYTES: usize = 1_000_000;
@@ -53,28 +57,14 @@ pub fn parse_target(at: &str) -> Result<(String, String), String> {
     }
 }
 
-/// The ConfigMap's data for these nodes.
-pub fn data(
-    scheme: &LabelScheme,
-    topology_name: &str,
-    nodes: &[NodeView],
-) -> [(String, String); 2] {
-    let forest = Forest::build(scheme, nodes);
-    [
-        (
-            "topology.yaml".into(),
-            slurm::topology_yaml(&forest, topology_name),
-        ),
-        ("topology.conf".into(), slurm::topology_conf(&forest)),
-    ]
-}
+pub use crate::slurm::{Files, data};
 
-/// What fits a ConfigMap: both files; else `topology.yaml` alone (Slurm 25.05 and later read
+/// What fits a ConfigMap: every file; else `topology.yaml` alone (Slurm 25.05 and later read
 /// only it when it exists), for fleets about twice as big; else the size that does not fit.
-pub fn fitting(data: &[(String, String); 2]) -> Result<&[(String, String)], usize> {
+pub fn fitting(data: &[(String, String)]) -> Result<&[(String, String)], usize> {
     let size = |d: &[(String, String)]| d.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
     if size(data) <= MAX_BYTES {
-        Ok(&data[..])
+        Ok(data)
     } else if size(&data[..1]) <= MAX_BYTES {
         Ok(&data[..1])
     } else {
@@ -96,14 +86,17 @@ pub struct SlurmPublisher {
     namespace: String,
     name: String,
     scheme: LabelScheme,
-    topology_name: String,
+    files: Files,
     /// Hash of the data last applied (or last refused for its size), and when: nothing is sent
     /// while the topology stays the same; the ConfigMap is read again every `recheck` (someone
     /// may have edited or deleted it).
     last: Option<(u64, std::time::Instant)>,
     recheck: std::time::Duration,
     reported: bool,
+    /// The problems last reported (each distinct set once).
+    problems: Vec<Problem>,
     metrics: Arc<Metrics>,
+    events: Events,
 }
 
 impl SlurmPublisher {
@@ -111,31 +104,75 @@ impl SlurmPublisher {
     pub fn new(
         client: Client,
         (namespace, name): (String, String),
-        topology_name: &str,
+        files: Files,
         scheme: &LabelScheme,
         recheck: std::time::Duration,
         metrics: Arc<Metrics>,
+        events: Events,
     ) -> Self {
         Self {
             api: Api::namespaced(client, &namespace),
             namespace,
             name,
             scheme: scheme.clone(),
-            topology_name: topology_name.to_string(),
+            files,
             last: None,
             recheck,
             reported: false,
+            problems: Vec::new(),
             metrics,
+            events,
         }
     }
 
-    async fn sync(&mut self, data: &[(String, String); 2]) -> Result<Outcome, kube::Error> {
+    /// Labels that give no file slurmctld would load: the ConfigMap keeps what it has (a file
+    /// slurmctld refuses stops it, at start and on `scontrol reconfigure`); each distinct set
+    /// is logged and sent as a Warning Event on the ConfigMap once, the gauge says how many.
+    fn refuse(&mut self, problems: Vec<Problem>) {
+        self.metrics.slurm_topology_problems(problems.len());
+        if problems == self.problems {
+            return;
+        }
+        let at = format!("{}/{}", self.namespace, self.name);
+        for p in problems.iter().take(10) {
+            warn!(configmap = %at, problem = %p, "not publishing Slurm's topology: slurmctld would refuse it; the ConfigMap keeps its last valid files");
+        }
+        let shown: Vec<String> = problems.iter().take(3).map(ToString::to_string).collect();
+        let more = problems.len().saturating_sub(shown.len());
+        let mut note = format!(
+            "labels give no topology slurmctld would load, ConfigMap left as it was: {}",
+            shown.join("; ")
+        );
+        if more > 0 {
+            note.push_str(&format!(" (and {more} more)"));
+        }
+        self.events.publish(
+            EventType::Warning,
+            "SlurmTopologyInvalid",
+            "PublishSlurmTopology",
+            &note,
+            ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("ConfigMap".into()),
+                namespace: Some(self.namespace.clone()),
+                name: Some(self.name.clone()),
+                ..ObjectReference::default()
+            },
+        );
+        self.problems = problems;
+    }
+
+    async fn sync(&mut self, data: &[(String, String)]) -> Result<Outcome, kube::Error> {
         let send = match fitting(data) {
             Ok(send) => send,
             Err(size) => return Ok(Outcome::TooBig(size)),
         };
-        // Keys of ours left out (topology.conf when only topology.yaml fits) must go.
-        let dropped: Vec<&str> = data[send.len()..].iter().map(|(k, _)| k.as_str()).collect();
+        // Keys of ours left out (topology.conf when only topology.yaml fits, or in
+        // switches-only mode) must go.
+        let dropped: Vec<&str> = FILES
+            .into_iter()
+            .filter(|f| send.iter().all(|(k, _)| k != f))
+            .collect();
         if let Some(live) = self.api.get_opt(&self.name).await? {
             let ours = live
                 .metadata
@@ -172,7 +209,7 @@ impl SlurmPublisher {
                 &Patch::Apply(object),
             )
             .await?;
-        if !dropped.is_empty() {
+        if send.len() < data.len() {
             warn!(configmap = %format!("{}/{}", self.namespace, self.name), left_out = ?dropped, "both Slurm files do not fit a ConfigMap: topology.yaml only (Slurm 25.05 and later)");
         }
         Ok(Outcome::Applied)
@@ -190,7 +227,15 @@ impl Publisher for SlurmPublisher {
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let data = data(&self.scheme, &self.topology_name, nodes);
+            let data = match data(&self.scheme, &self.files, nodes) {
+                Ok(data) => data,
+                Err(problems) => return self.refuse(problems),
+            };
+            if !self.problems.is_empty() {
+                info!(configmap = %format!("{}/{}", self.namespace, self.name), "the labels give a valid Slurm topology again");
+                self.problems.clear();
+            }
+            self.metrics.slurm_topology_problems(0);
             let mut h = DefaultHasher::new();
             data.hash(&mut h);
             let hash = h.finish();
@@ -234,6 +279,7 @@ impl Publisher for SlurmPublisher {
     fn reset(&mut self) {
         self.last = None;
         self.reported = false;
+        self.problems.clear();
     }
 }
 
@@ -249,6 +295,13 @@ mod tests {
         );
         for bad in ["slurm", "/x", "x/", "Slurm/x", "a/b/c", "a.b/x", "x/-y"] {
             assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn files(switches_only: bool) -> Files {
+        Files {
+            tree_topology: "topo-switch".into(),
+            switches_only,
         }
     }
 
@@ -273,7 +326,10 @@ mod tests {
             NodeView::labelled("n1", &s, &["nn-a", "nn-b", "nn-c"]),
             NodeView::labelled("n2", &s, &["nn-a", "nn-b", "nn-c"]),
         ];
-        let [(yk, yaml), (ck, conf)] = data(&s, "topo-switch", &nodes);
+        let data = data(&s, &files(false), &nodes).unwrap();
+        let [(yk, yaml), (ck, conf)] = &data[..] else {
+            panic!("two files: {data:?}");
+        };
         assert_eq!(
             (yk.as_str(), ck.as_str()),
             ("topology.yaml", "topology.conf")
@@ -281,5 +337,31 @@ mod tests {
         assert!(yaml.contains("- topology: topo-switch"), "{yaml}");
         assert!(yaml.contains("nodes: n1,n2"), "{yaml}");
         assert!(conf.contains("SwitchName=nn-c Nodes=n1,n2"), "{conf}");
+    }
+
+    #[test]
+    fn switches_only_is_topology_yaml_alone_without_node_names() {
+        let s = LabelScheme::default();
+        let nodes = [NodeView::labelled("n1", &s, &["nn-a", "nn-b", "nn-c"])];
+        let data = data(&s, &files(true), &nodes).unwrap();
+        assert_eq!(data.len(), 1, "{data:?}");
+        assert_eq!(data[0].0, "topology.yaml");
+        assert!(!data[0].1.contains("n1"), "{}", data[0].1);
+    }
+
+    #[test]
+    fn labels_slurmctld_would_refuse_give_no_data() {
+        let s = LabelScheme::default();
+        let nodes = [
+            NodeView::labelled("a", &s, &["nn-t", "nn-m1", "nn-l"]),
+            NodeView::labelled("b", &s, &["nn-t", "nn-m2", "nn-l"]),
+        ];
+        for switches_only in [false, true] {
+            let got = data(&s, &files(switches_only), &nodes);
+            assert!(
+                matches!(&got, Err(p) if matches!(p[..], [Problem::TwoParents(_)])),
+                "{got:?}"
+            );
+        }
     }
 }

@@ -90,8 +90,9 @@ fn main() {
         let forest = Forest::build(&s, &nodes);
         let forest_ms = ms(t);
         let t = Instant::now();
-        let yaml = slurm::topology_yaml(&forest, "topo-switch");
-        let conf = slurm::topology_conf(&forest);
+        let yaml = slurm::topology_yaml(&forest, "topo-switch", &Default::default())
+            .expect("a consistent fleet");
+        let conf = slurm::topology_conf(&forest).expect("a consistent fleet");
         let files_ms = ms(t);
         let bytes = yaml.len() + conf.len();
         assert_eq!(full, n, "every node fully labelled");

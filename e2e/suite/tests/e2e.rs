@@ -30,6 +30,10 @@ use kube::{
 use mock_ec2::{Faults, Instance};
 use serde_json::json;
 
+#[path = "e2e/slurm.rs"]
+mod slurm;
+use slurm::slurm_configmap_keeps_its_last_valid_files;
+
 // ---------------------------------------------------------------------------------------------
 // Scenarios
 
@@ -2065,6 +2069,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
         scenario!(slurm_configmap_and_slinky_annotation, true),
+        scenario!(slurm_configmap_keeps_its_last_valid_files, true),
         scenario!(schedulers_doc_recipes_are_accepted, true),
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(steady_state_is_silent, false),

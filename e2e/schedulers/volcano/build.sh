@@ -5,13 +5,15 @@
 #   <out>/vc-controller-manager   its controller-manager: Job, PodGroup, Queue and HyperNode
 #                                 (label discovery) controllers
 #   <out>/crds/*.yaml             Volcano's CRDs, as the module ships them (config/crd/volcano/bases)
+#   <out>/chart/                  Volcano's Helm chart (installer/helm/chart/volcano): the tests render
+#                                 it with the values docs/schedulers.md shows
 # Prints <out>.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
 stamp=$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)
 out="$cache/schedulers/volcano/$stamp"
-if [[ -x "$out/vc-scheduler" && -x "$out/vc-controller-manager" && -d "$out/crds" ]]; then
+if [[ -x "$out/vc-scheduler" && -x "$out/vc-controller-manager" && -d "$out/crds" && -d "$out/chart" ]]; then
   echo "$out"
   exit 0
 fi
@@ -28,7 +30,8 @@ for cmd in scheduler controller-manager; do
 done
 dir=$(go list -m -f '{{.Dir}}' volcano.sh/volcano)
 cp "$dir"/config/crd/volcano/bases/*.yaml "$out.partial/crds/"
-chmod u+w "$out.partial/crds/"*.yaml
+cp -r "$dir/installer/helm/chart/volcano" "$out.partial/chart"
+chmod -R u+w "$out.partial/crds" "$out.partial/chart"
 
 rm -rf "$out"
 mv "$out.partial" "$out"

@@ -228,7 +228,9 @@ async fn delete_job(c: &Client, ns: &str, name: &str) -> anyhow::Result<()> {
 /// Topology our controller publishes: on a fleet where busy nodes leave one switch with room
 /// for 3 pods and free nodes elsewhere, 3 pods requiring layer 3 land on that switch, 3 more
 /// stay pending although the cluster has room for them split, and 4 requiring layer 2 land
-/// under the one layer-2 node with 4 free.
+/// under the one layer-2 node with 4 free. With a 4-layer node labelled too, the 3-level
+/// Topology is still there, and the 4-level one has no place for 3-layer nodes; a `batch/v1`
+/// Job with the same annotations is no gang.
 pub async fn kai_places_gangs_on_our_topology(env: &Env) -> anyhow::Result<()> {
     const NS: &str = "kai-gangs";
     let c = env.admin().await?;

@@ -20,9 +20,12 @@ build:
 controlplane:
 	@e2e/controlplane/build.sh >/dev/null
 
-## schedulers: build the pinned Kueue manager and the Kueue/Volcano CRDs (cached)
+## schedulers: build the pinned Kueue manager, Volcano's scheduler and controller-manager, and
+## KAI's scheduler, binder and pod grouper (from ../shared/upstream/kai), with their CRDs (cached)
 schedulers:
 	@e2e/schedulers/build.sh >/dev/null
+	@e2e/schedulers/volcano/build.sh >/dev/null
+	@e2e/schedulers/kai/build.sh >/dev/null
 
 ## slurm: the real slurmctld our Slurm files are judged by: Debian's 22.05 (apt) and Debian
 ## sid's (25.05+, topology.yaml) in a root of its own (debootstrap, cached); needs root
@@ -65,7 +68,8 @@ e2e: build controlplane schedulers
 
 SHELL_SCRIPTS := .ci/run e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
-  e2e/schedulers/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
+  e2e/schedulers/build.sh e2e/schedulers/volcano/build.sh e2e/schedulers/kai/build.sh \
+  e2e/bench/tools.sh e2e/bench/chart.sh
 
 ## lint: formatting, clippy (warnings are errors), helm lint, actionlint, shellcheck
 lint: tools

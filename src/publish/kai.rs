@@ -1,16 +1,20 @@
-//! A KAI Scheduler `Topology` (`kai.scheduler/v1alpha1`) whose levels are our layer labels,
-//! then `kubernetes.io/hostname`, as deep as the deepest labelled node.
+//! KAI Scheduler `Topology`s (`kai.scheduler/v1alpha1`) whose levels are our layer labels, then
+//! `kubernetes.io/hostname`: one per depth the labelled nodes have.
 //!
-//! KAI's levels are immutable (a validation rule refuses any change). When the fleet gets deeper
-//! (a 4-layer type joins a 3-layer fleet) the controller does not try an update: it creates a
-//! new Topology, `<name>-<depth>-layer`, and says so (log and Event); the old one stays, valid
-//! for the nodes it named, and workloads move to the new one by their `kai.scheduler/topology`
-//! annotation. A node lacking a level's label is only left out of placements required at that
-//! level (KAI's documented behaviour), so one Topology as deep as the deepest node serves all.
+//! KAI leaves out of a Topology every node that lacks one of its level labels (its topology
+//! plugin adds a node to the tree only if it carries them all): a 4-level Topology has no place
+//! for a 3-layer node, even for a placement required at layer 1. So the 3-level Topology
+//! (`<name>`) is always kept, and when nodes with more layers are labelled (p6-b200: 4) a
+//! Topology of their depth is created beside it, `<name>-<depth>-layer` (said in a log line and
+//! an Event); workloads for those nodes name it in `kai.scheduler/topology`. KAI's levels are
+//! immutable (a validation rule refuses any change), so nothing is ever updated in place.
 //!
 //! Owns: the KAI Topologies we create. Never changes or deletes any Topology.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use futures::future::BoxFuture;
 use kube::{
@@ -31,8 +35,8 @@ use crate::{
 
 pub const GROUP: &str = "kai.scheduler";
 
-/// The depth the Topology's levels go to before any node is labelled: EC2's usual 3 layers, or
-/// the uniform depth every node is given.
+/// The depth of the Topology kept in any case: EC2's usual 3 layers, or the uniform depth every
+/// node is given.
 pub fn base_depth(scheme: &LabelScheme) -> usize {
     scheme.uniform_depth.unwrap_or(3)
 }
@@ -44,18 +48,20 @@ fn label_depth(scheme: &LabelScheme, node: &NodeView) -> usize {
         .count()
 }
 
-/// How deep the Topology must go for these nodes: the deepest node's layers, at least the base.
-pub fn depth_for(scheme: &LabelScheme, nodes: &[NodeView]) -> usize {
+/// The depths of the Topologies these nodes need: the base, and every deeper depth a node has.
+/// (A node with fewer layers than the base fits none; EC2 describes 3 or 4.)
+pub fn depths_for(scheme: &LabelScheme, nodes: &[NodeView]) -> BTreeSet<usize> {
+    let base = base_depth(scheme);
     nodes
         .iter()
         .map(|n| label_depth(scheme, n))
-        .max()
-        .unwrap_or(0)
-        .max(base_depth(scheme))
+        .filter(|d| *d > base)
+        .chain([base])
+        .collect()
 }
 
 /// The Topology's name for `depth` levels: `name` at the base depth, `<name>-<depth>-layer`
-/// otherwise (a new object, since levels never change).
+/// otherwise.
 pub fn name_for(scheme: &LabelScheme, name: &str, depth: usize) -> String {
     if depth == base_depth(scheme) {
         name.to_string()
@@ -64,22 +70,19 @@ pub fn name_for(scheme: &LabelScheme, name: &str, depth: usize) -> String {
     }
 }
 
-/// An existing Topology is checked again every this many publish intervals (and whenever the
-/// depth it must have changes).
+/// An existing Topology is checked again every this many publish intervals.
 const RECHECK_INTERVALS: u32 = 12;
 
-/// Keeps the KAI Topology for the deepest labelled node.
+/// Keeps a KAI Topology for each depth of the labelled nodes.
 pub struct KaiPublisher {
     client: Client,
     scheme: LabelScheme,
     name: String,
     recheck: std::time::Duration,
-    /// The (name, levels) last found in place, and when.
-    checked: Option<(String, Vec<String>, std::time::Instant)>,
-    /// The depth published before a change of depth (to say which Topology it replaces).
-    previous: Option<String>,
-    /// A mismatch or a missing API reported for this name (each reported once).
-    reported: Option<String>,
+    /// Name → the levels last found in place, and when.
+    checked: BTreeMap<String, (Vec<String>, std::time::Instant)>,
+    /// Names whose mismatch was reported ("" for a missing API; each reported once).
+    reported: BTreeSet<String>,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
 }
@@ -97,9 +100,8 @@ impl KaiPublisher {
             scheme: scheme.clone(),
             name: args.kai_topology_name.clone(),
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
-            checked: None,
-            previous: None,
-            reported: None,
+            checked: BTreeMap::new(),
+            reported: BTreeSet::new(),
             metrics,
             events,
         }
@@ -118,56 +120,51 @@ impl KaiPublisher {
         Ok((outcome, obj.map(|o| (o, ar))))
     }
 
-    async fn check(&mut self, name: String, want: Vec<String>) {
+    async fn check(&mut self, depth: usize, name: String, want: Vec<String>) {
         match self.ensure(&name, &want).await {
             Ok((Outcome::Created, obj)) => {
                 self.metrics.kai_topology_mismatch(&name, false);
-                match self.previous.as_deref().filter(|p| *p != name) {
-                    Some(before) => {
-                        let message = format!(
-                            "the labelled nodes now go {} layers deep: created KAI Topology {name} with levels {want:?} (levels are immutable, so {before} is kept as it was); point workloads' kai.scheduler/topology at {name} to use the new level",
-                            want.len().saturating_sub(1)
+                if depth == base_depth(&self.scheme) {
+                    info!(topology = %name, levels = ?want, "created KAI Topology");
+                } else {
+                    let message = format!(
+                        "nodes {depth} layers deep are labelled: created KAI Topology {name} with levels {want:?} for them ({} stays for the others: KAI leaves out of a Topology every node lacking one of its levels); point their workloads' kai.scheduler/topology at {name}",
+                        self.name
+                    );
+                    warn!(topology = %name, ?want, "{message}");
+                    if let Some((obj, ar)) = obj {
+                        self.events.publish(
+                            crate::events::Reason::TopologyLevelsChanged,
+                            "PublishTopology",
+                            &message,
+                            obj.object_ref(&ar),
                         );
-                        warn!(topology = %name, replaces = %before, ?want, "{message}");
-                        if let Some((obj, ar)) = obj {
-                            self.events.publish(
-                                crate::events::Reason::TopologyLevelsChanged,
-                                "PublishTopology",
-                                &message,
-                                obj.object_ref(&ar),
-                            );
-                        }
                     }
-                    None => info!(topology = %name, levels = ?want, "created KAI Topology"),
                 }
-                self.checked = Some((name.clone(), want, std::time::Instant::now()));
-                self.previous = Some(name);
+                self.checked.insert(name, (want, std::time::Instant::now()));
             }
             Ok((Outcome::UpToDate, _)) => {
                 self.metrics.kai_topology_mismatch(&name, false);
-                self.checked = Some((name.clone(), want, std::time::Instant::now()));
-                self.previous = Some(name);
+                self.checked.insert(name, (want, std::time::Instant::now()));
             }
             Ok((Outcome::Mismatch { have }, obj)) => {
                 self.metrics.kai_topology_mismatch(&name, true);
-                if self.reported.as_deref() != Some(name.as_str()) {
+                if self.reported.insert(name.clone()) {
                     warn!(topology = %name, ?have, ?want, "KAI Topology exists with other levels; levels are immutable, so it is left alone: delete it to let us recreate it, or set --kai-topology-name");
                     if let Some((obj, ar)) = obj {
                         report_mismatch(&self.events, &obj, &ar, &have, &want);
                     }
-                    self.reported = Some(name.clone());
                 }
-                self.checked = Some((name, want, std::time::Instant::now()));
+                self.checked.insert(name, (want, std::time::Instant::now()));
             }
             Ok((Outcome::NotServed, _)) => {
-                if self.reported.as_deref() != Some("") {
+                if self.reported.insert(String::new()) {
                     error!(
                         "--kai-topology is on but the cluster serves no kai.scheduler/v1alpha1 Topology API (is the KAI Scheduler installed?)"
                     );
-                    self.reported = Some(String::new());
                 }
                 self.metrics.publish_failed("kai");
-                self.checked = Some((name, want, std::time::Instant::now()));
+                self.checked.insert(name, (want, std::time::Instant::now()));
             }
             Err(e) => {
                 warn!(topology = %name, error = %e, "cannot check the KAI Topology; trying again later");
@@ -188,21 +185,22 @@ impl Publisher for KaiPublisher {
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let depth = depth_for(&self.scheme, nodes);
-            let name = name_for(&self.scheme, &self.name, depth);
-            let want = levels(&self.scheme, depth, true);
-            let due = self
-                .checked
-                .as_ref()
-                .is_none_or(|(n, l, at)| *n != name || *l != want || at.elapsed() >= self.recheck);
-            if due {
-                self.check(name, want).await;
+            for depth in depths_for(&self.scheme, nodes) {
+                let name = name_for(&self.scheme, &self.name, depth);
+                let want = levels(&self.scheme, depth, true);
+                let due = self
+                    .checked
+                    .get(&name)
+                    .is_none_or(|(l, at)| *l != want || at.elapsed() >= self.recheck);
+                if due {
+                    self.check(depth, name, want).await;
+                }
             }
         })
     }
 
     fn reset(&mut self) {
-        self.checked = None;
+        self.checked.clear();
     }
 }
 
@@ -218,22 +216,29 @@ mod tests {
     }
 
     #[test]
-    fn the_topology_goes_as_deep_as_the_deepest_node_and_is_renamed_when_deeper() {
+    fn the_base_topology_is_kept_and_each_deeper_depth_gets_its_own() {
         let s = LabelScheme::default();
+        let depths = |nodes: &[NodeView]| depths_for(&s, nodes).into_iter().collect::<Vec<_>>();
+        assert_eq!(depths(&[]), [3], "3 levels before any node is labelled");
+        assert_eq!(depths(&[view(3), view(3)]), [3]);
         assert_eq!(
-            depth_for(&s, &[]),
-            3,
-            "3 levels before any node is labelled"
+            depths(&[view(3), view(4)]),
+            [3, 4],
+            "a 4-layer type joined: its own Topology beside the 3-level one"
         );
-        assert_eq!(depth_for(&s, &[view(3), view(3)]), 3);
         assert_eq!(
-            depth_for(&s, &[view(3), view(4)]),
-            4,
-            "a 4-layer type joined"
+            depths(&[view(4)]),
+            [3, 4],
+            "the 3-level one exists even before any 3-layer node"
+        );
+        assert_eq!(
+            depths(&[view(2), view(3)]),
+            [3],
+            "a 2-layer answer fits none"
         );
         assert_eq!(name_for(&s, "aws-network", 3), "aws-network");
         assert_eq!(name_for(&s, "aws-network", 4), "aws-network-4-layer");
-        let want = levels(&s, depth_for(&s, &[view(4)]), true);
+        let want = levels(&s, 4, true);
         assert_eq!(want.len(), 5);
         assert_eq!(want[3], "topology.k8s.aws/network-node-layer-4");
         assert_eq!(
@@ -248,7 +253,10 @@ mod tests {
             uniform_depth: Some(4),
             ..LabelScheme::default()
         };
-        assert_eq!(depth_for(&s, &[view(4)]), 4);
+        assert_eq!(
+            depths_for(&s, &[view(4)]).into_iter().collect::<Vec<_>>(),
+            [4]
+        );
         assert_eq!(name_for(&s, "aws-network", 4), "aws-network");
         assert_eq!(name_for(&s, "aws-network", 5), "aws-network-5-layer");
     }

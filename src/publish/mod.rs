@@ -68,9 +68,9 @@ pub struct PublishArgs {
         default_value = "ec2tl"
     )]
     pub volcano_hypernode_prefix: String,
-    /// Create a KAI Scheduler Topology whose levels are our layer labels then the hostname, as
-    /// deep as the deepest labelled node (a new one, `<name>-<depth>-layer`, when a deeper type
-    /// joins: KAI's levels are immutable).
+    /// Create KAI Scheduler Topologies whose levels are our layer labels then the hostname: one
+    /// of 3 layers, and `<name>-<depth>-layer` for nodes with more (KAI leaves out of a Topology
+    /// every node lacking one of its levels).
     #[arg(long, env = "LABELER_KAI_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
     pub kai_topology: bool,
     /// Name of that Topology (workloads name it in their `kai.scheduler/topology` annotation).

@@ -273,14 +273,17 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                 ],
             )?;
             eprintln!("helm install of the chart succeeded");
-            // The schedulers' CRDs, from the pinned Kueue and Volcano modules, and KAI's as
-            // its API documents it (e2e/schedulers/crds/kai: its module is not served here).
+            // The schedulers' CRDs, from the pinned Kueue and Volcano modules, KAI's own Topology
+            // CRD (../shared/upstream/kai: KAI's module is not served here) and the rest of
+            // KAI's with its build (with the PyTorchJob CRD of the training operator it pins).
             let artifacts = crate::schedulers::artifacts()?;
-            let kai = crate::repo_root().join("e2e/schedulers/crds/kai");
+            let volcano = crate::schedulers::volcano_artifacts()?;
+            let kai = crate::schedulers::kai_artifacts()?;
             for dir in [
                 artifacts.join("crds/kueue"),
-                artifacts.join("crds/volcano"),
-                kai,
+                volcano.join("crds"),
+                crate::schedulers::kai_topology_crd(),
+                kai.join("crds"),
             ] {
                 let n = crate::schedulers::install_crds(&c, &dir).await?.len();
                 eprintln!("installed {n} CRDs from {}", dir.display());

@@ -33,6 +33,17 @@ use serde_json::json;
 #[path = "e2e/slurm.rs"]
 mod slurm;
 use slurm::slurm_configmap_keeps_its_last_valid_files;
+#[path = "e2e/gangs.rs"]
+mod gangs;
+#[path = "e2e/kai.rs"]
+mod kai;
+#[path = "e2e/volcano.rs"]
+mod volcano;
+use kai::kai_places_gangs_on_our_topology;
+use volcano::{
+    volcano_on_a_mixed_fleet_both_ways, volcano_places_gangs_by_its_label_discovery,
+    volcano_places_gangs_on_our_hypernodes,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios
@@ -1643,9 +1654,10 @@ async fn events_about(c: &Client, kind: &str, name: &str, reason: &str) -> anyho
         .count())
 }
 
-/// `--kai-topology`: a KAI Topology as deep as the deepest labelled node. When a 4-layer node
-/// joins a 3-layer fleet the levels would change, which KAI's CRD refuses: a second Topology is
-/// created (and an Event says so), the first stays as it was. Runs before any 4-layer node.
+/// `--kai-topology`: a 3-level KAI Topology for a 3-layer fleet. When a 4-layer node joins, a
+/// 4-level Topology is created beside it (and an Event says so; KAI leaves a node out of a
+/// Topology lacking one of its levels), the first stays as it was, and KAI's CRD refuses any
+/// change of levels in place. Runs before any 4-layer node.
 async fn kai_topology_follows_the_depth(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let kai = kai_topologies(&c);
@@ -1833,6 +1845,7 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
     };
     let c = env.admin().await?;
     kube_util::ensure_namespace(&c, "ml").await?;
+    kube_util::ensure_namespace(&c, e2e::schedulers::VOLCANO_NAMESPACE).await?;
     let doc = std::fs::read_to_string(e2e::repo_root().join("docs/schedulers.md"))?;
     let mut blocks = Vec::new();
     let mut rest = doc.as_str();
@@ -1921,8 +1934,11 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
     for want in [
         "Topology/aws-network-uniform",
         "ResourceFlavor/gpu",
-        "Job/allreduce-kai",
+        "PyTorchJob/allreduce-kai",
+        "Queue/training",
         "ClusterQueue/training",
+        "Job/allreduce-volcano",
+        "ConfigMap/volcano-controller-configmap",
     ] {
         ensure!(accepted.iter().any(|a| a == want), "{want} not exercised");
     }
@@ -2068,6 +2084,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
+        scenario!(volcano_places_gangs_on_our_hypernodes, true),
+        scenario!(volcano_places_gangs_by_its_label_discovery, true),
+        scenario!(volcano_on_a_mixed_fleet_both_ways, true),
+        scenario!(kai_places_gangs_on_our_topology, true),
         scenario!(slurm_configmap_and_slinky_annotation, true),
         scenario!(slurm_configmap_keeps_its_last_valid_files, true),
         scenario!(schedulers_doc_recipes_are_accepted, true),

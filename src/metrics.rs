@@ -590,7 +590,8 @@ mod tests {
 
     #[test]
     fn the_grafana_dashboard_only_uses_series_we_export() {
-        let dashboard = include_str!("../deploy/grafana-dashboard.json");
+        let dashboard =
+            include_str!("../charts/ec2-topology-labeler/dashboards/grafana-dashboard.json");
         // Families appear in a scrape once they have a series: give each one.
         let m = Metrics::new();
         m.node_state_changed(None, Some(&NodeState::Skipped("fargate")));

@@ -793,6 +793,16 @@ fn rbac_and_service_account_can_be_brought_along() {
     let docs = render(&[]);
     assert_eq!(kind(&docs, "ServiceAccount").len(), 1);
     assert_eq!(kind(&docs, "ClusterRole").len(), 1);
+    // An empty name is the release's full name (Karpenter's convention).
+    let docs = render(&["serviceAccount.name=".into()]);
+    assert_eq!(
+        kind(&docs, "ServiceAccount")[0]["metadata"]["name"],
+        pod_spec(&docs)["serviceAccountName"]
+    );
+    assert_eq!(
+        pod_spec(&docs)["serviceAccountName"],
+        "ec2-topology-labeler"
+    );
 }
 
 /// An umbrella chart with this one as a dependency renders, with no values at all and with
@@ -1362,7 +1372,8 @@ pub fn values_schema() -> Value {
             "rbac": closed(json!({ "create": boolean() })),
             "serviceAccount": closed(json!({
                 "create": boolean(),
-                "name": dns_name(),
+                // Empty: the release's full name.
+                "name": { "anyOf": [dns_name(), { "const": "" }] },
                 "annotations": string_map()
             })),
             "admissionPolicy": closed(json!({ "enabled": boolean() })),

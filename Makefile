@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema kind kind-prepare manifests check-manifests ci clean-cache
+.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs kind kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -101,14 +101,24 @@ kind-prepare:
 fmt:
 	cargo fmt --all
 
+# deploy/: the Namespace, then the chart with its defaults for an API server that serves
+# ValidatingAdmissionPolicy (the chart's kubeVersion, 1.30, does), without the helm test pod.
+RENDER_MANIFESTS = { printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: $(NAMESPACE)\n'; \
+  $$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) --skip-tests \
+    --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy; }
+
 ## manifests: render the chart into deploy/ (plain manifests for kubectl apply -f deploy/)
 manifests: tools
-	$$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) > deploy/ec2-topology-labeler.yaml
+	$(RENDER_MANIFESTS) > deploy/ec2-topology-labeler.yaml
 
 ## check-manifests: fail when deploy/ differs from what the chart renders
 check-manifests: tools
-	@$$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) | diff -u deploy/ec2-topology-labeler.yaml - \
+	@$(RENDER_MANIFESTS) | diff -u deploy/ec2-topology-labeler.yaml - \
 	  || { echo "deploy/ is stale: run make manifests"; exit 1; }
+
+## chart-docs: regenerate the chart's README.md from values.yaml and README.md.gotmpl (helm-docs)
+chart-docs: tools
+	cd $(CHART) && $$(cd $(CURDIR) && e2e/tools/build.sh)/helm-docs --chart-search-root . --skip-version-footer
 
 ## ci: what .ci/run does (it also prepares the kind images in the background meanwhile)
 ci: lint test test-faults

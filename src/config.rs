@@ -164,6 +164,10 @@ pub struct TreeArgs {
         default_value_t
     )]
     pub output: TreeFormat,
+    /// Fail (exit status 1, after printing) when fewer than this many nodes carry complete
+    /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
+    #[arg(long, env = "LABELER_MIN_LABELLED", default_value_t = 0)]
+    pub min_labelled: usize,
 }
 
 /// What `tree` prints.

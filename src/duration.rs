@@ -40,6 +40,10 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+/// What [`humantime::parse_duration`] accepts: numbers (a fraction allowed) each followed by
+/// one of its units, for the chart's schema (a test checks the two agree).
+pub const PATTERN: &str = "^ *([0-9]+(\\.[0-9]+)? *(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y) *)+$";
+
 impl JsonSchema for HumanDuration {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Duration".into()
@@ -47,7 +51,7 @@ impl JsonSchema for HumanDuration {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "type": "string",
-            "pattern": "^ *[0-9]+ *[a-zµ]+( *[0-9]+ *[a-zµ]+)* *$",
+            "pattern": PATTERN,
             "description": "A duration such as 200ms, 15s, 1h or 1h30m"
         })
     }

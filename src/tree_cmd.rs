@@ -101,5 +101,13 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         }
     };
     std::io::stdout().write_all(text.as_bytes())?;
+    let labelled = forest.nodes_labelled();
+    if labelled < args.min_labelled {
+        return Err(Error::Config(format!(
+            "{labelled} of {} nodes carry complete topology labels; --min-labelled asks for {}",
+            views.len(),
+            args.min_labelled
+        )));
+    }
     Ok(())
 }

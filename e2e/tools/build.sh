@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# Build the pinned Go tools (Helm: go.mod here; actionlint: actionlint/go.mod) into the cache and print the directory holding them.
+# Build the pinned Go tools (Helm: go.mod here; actionlint: actionlint/go.mod; helm-docs:
+# helm-docs/go.mod) into the cache and print the directory holding them.
 #   e2e/tools/build.sh    ->  ${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}/tools/<stamp>
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
-out="$cache/tools/$(cat go.mod go.sum actionlint/go.mod actionlint/go.sum build.sh | sha256sum | cut -c1-12)"
-if [[ -x "$out/helm" && -x "$out/actionlint" ]]; then
+out="$cache/tools/$(cat go.mod go.sum actionlint/go.mod actionlint/go.sum helm-docs/go.mod helm-docs/go.sum build.sh | sha256sum | cut -c1-12)"
+if [[ -x "$out/helm" && -x "$out/actionlint" && -x "$out/helm-docs" ]]; then
   echo "$out"
   exit 0
 fi
 mkdir -p "$out.partial"
 start=$(date +%s)
 helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2; exit }' go.mod)
+# As Helm's own Makefile does: the Kubernetes version of its client modules (v0.37.0 -> 1.37)
+# is what `helm template` and `helm lint` assume without a cluster (else v1.20).
+k8s_minor=$(awk '$1 == "k8s.io/client-go" { split($2, v, "."); print v[2]; exit }' go.mod)
 echo "building helm ${helm_version} (cold: ~2 min)..." >&2
 GOFLAGS=-mod=mod go build -trimpath \
-  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${helm_version}" \
+  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${helm_version} \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${k8s_minor} \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${k8s_minor}" \
   -o "$out.partial/helm" helm.sh/helm/v3/cmd/helm
 (cd actionlint && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \
   -o "$out.partial/actionlint" github.com/rhysd/actionlint/cmd/actionlint)
+(cd helm-docs && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \
+  -o "$out.partial/helm-docs" github.com/norwoodj/helm-docs/cmd/helm-docs)
 rm -rf "$out"
 mv "$out.partial" "$out"
 echo "tools built in $(( $(date +%s) - start ))s" >&2

@@ -35,13 +35,28 @@ const MAX_PAGES: usize = 10;
 /// EC2 clients kept at most, one per region.
 pub const MAX_REGIONS: usize = 32;
 
+/// The shape [`crate::provider_id::is_region_name`] accepts, for the chart's schema (a test
+/// checks the two agree).
+pub const REGION_PATTERN: &str = "^[a-z]{2,4}(-[a-z]{2,4})?-(north|south|east|west|central|northeast|northwest|southeast|southwest)-[0-9]{1,2}$";
+
+/// `--region`: a region name (`us-west-2`, `us-gov-west-1`), refused at start otherwise (the SDK
+/// would only fail every call later, naming a host that does not exist).
+fn parse_region(s: &str) -> Result<String, String> {
+    if crate::provider_id::is_region_name(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an AWS region name like us-west-2"))
+    }
+}
+
 /// How we talk to EC2.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Ec2Args {
     /// AWS region for every node; by default derived from each node's zone (us-west-2b →
     /// us-west-2).
-    #[arg(long, env = "AWS_REGION")]
+    #[arg(long, env = "AWS_REGION", value_parser = parse_region)]
+    #[schemars(regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
     /// Sustained DescribeInstanceTopology calls per second (EC2's account-wide bucket refills at
     /// about 20/s and is shared with every other tool).

@@ -23,6 +23,11 @@ use crate::{
     topology::is_topology_type,
 };
 
+/// The shape [`StartupTaint`]'s parser accepts, for the chart's schema (a test checks the two
+/// agree): a qualified name, an optional label value, one of the three effects. (The prefix's
+/// 253-character limit is left to the parser.)
+pub const TAINT_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?(=[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?:(NoSchedule|PreferNoSchedule|NoExecute)$";
+
 /// Holding new nodes back until their topology is known.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -32,7 +37,7 @@ pub struct GateArgs {
     /// and this controller removes once the node's topology labels are written. Matched by key
     /// and effect. Off when unset.
     #[arg(long, env = "LABELER_STARTUP_TAINT")]
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", regex(pattern = TAINT_PATTERN))]
     pub startup_taint: Option<StartupTaint>,
     /// What to do with the startup taint of a node we cannot label (an instance type EC2 does
     /// not describe, a non-EC2 node, a providerID we skip): release it (with an Event saying

@@ -31,3 +31,35 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/* The image: by digest alone when one is given (what a release pins), else by tag. */}}
+{{- define "ec2tl.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The startup taint's key (`KEY[=VALUE]:EFFECT`), and its effect. */}}
+{{- define "ec2tl.startupTaintKey" -}}
+{{- splitList ":" .Values.config.startupTaint | first | splitList "=" | first -}}
+{{- end -}}
+{{- define "ec2tl.startupTaintEffect" -}}
+{{- splitList ":" .Values.config.startupTaint | last -}}
+{{- end -}}
+
+{{/* The pods' tolerations: the user's, and the startup taint the controller releases (it must
+run on a node still carrying it: on a new cluster every node may). Empty when there are none. */}}
+{{- define "ec2tl.tolerations" -}}
+{{- if or .Values.tolerations .Values.config.startupTaint -}}
+tolerations:
+{{- with .Values.tolerations }}
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.config.startupTaint }}
+  - key: {{ include "ec2tl.startupTaintKey" . | quote }}
+    operator: Exists
+{{- end }}
+{{- end -}}
+{{- end -}}

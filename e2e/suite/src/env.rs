@@ -270,6 +270,10 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                     "config.nodeCondition=true",
                     "--set",
                     "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
+                    // Scenarios turn the Slinky annotation on: the admission policy lets the
+                    // controller write it only when the chart's configuration does.
+                    "--set",
+                    "config.slinkyAnnotation=true",
                 ],
             )?;
             eprintln!("helm install of the chart succeeded");

@@ -17,6 +17,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 fn render(sets: &[String]) -> Vec<Value> {
+    render_with(&[], sets)
+}
+
+/// The API the admission policy needs, as a live API server (1.30 and later) lists it.
+const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+
+/// `helm template` with `extra` arguments (`--api-versions`, `--kube-version`) and `sets`.
+fn render_with(extra: &[&str], sets: &[String]) -> Vec<Value> {
     let chart = chart();
     let mut args = vec![
         "template",
@@ -25,6 +33,7 @@ fn render(sets: &[String]) -> Vec<Value> {
         "--namespace",
         "ec2-topology-labeler",
     ];
+    args.extend_from_slice(extra);
     for s in sets {
         args.push("--set");
         args.push(s);
@@ -94,6 +103,9 @@ fn example(key: &str, schema: &Value) -> String {
     if key == "startupTaint" {
         return "example.com/pending:NoSchedule".into();
     }
+    if key == "region" {
+        return "us-east-2".into();
+    }
     match (schema["type"].as_str(), schema["type"].as_array()) {
         (Some("boolean"), _) => "false".into(),
         (Some("integer"), _) => "7".into(),
@@ -147,13 +159,244 @@ fn every_config_key_becomes_a_flag_the_binary_accepts() {
     assert_eq!(run.lookup.batch_window.0.as_secs(), 90);
 }
 
+/// Values that would crash-loop the controller (or run two writers) are refused when the chart
+/// is rendered: by `helm template` (and so `helm install`) and by `helm lint`, each with a
+/// message naming the value.
 #[test]
-fn schema_refuses_unknown_config_keys_and_bad_durations() {
+fn schema_refuses_what_the_controller_would_not_run_with() {
     let chart = chart();
     let chart = chart.to_str().unwrap();
-    for bad in ["config.batchWindw=1s", "config.batchWindow=soon"] {
-        let r = helm(None, &["template", "x", chart, "--set", bad]);
-        assert!(r.is_err(), "{bad} was accepted");
+    let cases: &[(&[&str], &str)] = &[
+        // Malformed durations.
+        (
+            &["leaderElection.leaseDuration=banana"],
+            "at '/leaderElection/leaseDuration': 'banana' does not match",
+        ),
+        (
+            &["leaderElection.renewGrace=5 parsecs"],
+            "at '/leaderElection/renewGrace'",
+        ),
+        (&["config.batchWindow=soon"], "at '/config/batchWindow'"),
+        (
+            &["config.resyncPeriod=5bananas"],
+            "at '/config/resyncPeriod'",
+        ),
+        // Malformed startup taints.
+        (
+            &["config.startupTaint=example.com/pending"],
+            "at '/config/startupTaint'",
+        ),
+        (
+            &["config.startupTaint=example.com/pending:NoWay"],
+            "at '/config/startupTaint'",
+        ),
+        (
+            &["config.startupTaint=bad key:NoSchedule"],
+            "at '/config/startupTaint'",
+        ),
+        (
+            &["config.startupTaint=example.com/pending=:NoSchedule"],
+            "at '/config/startupTaint'",
+        ),
+        // A null flag (rendered `--region=`) and malformed regions.
+        (
+            &["config.region=null"],
+            "at '/config/region': got null, want string",
+        ),
+        (
+            &["config.startupTaint=null"],
+            "at '/config/startupTaint': got null, want string",
+        ),
+        (
+            &["config.region=banana"],
+            "at '/config/region': 'banana' does not match",
+        ),
+        (&["config.region=us-west-2b"], "at '/config/region'"),
+        // Two writers: more than one replica without leader election.
+        (
+            &["leaderElection.enabled=false"],
+            "at '/leaderElection/enabled': value must be true",
+        ),
+        (
+            &["leaderElection.enabled=false", "replicaCount=3"],
+            "at '/leaderElection/enabled': value must be true",
+        ),
+        // Unknown keys, where the chart knows the shape.
+        (
+            &["config.batchWindw=1s"],
+            "additional properties 'batchWindw' not allowed",
+        ),
+        (
+            &["imag.repository=x"],
+            "additional properties 'imag' not allowed",
+        ),
+        (&["image.digest=sha256:abc"], "at '/image/digest'"),
+        (
+            &["leaderElection.leaseDuraton=1m"],
+            "additional properties 'leaseDuraton' not allowed",
+        ),
+        (
+            &["metrics.serviceMonitor.relabellings[0].action=drop"],
+            "additional properties 'relabellings' not allowed",
+        ),
+        (
+            &["resources.limit.memory=1Gi"],
+            "additional properties 'limit' not allowed",
+        ),
+        (&["extraArgs[0]=run"], "at '/extraArgs/0'"),
+        (
+            &["metrics.serviceMonitor.interval=soon"],
+            "at '/metrics/serviceMonitor/interval'",
+        ),
+    ];
+    for (sets, message) in cases {
+        let mut set_args = Vec::new();
+        for s in *sets {
+            set_args.extend(["--set", *s]);
+        }
+        for command in ["template", "lint"] {
+            let mut args = vec![command];
+            if command == "template" {
+                args.push("x");
+            }
+            args.push(chart);
+            args.extend(&set_args);
+            // `helm lint` reports on stdout, `helm template` on stderr.
+            let out = std::process::Command::new(e2e::helm::helm_bin().unwrap())
+                .args(&args)
+                .output()
+                .unwrap();
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!out.status.success(), "helm {command} accepted {sets:?}");
+            assert!(
+                said.contains(message),
+                "helm {command} {sets:?}: no {message:?} in: {said}"
+            );
+        }
+    }
+    // A flag given twice (the binary refuses to start): refused by the template, so by `helm
+    // template` and `helm install` (`helm lint` only reports a template's `fail` as INFO).
+    for (sets, message) in [
+        (
+            [
+                "config.resyncPeriod=30m",
+                "extraArgs[0]=--resync-period=45m",
+            ],
+            "extraArgs: --resync-period is already set by the chart",
+        ),
+        (
+            [
+                "logLevel=info",
+                "extraArgs[0]=--leader-election-lease-duration=1m",
+            ],
+            "extraArgs: --leader-election-lease-duration is already set",
+        ),
+    ] {
+        let err = helm(
+            None,
+            &["template", "x", chart, "--set", sets[0], "--set", sets[1]],
+        )
+        .expect_err("a repeated flag was rendered");
+        assert!(format!("{err:#}").contains(message), "{sets:?}: {err:#}");
+    }
+    // What is refused above in combination is fine alone.
+    for sets in [
+        vec![
+            "leaderElection.enabled=false".to_string(),
+            "replicaCount=1".into(),
+        ],
+        vec!["config.region=us-gov-west-1".into()],
+        vec!["config.startupTaint=example.com/pending=yes:NoExecute".into()],
+        vec!["leaderElection.leaseDuration=1m30s".into()],
+    ] {
+        render(&sets);
+    }
+}
+
+/// `helm template` with one `--set-string` value: whether the schema takes it.
+fn schema_accepts(key: &str, value: &str) -> bool {
+    let chart = chart();
+    let set = format!("{key}={value}");
+    helm(
+        None,
+        &[
+            "template",
+            "x",
+            chart.to_str().unwrap(),
+            "--show-only",
+            "templates/service.yaml",
+            "--set-string",
+            &set,
+        ],
+    )
+    .is_ok()
+}
+
+/// The schema's patterns (durations, regions, taints) accept exactly what the binary's parsers
+/// accept, on both sides of every edge the parsers have.
+#[test]
+fn schema_patterns_agree_with_the_binary() {
+    use ec2_topology_labeler::{
+        duration::HumanDuration, provider_id::is_region_name, reconcile::gate::StartupTaint,
+    };
+    use std::str::FromStr;
+    for d in [
+        "200ms", "15s", "1h30m", "1h 30m", "2d", "1.5h", "10 min", "3secs", "1M", "0s", "90",
+        "soon", "5bananas", "1h30", "-5s", "1..5s", "s", "",
+    ] {
+        assert_eq!(
+            schema_accepts("config.batchWindow", d),
+            HumanDuration::from_str(d).is_ok(),
+            "duration {d:?}"
+        );
+    }
+    for r in [
+        "us-west-2",
+        "us-gov-west-1",
+        "us-isob-east-1",
+        "eusc-de-east-1",
+        "ap-southeast-5",
+        "mx-central-1",
+        "cn-northwest-1",
+        "us-west-2b",
+        "us-west",
+        "banana",
+        "US-WEST-2",
+        "us-west-100",
+        "us-middle-1",
+        "",
+    ] {
+        assert_eq!(
+            schema_accepts("config.region", r),
+            is_region_name(r),
+            "region {r:?}"
+        );
+    }
+    let long = "a".repeat(64);
+    for t in [
+        "ec2-topology-labeler.io/topology-pending:NoSchedule".to_string(),
+        "example.com/pending=yes:NoExecute".into(),
+        "pending:PreferNoSchedule".into(),
+        "a.b.c/x_y.z-1=v_1.2-3:NoSchedule".into(),
+        "example.com/pending".into(),
+        "example.com/pending:NoWay".into(),
+        "example.com/pending=:NoSchedule".into(),
+        "Example.com/pending:NoSchedule".into(),
+        "example.com/-pending:NoSchedule".into(),
+        "bad key:NoSchedule".into(),
+        format!("example.com/{long}:NoSchedule"),
+        format!("example.com/p={long}:NoSchedule"),
+        ":NoSchedule".into(),
+    ] {
+        assert_eq!(
+            schema_accepts("config.startupTaint", &t),
+            StartupTaint::from_str(&t).is_ok(),
+            "taint {t:?}"
+        );
     }
 }
 
@@ -385,6 +628,609 @@ fn all_features_render() {
     assert!(args_of(&docs).contains(&"--region=us-west-2".to_string()));
 }
 
+fn pod_spec(docs: &[Value]) -> Value {
+    kind(docs, "Deployment")[0]["spec"]["template"]["spec"].clone()
+}
+
+/// The image by tag (the chart's appVersion by default), or by digest alone when one is given:
+/// what a release packages the chart with.
+#[test]
+fn image_digest_pins_the_image() {
+    let image = |sets: &[String]| container(&render(sets))["image"].clone();
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let repo = "ghcr.io/ec2-topology-labeler/ec2-topology-labeler";
+    assert_eq!(
+        image(&[]),
+        format!("{repo}:{}", chart["appVersion"].as_str().unwrap())
+    );
+    assert_eq!(image(&["image.tag=1.2.3".into()]), format!("{repo}:1.2.3"));
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    assert_eq!(
+        image(&["image.tag=1.2.3".into(), format!("image.digest={digest}")]),
+        format!("{repo}@{digest}")
+    );
+    // The helm test pod runs the same image.
+    let docs = render(&[format!("image.digest={digest}")]);
+    assert_eq!(
+        kind(&docs, "Pod")[0]["spec"]["containers"][0]["image"],
+        format!("{repo}@{digest}")
+    );
+}
+
+/// Karpenter's and the AWS Load Balancer Controller's defaults: this pod gates every new node
+/// when the startup taint is on, so it is cluster-critical; Linux nodes only; old ReplicaSets
+/// kept for a rollback. Each can be changed or emptied.
+#[test]
+fn scheduling_defaults_and_their_overrides() {
+    let docs = render(&[]);
+    let pod = pod_spec(&docs);
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["nodeSelector"], json!({ "kubernetes.io/os": "linux" }));
+    assert!(pod["topologySpreadConstraints"].is_null());
+    assert_eq!(
+        kind(&docs, "Deployment")[0]["spec"]["revisionHistoryLimit"],
+        10
+    );
+    let docs = render(&[
+        "priorityClassName=".into(),
+        "nodeSelector=null".into(),
+        "revisionHistoryLimit=2".into(),
+        "podLabels.team=ml".into(),
+        "topologySpreadConstraints[0].maxSkew=1".into(),
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone".into(),
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway".into(),
+        "topologySpreadConstraints[1].maxSkew=1".into(),
+        "topologySpreadConstraints[1].topologyKey=kubernetes.io/hostname".into(),
+        "topologySpreadConstraints[1].whenUnsatisfiable=DoNotSchedule".into(),
+        "topologySpreadConstraints[1].labelSelector.matchLabels.custom=yes".into(),
+    ]);
+    let pod = pod_spec(&docs);
+    assert!(pod["priorityClassName"].is_null() && pod["nodeSelector"].is_null());
+    assert_eq!(
+        kind(&docs, "Deployment")[0]["spec"]["revisionHistoryLimit"],
+        2
+    );
+    let template = &kind(&docs, "Deployment")[0]["spec"]["template"];
+    assert_eq!(template["metadata"]["labels"]["team"], "ml");
+    let selector = &kind(&docs, "Deployment")[0]["spec"]["selector"]["matchLabels"];
+    // A constraint without a selector spreads the controller's own pods; one with keeps it.
+    assert_eq!(
+        pod["topologySpreadConstraints"],
+        json!([
+            { "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+              "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": { "matchLabels": selector } },
+            { "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+              "whenUnsatisfiable": "DoNotSchedule", "labelSelector": { "matchLabels": { "custom": "yes" } } }
+        ])
+    );
+}
+
+/// `extraArgs` follow the flags of `config:` and reach the binary as given (one that repeats a
+/// flag the chart sets is refused: the binary would refuse to start, see
+/// `schema_refuses_what_the_controller_would_not_run_with`).
+#[test]
+fn extra_args_reach_the_binary() {
+    let docs = render(&[
+        "config.resyncPeriod=30m".into(),
+        "extraArgs[0]=--cache-ttl=12h".into(),
+        "extraArgs[1]=--ec2-timeout=3s".into(),
+    ]);
+    let args = args_of(&docs);
+    assert_eq!(
+        &args[args.len() - 2..],
+        ["--cache-ttl=12h", "--ec2-timeout=3s"]
+    );
+    let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args));
+    assert!(cli.is_ok(), "{:?}", cli.err());
+}
+
+/// The ServiceMonitor: in another namespace if asked (selecting the Service in the release's),
+/// with the relabelings given.
+#[test]
+fn service_monitor_namespace_and_relabelings() {
+    let docs = render(&[
+        "metrics.serviceMonitor.enabled=true".into(),
+        "metrics.serviceMonitor.namespace=monitoring".into(),
+        "metrics.serviceMonitor.relabelings[0].action=replace".into(),
+        "metrics.serviceMonitor.relabelings[0].targetLabel=cluster".into(),
+        "metrics.serviceMonitor.relabelings[0].replacement=prod".into(),
+        "metrics.serviceMonitor.metricRelabelings[0].action=drop".into(),
+        "metrics.serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__".into(),
+        "metrics.serviceMonitor.metricRelabelings[0].regex=go_.*".into(),
+    ]);
+    let sm = kind(&docs, "ServiceMonitor")[0];
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        sm["spec"]["namespaceSelector"]["matchNames"],
+        json!(["ec2-topology-labeler"])
+    );
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!(
+        endpoint["relabelings"],
+        json!([{ "action": "replace", "targetLabel": "cluster", "replacement": "prod" }])
+    );
+    assert_eq!(
+        endpoint["metricRelabelings"],
+        json!([{ "action": "drop", "sourceLabels": ["__name__"], "regex": "go_.*" }])
+    );
+    let service = kind(&docs, "Service")[0];
+    for (k, v) in sm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "the Service carries {k}"
+        );
+    }
+    let docs = render(&["metrics.serviceMonitor.enabled=true".into()]);
+    assert_eq!(
+        kind(&docs, "ServiceMonitor")[0]["metadata"]["namespace"],
+        "ec2-topology-labeler"
+    );
+}
+
+/// `rbac.create=false` and `serviceAccount.create=false`: nothing of theirs is rendered, and the
+/// pod runs as the ServiceAccount named.
+#[test]
+fn rbac_and_service_account_can_be_brought_along() {
+    let docs = render(&[
+        "rbac.create=false".into(),
+        "serviceAccount.create=false".into(),
+        "serviceAccount.name=platform-labeler".into(),
+        "config.slurmTopologyConfigmap=slurm/topo".into(),
+    ]);
+    for k in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ] {
+        assert!(kind(&docs, k).is_empty(), "{k} rendered");
+    }
+    assert_eq!(pod_spec(&docs)["serviceAccountName"], "platform-labeler");
+    let docs = render(&[]);
+    assert_eq!(kind(&docs, "ServiceAccount").len(), 1);
+    assert_eq!(kind(&docs, "ClusterRole").len(), 1);
+    // An empty name is the release's full name (Karpenter's convention).
+    let docs = render(&["serviceAccount.name=".into()]);
+    assert_eq!(
+        kind(&docs, "ServiceAccount")[0]["metadata"]["name"],
+        pod_spec(&docs)["serviceAccountName"]
+    );
+    assert_eq!(
+        pod_spec(&docs)["serviceAccountName"],
+        "ec2-topology-labeler"
+    );
+}
+
+/// An umbrella chart with this one as a dependency renders, with no values at all and with
+/// `global` values (which Helm hands every dependency); the dependency's schema still refuses
+/// nonsense given through the umbrella.
+#[test]
+fn chart_works_as_a_dependency_of_an_umbrella_chart() {
+    let dir = std::env::temp_dir().join(format!("ec2tl-umbrella-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sub = dir.join("charts/ec2-topology-labeler");
+    std::fs::create_dir_all(&sub).unwrap();
+    let copy = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(format!("{}/.", chart().display()))
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n  - name: ec2-topology-labeler\n    version: \">=0.0.0-0\"\n",
+    )
+    .unwrap();
+    let umbrella = dir.to_str().unwrap();
+    let template = |values: &str| {
+        let file = dir.join("values.yaml");
+        std::fs::write(&file, values).unwrap();
+        helm(
+            None,
+            &[
+                "template",
+                "platform",
+                umbrella,
+                "-f",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    for values in [
+        "",
+        "global: {}\n",
+        "global:\n  imageRegistry: registry.example.com\n  clusterName: prod\n",
+        "global:\n  team: ml\nec2-topology-labeler:\n  replicaCount: 1\n  leaderElection:\n    enabled: false\n",
+    ] {
+        let out = template(values).unwrap_or_else(|e| panic!("{values:?}: {e:#}"));
+        assert!(out.contains("kind: Deployment"), "{values:?}");
+    }
+    let refused = template("ec2-topology-labeler:\n  leaderElection:\n    leaseDuration: banana\n");
+    assert!(
+        refused.is_err_and(|e| format!("{e:#}").contains("leaseDuration")),
+        "the dependency's schema applies through the umbrella"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ValidatingAdmissionPolicy: rendered only where the API server serves the API (Helm asks
+/// the cluster; `helm template` knows it from `--api-versions`), and off when asked; its CEL
+/// names exactly the configured keys, the startup taint and the ServiceAccount. (The e2e suite
+/// runs it in a real API server.)
+#[test]
+fn admission_policy_follows_the_api_and_the_configuration() {
+    use ec2_topology_labeler::labels::{
+        CAPACITY_BLOCK_KEY, EKS_LAYER_PREFIX, EKS_ZONE_ID_KEY, PLACEMENT_GROUP_KEY, SLINKY_SPEC_KEY,
+    };
+    let docs = render(&[]);
+    assert!(
+        kind(&docs, "ValidatingAdmissionPolicy").is_empty(),
+        "not served: not rendered"
+    );
+    let api = ["--api-versions", VAP_API];
+    let docs = render_with(&api, &["admissionPolicy.enabled=false".into()]);
+    assert!(
+        kind(&docs, "ValidatingAdmissionPolicy").is_empty(),
+        "turned off"
+    );
+    let docs = render_with(&api, &[]);
+    let policy = kind(&docs, "ValidatingAdmissionPolicy")[0];
+    let binding = kind(&docs, "ValidatingAdmissionPolicyBinding")[0];
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"],
+        json!(["nodes", "nodes/status"])
+    );
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        r#"request.userInfo.username == "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler""#
+    );
+    let cel = |p: &Value| -> String {
+        p["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+                format!("{} {}", text("expression"), text("message"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // The chart's defaults are the binary's.
+    let text = cel(policy);
+    for key in [
+        EKS_LAYER_PREFIX,
+        EKS_ZONE_ID_KEY,
+        CAPACITY_BLOCK_KEY,
+        PLACEMENT_GROUP_KEY,
+    ] {
+        assert!(
+            text.contains(&format!("\"{key}\"")),
+            "{key} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("may not change a Node's taints (config.startupTaint is not set)"));
+    // Slinky's annotation off: it may only be removed.
+    assert!(text.contains(&format!("k in [\"{SLINKY_SPEC_KEY}\"])")));
+    let docs = render_with(
+        &api,
+        &[
+            "config.layerLabelPrefix=example.com/tier-".into(),
+            "config.zoneIdLabelKey=example.com/zone".into(),
+            "config.startupTaint=example.com/pending=yes:NoExecute".into(),
+            "config.slinkyAnnotation=true".into(),
+            "serviceAccount.name=labeler".into(),
+        ],
+    );
+    let policy = kind(&docs, "ValidatingAdmissionPolicy")[0];
+    let text = cel(policy);
+    assert!(
+        text.contains(r#"k.startsWith("example.com/tier-") && k.substring(17)"#),
+        "{text}"
+    );
+    assert!(text.contains(r#""example.com/zone""#));
+    assert!(text.contains(r#"t.key == "example.com/pending" && t.effect == "NoExecute""#));
+    // The defaults this configuration replaced may still be removed (the controller retires them).
+    assert!(text.contains(&format!(r#"k.startsWith("{EKS_LAYER_PREFIX}")"#)));
+    assert!(text.contains(&format!(r#"k in ["{EKS_ZONE_ID_KEY}"]"#)));
+    assert!(
+        policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .ends_with(r#""system:serviceaccount:ec2-topology-labeler:labeler""#)
+    );
+}
+
+/// `helm test`: the pod runs `tree --min-labelled=1` with the configuration's label flags (all
+/// the binary's `tree` reads, and nothing else: the binary parses them), the controller's image
+/// and ServiceAccount, and not the controller's selector labels (its ReplicaSet would adopt it).
+#[test]
+fn helm_test_pod_reads_the_labels_as_configured() {
+    let label_keys: Vec<String> =
+        generator().into_root_schema_for::<LabelArgs>().to_value()["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+    let all = config_schema();
+    let mut sets: Vec<String> = label_keys
+        .iter()
+        .map(|k| format!("config.{k}={}", example(k, &all["properties"][k])))
+        .collect();
+    sets.push("config.startupTaint=example.com/pending:NoSchedule".into());
+    sets.push("config.resyncPeriod=5m".into());
+    sets.push("config.layerNumbering=top-first".into());
+    let docs = render(&sets);
+    let pods = kind(&docs, "Pod");
+    assert_eq!(pods.len(), 1);
+    let pod = pods[0];
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let args: Vec<String> = pod["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(&args[..2], ["tree", "--min-labelled=1"]);
+    let cli = Cli::try_parse_from(
+        std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
+    );
+    assert!(cli.is_ok(), "{args:?}: {:?}", cli.err());
+    for key in label_keys.iter().chain([&"startupTaint".to_string()]) {
+        let flag = format!("--{}=", kebab(key));
+        assert!(
+            args.iter().any(|a| a.starts_with(&flag)),
+            "{key}: no {flag} in {args:?}"
+        );
+    }
+    assert!(
+        !args.iter().any(|a| a.starts_with("--resync-period")),
+        "{args:?}"
+    );
+    assert_eq!(pod["spec"]["serviceAccountName"], "ec2-topology-labeler");
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    let selector = kind(&docs, "Deployment")[0]["spec"]["selector"]["matchLabels"].clone();
+    let labels = &pod["metadata"]["labels"];
+    assert!(
+        selector
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(k, v)| &labels[k] != v),
+        "the test pod matches the controller's selector: {labels}"
+    );
+    // It tolerates the startup taint like the controller: it must run on a fresh cluster too.
+    assert_eq!(
+        pod["spec"]["tolerations"],
+        json!([{ "key": "example.com/pending", "operator": "Exists" }])
+    );
+    assert!(kind(&render(&["tests.enabled=false".into()]), "Pod").is_empty());
+}
+
+fn kebab(key: &str) -> String {
+    key.chars()
+        .flat_map(|c| {
+            if c.is_ascii_uppercase() {
+                vec!['-', c.to_ascii_lowercase()]
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// The chart's README is what helm-docs makes of values.yaml and README.md.gotmpl now, and every
+/// value in its table is described.
+#[test]
+fn chart_readme_is_generated_from_the_values() {
+    let tools = e2e::built_by("e2e/tools/build.sh", "E2E_TOOLS").expect("tools");
+    let out = std::process::Command::new(tools.join("helm-docs"))
+        .args([
+            "--chart-search-root",
+            ".",
+            "--skip-version-footer",
+            "--dry-run",
+            "--log-level",
+            "error",
+        ])
+        .current_dir(chart())
+        .output()
+        .expect("helm-docs runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = String::from_utf8(out.stdout).unwrap();
+    let path = chart().join("README.md");
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have.trim_end() == want.trim_end(),
+        "{} is stale: run `make chart-docs`",
+        path.display()
+    );
+    let rows: Vec<&str> = have
+        .lines()
+        .skip_while(|l| !l.starts_with("## Values"))
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| Key"))
+        .collect();
+    assert!(rows.len() > 40, "{} value rows", rows.len());
+    for row in rows {
+        let description = row
+            .trim_end_matches('|')
+            .rsplit(" | ")
+            .next()
+            .unwrap_or("")
+            .trim();
+        assert!(!description.is_empty(), "undocumented value: {row}");
+    }
+}
+
+/// The sizing table in the chart's README holds what `make bench-scale` measured: each row's
+/// request covers the peak measured at that size and its limit leaves half as much again; the
+/// default limit does so for every size measured, and the default request up to 20,000 nodes.
+#[test]
+fn sizing_table_follows_the_measurements() {
+    let root = e2e::repo_root();
+    let csv = std::fs::read_to_string(root.join("docs/benchmarks-scale.csv")).unwrap();
+    let header = csv.lines().next().unwrap().split(',');
+    let col = |name: &str| header.clone().position(|h| h == name).unwrap();
+    let (nodes_at, peak_at) = (col("nodes"), col("peak_rss_mib"));
+    let measured: BTreeMap<u64, f64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[nodes_at].parse().unwrap(), f[peak_at].parse().unwrap())
+        })
+        .collect();
+    let mib = |q: &str| -> f64 {
+        let q = q.trim().trim_matches('`');
+        if let Some(g) = q.strip_suffix("Gi") {
+            g.parse::<f64>().unwrap() * 1024.0
+        } else {
+            q.strip_suffix("Mi")
+                .unwrap_or_else(|| panic!("{q}"))
+                .parse()
+                .unwrap()
+        }
+    };
+    let readme = std::fs::read_to_string(chart().join("README.md")).unwrap();
+    let table: BTreeMap<u64, (f64, f64, f64)> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("## Sizing"))
+        .take_while(|l| !l.starts_with("## Values"))
+        .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))
+        .map(|l| {
+            let f: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let nodes = f[0].replace(',', "").parse().unwrap();
+            let peak = f[1].trim_end_matches(" MiB").parse().unwrap();
+            (nodes, (peak, mib(f[2]), mib(f[3])))
+        })
+        .collect();
+    assert_eq!(
+        table.keys().collect::<Vec<_>>(),
+        measured.keys().collect::<Vec<_>>(),
+        "one row per size measured"
+    );
+    for (nodes, (peak, request, limit)) in &table {
+        let m = measured[nodes];
+        assert_eq!(
+            *peak,
+            m.round(),
+            "{nodes}: the README says {peak}, the run {m}"
+        );
+        assert!(
+            *request >= m,
+            "{nodes}: request {request} below the peak {m}"
+        );
+        assert!(
+            *limit >= 1.5 * m,
+            "{nodes}: limit {limit} leaves less than half again over {m}"
+        );
+    }
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart().join("values.yaml")).unwrap())
+            .unwrap();
+    let limit = mib(values["resources"]["limits"]["memory"].as_str().unwrap());
+    let request = mib(values["resources"]["requests"]["memory"].as_str().unwrap());
+    for (nodes, m) in &measured {
+        assert!(
+            limit >= 1.5 * m,
+            "the default limit {limit} does not hold {nodes} nodes ({m})"
+        );
+    }
+    assert!(
+        request >= measured[&20_000],
+        "the default request is below use at 20,000 nodes"
+    );
+}
+
+/// Every action a workflow uses is pinned by a full commit SHA, with the release it is in a
+/// comment (a tag can be moved; a commit cannot).
+#[test]
+fn workflow_actions_are_pinned_by_commit() {
+    let dir = e2e::repo_root().join(".github/workflows");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let Some((_, used)) = line.split_once("uses:") else {
+                continue;
+            };
+            let used = used.trim();
+            if used.starts_with("./") || used.starts_with("docker://") {
+                continue;
+            }
+            seen += 1;
+            let (action, rest) = used.split_once('@').unwrap_or((used, ""));
+            let (sha, comment) = rest.split_once(" # ").unwrap_or((rest, ""));
+            assert!(
+                sha.len() == 40
+                    && sha
+                        .chars()
+                        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+                "{}: {action} is not pinned by a commit SHA: {line}",
+                path.display()
+            );
+            assert!(
+                comment.trim().starts_with('v'),
+                "{}: {action}: say which release the commit is in (`# vX.Y.Z`): {line}",
+                path.display()
+            );
+        }
+    }
+    assert!(seen > 0, "no actions found");
+}
+
+/// `envFrom`, `extraVolumes` and `extraVolumeMounts` (named as the AWS Load Balancer
+/// Controller's chart names them) reach the pod as given: what IRSA outside EKS, or credentials
+/// from a Secret, need.
+#[test]
+fn env_from_and_extra_volumes_reach_the_pod() {
+    let docs = render(&[
+        "envFrom[0].secretRef.name=aws-creds".into(),
+        "extraVolumes[0].name=aws-iam-token".into(),
+        "extraVolumes[0].projected.sources[0].serviceAccountToken.audience=sts.amazonaws.com"
+            .into(),
+        "extraVolumes[0].projected.sources[0].serviceAccountToken.path=token".into(),
+        "extraVolumeMounts[0].name=aws-iam-token".into(),
+        "extraVolumeMounts[0].mountPath=/var/run/secrets/eks.amazonaws.com/serviceaccount".into(),
+        "extraVolumeMounts[0].readOnly=true".into(),
+    ]);
+    let pod = &kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"],
+        json!([{ "name": "aws-iam-token", "projected": { "sources": [
+            { "serviceAccountToken": { "audience": "sts.amazonaws.com", "path": "token" } }
+        ] } }])
+    );
+    let c = container(&docs);
+    assert_eq!(
+        c["envFrom"],
+        json!([{ "secretRef": { "name": "aws-creds" } }])
+    );
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{ "name": "aws-iam-token", "readOnly": true,
+                 "mountPath": "/var/run/secrets/eks.amazonaws.com/serviceaccount" }])
+    );
+    // None of them by default.
+    let docs = render(&[]);
+    let c = container(&docs);
+    assert!(c["envFrom"].is_null() && c["volumeMounts"].is_null());
+    assert!(kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"].is_null());
+}
+
 /// The `config:` block: every user-facing flag of `run`, camelCase (the chart passes each as
 /// `--kebab-case=value`).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -404,16 +1250,10 @@ struct ChartConfig {
 }
 
 /// JSON Schema (draft-07, what Helm validates) of the `config:` block. Every key is optional;
-/// unknown keys are refused (a typo must not be silently ignored).
+/// unknown keys are refused (a typo must not be silently ignored), and so is `null`: the chart
+/// would render it as an empty flag (`--region=`).
 pub fn config_schema() -> Value {
-    let settings = SchemaSettings::draft07().with(|s| {
-        s.inline_subschemas = true;
-        s.meta_schema = None;
-    });
-    let schema = settings
-        .into_generator()
-        .into_root_schema_for::<ChartConfig>();
-    let mut v = schema.to_value();
+    let mut v = generator().into_root_schema_for::<ChartConfig>().to_value();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("required");
         obj.remove("title");
@@ -424,6 +1264,40 @@ pub fn config_schema() -> Value {
                 .into(),
         );
     }
+    for prop in v["properties"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|p| p.values_mut())
+    {
+        let types = prop["type"].as_array().cloned();
+        if let Some(types) = types {
+            let types: Vec<Value> = types.into_iter().filter(|t| t != "null").collect();
+            prop["type"] = match types.as_slice() {
+                [one] => one.clone(),
+                _ => Value::Array(types),
+            };
+        }
+    }
+    v
+}
+
+fn generator() -> schemars::SchemaGenerator {
+    SchemaSettings::draft07()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator()
+}
+
+/// A duration as the binary parses it (`15s`, `1h30m`): the binary's own schema of it.
+fn duration() -> Value {
+    let mut v = generator()
+        .into_root_schema_for::<ec2_topology_labeler::duration::HumanDuration>()
+        .to_value();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("title");
+    }
     v
 }
 
@@ -431,12 +1305,36 @@ fn string() -> Value {
     json!({ "type": "string" })
 }
 
+fn boolean() -> Value {
+    json!({ "type": "boolean" })
+}
+
 fn object() -> Value {
     json!({ "type": "object" })
 }
 
-fn array() -> Value {
-    json!({ "type": "array" })
+/// Labels, annotations, a node selector: strings by strings.
+fn string_map() -> Value {
+    json!({ "type": "object", "additionalProperties": { "type": "string" } })
+}
+
+/// A list of Kubernetes objects (volumes, mounts, `envFrom` sources), passed through as given.
+fn objects() -> Value {
+    json!({ "type": "array", "items": { "type": "object" } })
+}
+
+/// An object with exactly these properties (unknown keys refused: a typo is not ignored).
+fn closed(properties: Value) -> Value {
+    json!({ "type": "object", "additionalProperties": false, "properties": properties })
+}
+
+/// A Kubernetes object name (DNS subdomain).
+fn dns_name() -> Value {
+    json!({
+        "type": "string",
+        "maxLength": 253,
+        "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    })
 }
 
 /// The whole `values.schema.json`.
@@ -447,82 +1345,81 @@ pub fn values_schema() -> Value {
         "type": "object",
         "additionalProperties": false,
         "properties": {
+            // An umbrella chart passes `global` to every dependency.
+            "global": object(),
             "nameOverride": string(),
             "fullnameOverride": string(),
-            "image": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": {
-                    "repository": string(),
-                    "tag": string(),
-                    "pullPolicy": { "enum": ["Always", "IfNotPresent", "Never"] }
-                }
-            },
-            "imagePullSecrets": array(),
+            "image": closed(json!({
+                "repository": { "type": "string", "minLength": 1 },
+                "tag": string(),
+                "digest": { "type": "string", "pattern": "^(sha256:[a-f0-9]{64})?$" },
+                "pullPolicy": { "enum": ["Always", "IfNotPresent", "Never"] }
+            })),
+            "imagePullSecrets": objects(),
             "replicaCount": { "type": "integer", "minimum": 0 },
-            "leaderElection": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": {
-                    "enabled": { "type": "boolean" },
-                    "leaseName": string(),
-                    "leaseDuration": string(),
-                    "renewGrace": string()
-                }
-            },
-            "events": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": { "enabled": { "type": "boolean" } }
-            },
-            "podDisruptionBudget": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": {
-                    "enabled": { "type": "boolean" },
-                    "maxUnavailable": { "type": ["integer", "string"] }
-                }
-            },
-            "serviceAccount": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": {
-                    "create": { "type": "boolean" },
-                    "name": string(),
-                    "annotations": object()
-                }
-            },
+            "revisionHistoryLimit": { "type": "integer", "minimum": 0 },
+            "leaderElection": closed(json!({
+                "enabled": boolean(),
+                "leaseName": dns_name(),
+                "leaseDuration": duration(),
+                "renewGrace": duration()
+            })),
+            "events": closed(json!({ "enabled": boolean() })),
+            "podDisruptionBudget": closed(json!({
+                "enabled": boolean(),
+                "maxUnavailable": { "type": ["integer", "string"] }
+            })),
+            "rbac": closed(json!({ "create": boolean() })),
+            "serviceAccount": closed(json!({
+                "create": boolean(),
+                // Empty: the release's full name.
+                "name": { "anyOf": [dns_name(), { "const": "" }] },
+                "annotations": string_map()
+            })),
+            "admissionPolicy": closed(json!({ "enabled": boolean() })),
             "config": config_schema(),
-            "extraEnv": array(),
+            "extraArgs": { "type": "array", "items": { "type": "string", "pattern": "^--[a-z]" } },
+            "extraEnv": objects(),
+            "envFrom": objects(),
+            "extraVolumes": objects(),
+            "extraVolumeMounts": objects(),
             "logFormat": { "enum": ["json", "text"] },
             "logLevel": string(),
-            "metrics": {
-                "type": "object",
-                "additionalProperties": false,
-                "properties": {
-                    "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
-                    "serviceMonitor": {
-                        "type": "object",
-                        "additionalProperties": false,
-                        "properties": {
-                            "enabled": { "type": "boolean" },
-                            "interval": string(),
-                            "labels": object()
-                        }
-                    }
-                }
-            },
-            "resources": object(),
+            "metrics": closed(json!({
+                "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
+                "serviceMonitor": closed(json!({
+                    "enabled": boolean(),
+                    "namespace": string(),
+                    // The Prometheus Operator's Duration.
+                    "interval": {
+                        "type": "string",
+                        "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+                    },
+                    "labels": string_map(),
+                    "relabelings": objects(),
+                    "metricRelabelings": objects()
+                }))
+            })),
+            "resources": closed(json!({
+                "requests": object(),
+                "limits": object(),
+                "claims": objects()
+            })),
             "podSecurityContext": object(),
             "securityContext": object(),
             "priorityClassName": string(),
-            "nodeSelector": object(),
-            "tolerations": array(),
+            "nodeSelector": string_map(),
+            "tolerations": objects(),
             "affinity": object(),
+            "topologySpreadConstraints": objects(),
             "terminationGracePeriodSeconds": { "type": "integer", "minimum": 0 },
-            "podAnnotations": object(),
-            "podLabels": object()
-        }
+            "podAnnotations": string_map(),
+            "podLabels": string_map(),
+            "tests": closed(json!({ "enabled": boolean() }))
+        },
+        // Two replicas without leader election would both write.
+        "if": { "properties": { "replicaCount": { "minimum": 2 } } },
+        "then": { "properties": { "leaderElection": { "properties": { "enabled": { "const": true } } } } }
     })
 }
 

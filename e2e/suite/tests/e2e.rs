@@ -44,6 +44,12 @@ use volcano::{
     volcano_on_a_mixed_fleet_both_ways, volcano_places_gangs_by_its_label_discovery,
     volcano_places_gangs_on_our_hypernodes,
 };
+#[path = "e2e/admission.rs"]
+mod admission;
+#[path = "e2e/manifests.rs"]
+mod manifests;
+use admission::admission_policy_limits_the_controllers_node_writes;
+use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios
@@ -2079,6 +2085,9 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
         scenario!(turned_off_extras_are_removed_at_start_up, true),
+        scenario!(admission_policy_limits_the_controllers_node_writes, true),
+        scenario!(deploy_manifests_apply_cleanly, false),
+        scenario!(tree_min_labelled_checks_the_labels, false),
         scenario!(startup_taint_and_condition, true),
         scenario!(hypernodes_follow_nodes, true),
         scenario!(kueue_topology_published_and_never_changed, true),

@@ -369,6 +369,110 @@ async fn scheduler_places_pods_by_topology_labels(env: &Env) -> anyhow::Result<(
     Ok(())
 }
 
+/// `kubectl apply -f deploy/` (the README's plain-manifest install) is accepted by a real API
+/// server with the kubectl the kind node ships (a server-side dry run: the chart is installed
+/// next, by Helm).
+async fn deploy_manifests_apply_with_kubectl(_env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let deploy = e2e::repo_root().join("deploy");
+    let (ok, out) = kind.kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        deploy.to_str().unwrap_or_default(),
+    ])?;
+    ensure!(ok, "kubectl apply -f deploy/ failed:\n{out}");
+    for object in [
+        "namespace/ec2-topology-labeler",
+        "deployment.apps/ec2-topology-labeler",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ec2-topology-labeler-nodes",
+    ] {
+        ensure!(out.contains(object), "{object} not applied:\n{out}");
+    }
+    eprintln!(
+        "    kubectl apply --dry-run=server -f deploy/: {} objects",
+        out.lines().count()
+    );
+    Ok(())
+}
+
+/// `helm test`: the chart's test pod runs `tree --min-labelled=1` in the cluster with the
+/// controller's image and ServiceAccount, prints the topology and passes (the kind nodes are
+/// labelled by now).
+async fn helm_test_passes(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let started = Instant::now();
+    let out = kind.helm(&[
+        "test",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--logs",
+        "--timeout",
+        "120s",
+    ])?;
+    ensure!(
+        out.contains("Phase:          Succeeded") || out.contains("Phase: Succeeded"),
+        "{out}"
+    );
+    ensure!(
+        out.contains(WORKER_LEAF),
+        "the test pod's log has no tree with {WORKER_LEAF}:\n{out}"
+    );
+    eprintln!(
+        "    helm test passed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    // The controller's replicas did not restart meanwhile.
+    let c = env.admin().await?;
+    for p in incluster::pods(&c).await? {
+        ensure!(incluster::restarts(&p) == 0, "{} restarted", p.name_any());
+    }
+    Ok(())
+}
+
+/// The admission policy holds in a real cluster: the controller's ServiceAccount (impersonated
+/// by kubectl) may not label a node with a key that is not its own, though RBAC lets it patch
+/// nodes; its own key it may write.
+async fn admission_policy_refuses_foreign_writes(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let (_, worker) = kind_nodes(&c).await?;
+    let worker = worker.name_any();
+    let sa = format!("--as=system:serviceaccount:{NAMESPACE}:ec2-topology-labeler");
+    let (ok, out) = kind.kubectl(&["label", "node", &worker, "example.com/team=ml", &sa])?;
+    ensure!(
+        !ok && out.contains("ValidatingAdmissionPolicy")
+            && out.contains("refused: example.com/team"),
+        "a foreign label by the controller's identity was not refused by the policy:\n{out}"
+    );
+    let (ok, out) = kind.kubectl(&["taint", "node", &worker, "example.com/x=y:NoSchedule", &sa])?;
+    ensure!(
+        !ok && out.contains("may not add, change or remove other taints"),
+        "a taint was not refused:\n{out}"
+    );
+    // What RBAC alone would refuse stays refused by RBAC (delete is not granted).
+    let (ok, out) = kind.kubectl(&["delete", "node", &worker, "--dry-run=server", &sa])?;
+    ensure!(!ok && out.contains("forbidden"), "{out}");
+    // kube-controller-manager type-checks the policy's CEL against the Node schema: every
+    // field it names exists.
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(c.clone());
+    let status = eventually("the policy type-checked", WAIT, || async {
+        let p = policies.get("ec2-topology-labeler-nodes").await?;
+        let generation = p.metadata.generation;
+        Ok(p.status
+            .filter(|s| s.observed_generation.is_some() && s.observed_generation == generation))
+    })
+    .await?;
+    let warnings = status
+        .type_checking
+        .and_then(|t| t.expression_warnings)
+        .unwrap_or_default();
+    ensure!(warnings.is_empty(), "type-checking warnings: {warnings:?}");
+    Ok(())
+}
+
 /// `kubectl logs` shows one JSON object per line, with a level, a message, and the node and
 /// instance on label changes.
 async fn logs_are_json_lines_an_operator_can_read(env: &Env) -> anyhow::Result<()> {
@@ -592,6 +696,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
             pod_waits_for_topology_before_install
         ),
         s!(
+            "install::deploy_manifests_apply_with_kubectl",
+            deploy_manifests_apply_with_kubectl
+        ),
+        s!(
             "install::chart_installs_and_both_replicas_become_ready",
             chart_installs_and_both_replicas_become_ready
         ),
@@ -602,6 +710,11 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         s!(
             "install::scheduler_places_pods_by_topology_labels",
             scheduler_places_pods_by_topology_labels
+        ),
+        s!("install::helm_test_passes", helm_test_passes),
+        s!(
+            "install::admission_policy_refuses_foreign_writes",
+            admission_policy_refuses_foreign_writes
         ),
         s!(
             "install::logs_are_json_lines_an_operator_can_read",

@@ -1,0 +1,329 @@
+//! The chart's ValidatingAdmissionPolicy, enforced by the real API server: as the controller's
+//! ServiceAccount, every write to a Node beyond the controller's own label and annotation keys,
+//! its `TopologyLabeled` condition and the removal of the configured startup taint is refused;
+//! those are allowed. (Everything the controller itself does runs under the same policy in the
+//! rest of the suite: the chart is installed before the controller starts.)
+
+use anyhow::{Context, bail, ensure};
+use e2e::{
+    cluster::client_from,
+    env::{Env, WAIT, label_and_wait},
+    fixtures::NodeSpec,
+    kube_util::{self, eventually},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+
+/// The startup taint the e2e install configures (`config.startupTaint`).
+const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
+const FOREIGN_TAINT: &str = "example.com/dedicated";
+
+fn merge() -> PatchParams {
+    PatchParams::default()
+}
+
+/// A write the policy must refuse: 403, naming the policy, with `message` in its text.
+async fn refused(
+    what: &str,
+    write: impl std::future::Future<Output = kube::Result<Node>>,
+    message: &str,
+) -> anyhow::Result<()> {
+    match write.await {
+        Ok(_) => bail!("{what}: accepted, but the admission policy should refuse it"),
+        Err(kube::Error::Api(e)) => {
+            ensure!(
+                e.code == 403
+                    && e.message.contains("ValidatingAdmissionPolicy")
+                    && e.message.contains(message),
+                "{what}: refused, but not by the policy with {message:?}: {} {}",
+                e.code,
+                e.message
+            );
+            eprintln!("    refused, {what}: {}", e.message);
+            Ok(())
+        }
+        Err(e) => bail!("{what}: {e}"),
+    }
+}
+
+async fn allowed(
+    what: &str,
+    write: impl std::future::Future<Output = kube::Result<Node>>,
+) -> anyhow::Result<Node> {
+    write.await.with_context(|| format!("{what}: refused"))
+}
+
+fn taints(n: &Node) -> Vec<Value> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> anyhow::Result<()> {
+    let admin = env.admin().await?;
+    let kc = env
+        .cluster
+        .controller_kubeconfig
+        .clone()
+        .context("a local control plane (the controller's ServiceAccount token)")?;
+    let sa: Client = client_from(&kc).await?;
+    let s = NodeSpec::ec2(0x1a0, 1, "p5.48xlarge");
+    let inst = s.instance(&["nn-adm-spine", "nn-adm-agg", "nn-adm-leaf"]);
+    label_and_wait(env, &admin, &[(s.clone(), inst)]).await?;
+    let as_admin: Api<Node> = Api::all(admin.clone());
+    let as_sa: Api<Node> = Api::all(sa.clone());
+    let name = s.name.as_str();
+    // Two taints the node's provisioner might have set: ours (released by the controller only
+    // with --startup-taint, which the running controller has not) and someone else's.
+    as_admin
+        .patch(
+            name,
+            &merge(),
+            &Patch::Merge(json!({ "spec": { "taints": [
+                { "key": PENDING, "effect": "NoSchedule" },
+                { "key": FOREIGN_TAINT, "value": "gpu", "effect": "NoSchedule" }
+            ] } })),
+        )
+        .await?;
+
+    // The policy may take a moment to be loaded after `helm install`: probe with a foreign label
+    // of a new value each time (an attempt that went through must not hide the next one).
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    eventually("the admission policy in force", WAIT, || async {
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = json!({ "metadata": { "labels": { "example.com/probe": n.to_string() } } });
+        let r = as_sa.patch(name, &merge(), &Patch::Merge(probe)).await;
+        Ok(matches!(r, Err(kube::Error::Api(ref e)) if e.code == 403).then_some(()))
+    })
+    .await?;
+
+    // Labels: only the controller's own keys, set or removed.
+    let labels = |l: Value| Patch::Merge(json!({ "metadata": { "labels": l } }));
+    refused(
+        "a foreign label set",
+        as_sa.patch(name, &merge(), &labels(json!({ "example.com/team": "a" }))),
+        "may set only its own node labels; refused: example.com/team",
+    )
+    .await?;
+    refused(
+        "the kubelet's hostname label changed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &labels(json!({ "kubernetes.io/hostname": "elsewhere" })),
+        ),
+        "refused: kubernetes.io/hostname",
+    )
+    .await?;
+    refused(
+        "a foreign label removed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &labels(json!({ "eks.amazonaws.com/nodegroup": null })),
+        ),
+        "may remove only its own node labels; refused: eks.amazonaws.com/nodegroup",
+    )
+    .await?;
+    refused(
+        "a layer beyond the 16 the controller writes",
+        as_sa.patch(
+            name,
+            &merge(),
+            &labels(json!({ "topology.k8s.aws/network-node-layer-17": "x" })),
+        ),
+        "refused: topology.k8s.aws/network-node-layer-17",
+    )
+    .await?;
+    // Server-side apply is a PATCH too, under the controller's own field manager.
+    let apply = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": {
+            "topology.k8s.aws/network-node-layer-1": "nn-adm-spine",
+            "example.com/applied": "yes"
+        } }
+    });
+    refused(
+        "a foreign label in a server-side apply",
+        as_sa.patch(
+            name,
+            &PatchParams::apply("ec2-topology-labeler").force(),
+            &Patch::Apply(apply),
+        ),
+        "refused: example.com/applied",
+    )
+    .await?;
+    let changed = allowed(
+        "one of its own labels changed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &labels(json!({ "topology.k8s.aws/zone-id": "usw2-az9" })),
+        ),
+    )
+    .await?;
+    ensure!(
+        kube_util::topology_labels(changed.metadata.labels.as_ref().context("labels")?)
+            .get("topology.k8s.aws/zone-id")
+            .map(String::as_str)
+            == Some("usw2-az9"),
+        "the zone-id label was not written"
+    );
+
+    // Annotations: only the controller's own keys.
+    let annotations = |a: Value| Patch::Merge(json!({ "metadata": { "annotations": a } }));
+    refused(
+        "a foreign annotation set",
+        as_sa.patch(
+            name,
+            &merge(),
+            &annotations(json!({ "example.com/note": "x" })),
+        ),
+        "may set only its own node annotations; refused: example.com/note",
+    )
+    .await?;
+    refused(
+        "a foreign annotation removed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &annotations(json!({ "node.alpha.kubernetes.io/ttl": null })),
+        ),
+        "may remove only its own node annotations; refused: node.alpha.kubernetes.io/ttl",
+    )
+    .await?;
+    allowed(
+        "its placement-group annotation set",
+        as_sa.patch(
+            name,
+            &merge(),
+            &annotations(json!({ "ec2-topology-labeler.io/placement-group": "pg" })),
+        ),
+    )
+    .await?;
+
+    // Taints: only the configured startup taint, and only removed.
+    let current = as_admin.get(name).await?;
+    let all = taints(&current);
+    let ours = |t: &Value| t["key"] == PENDING;
+    let mut added = all.clone();
+    added.push(json!({ "key": "example.com/added", "effect": "NoExecute" }));
+    let spec_taints = |t: Vec<Value>| Patch::Merge(json!({ "spec": { "taints": t } }));
+    refused(
+        "a taint added",
+        as_sa.patch(name, &merge(), &spec_taints(added)),
+        "it may not add, change or remove other taints",
+    )
+    .await?;
+    refused(
+        "a foreign taint removed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &spec_taints(
+                all.iter()
+                    .filter(|t| t["key"] != FOREIGN_TAINT)
+                    .cloned()
+                    .collect(),
+            ),
+        ),
+        "may only remove the startup taint",
+    )
+    .await?;
+    let mut revalued = all.clone();
+    for t in revalued.iter_mut().filter(|t| ours(t)) {
+        t["value"] = json!("changed");
+    }
+    refused(
+        "the startup taint changed",
+        as_sa.patch(name, &merge(), &spec_taints(revalued)),
+        "it may not add, change or remove other taints",
+    )
+    .await?;
+    refused(
+        "the node cordoned",
+        as_sa.patch(
+            name,
+            &merge(),
+            &Patch::Merge(json!({ "spec": { "unschedulable": true } })),
+        ),
+        "may not change a Node's spec",
+    )
+    .await?;
+    let released = allowed(
+        "the startup taint removed",
+        as_sa.patch(
+            name,
+            &merge(),
+            &spec_taints(all.iter().filter(|t| !ours(t)).cloned().collect()),
+        ),
+    )
+    .await?;
+    let left: Vec<String> = taints(&released)
+        .iter()
+        .filter_map(|t| t["key"].as_str().map(str::to_string))
+        .collect();
+    ensure!(left == [FOREIGN_TAINT], "taints left: {left:?}");
+
+    // Status: only the TopologyLabeled condition.
+    let condition = |t: &str, status: &str| {
+        Patch::Strategic(json!({ "status": { "conditions": [{
+            "type": t, "status": status, "reason": "E2e", "message": "e2e",
+            "lastTransitionTime": "2026-12-01T00:00:00Z"
+        }] } }))
+    };
+    refused(
+        "the kubelet's Ready condition changed",
+        as_sa.patch_status(name, &merge(), &condition("Ready", "False")),
+        "may change only its own TopologyLabeled condition",
+    )
+    .await?;
+    refused(
+        "the node's capacity changed",
+        as_sa.patch_status(
+            name,
+            &merge(),
+            &Patch::Merge(json!({ "status": { "capacity": { "nvidia.com/gpu": "16" } } })),
+        ),
+        "may not change a Node's status",
+    )
+    .await?;
+    refused(
+        "a foreign label set through the status subresource",
+        as_sa.patch_status(name, &merge(), &labels(json!({ "example.com/team": "a" }))),
+        "refused: example.com/team",
+    )
+    .await?;
+    allowed(
+        "its TopologyLabeled condition",
+        as_sa.patch_status(name, &merge(), &condition("TopologyLabeled", "True")),
+    )
+    .await?;
+
+    // The policy binds the controller's ServiceAccount alone: an administrator may still.
+    allowed(
+        "a foreign label set by an administrator",
+        as_admin.patch(name, &merge(), &labels(json!({ "example.com/team": "a" }))),
+    )
+    .await?;
+    as_admin
+        .patch(
+            name,
+            &merge(),
+            &Patch::Merge(json!({ "spec": { "taints": null } })),
+        )
+        .await?;
+    // The controller puts its own label back (a correction it is allowed to write).
+    let want = e2e::env::expected(&["nn-adm-spine", "nn-adm-agg", "nn-adm-leaf"], &[]);
+    kube_util::wait_for_topology(&admin, name, &want, WAIT).await
+}

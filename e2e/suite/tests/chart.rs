@@ -385,6 +385,41 @@ fn all_features_render() {
     assert!(args_of(&docs).contains(&"--region=us-west-2".to_string()));
 }
 
+/// `envFrom`, `extraVolumes` and `extraVolumeMounts` (named as the AWS Load Balancer
+/// Controller's chart names them) reach the pod as given: what IRSA outside EKS, or credentials
+/// from a Secret, need.
+#[test]
+fn env_from_and_extra_volumes_reach_the_pod() {
+    let docs = render(&[
+        "envFrom[0].secretRef.name=aws-creds".into(),
+        "extraVolumes[0].name=aws-iam-token".into(),
+        "extraVolumes[0].projected.sources[0].serviceAccountToken.audience=sts.amazonaws.com".into(),
+        "extraVolumes[0].projected.sources[0].serviceAccountToken.path=token".into(),
+        "extraVolumeMounts[0].name=aws-iam-token".into(),
+        "extraVolumeMounts[0].mountPath=/var/run/secrets/eks.amazonaws.com/serviceaccount".into(),
+        "extraVolumeMounts[0].readOnly=true".into(),
+    ]);
+    let pod = &kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"],
+        json!([{ "name": "aws-iam-token", "projected": { "sources": [
+            { "serviceAccountToken": { "audience": "sts.amazonaws.com", "path": "token" } }
+        ] } }])
+    );
+    let c = container(&docs);
+    assert_eq!(c["envFrom"], json!([{ "secretRef": { "name": "aws-creds" } }]));
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{ "name": "aws-iam-token", "readOnly": true,
+                 "mountPath": "/var/run/secrets/eks.amazonaws.com/serviceaccount" }])
+    );
+    // None of them by default.
+    let docs = render(&[]);
+    let c = container(&docs);
+    assert!(c["envFrom"].is_null() && c["volumeMounts"].is_null());
+    assert!(kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"].is_null());
+}
+
 /// The `config:` block: every user-facing flag of `run`, camelCase (the chart passes each as
 /// `--kebab-case=value`).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -437,6 +472,11 @@ fn object() -> Value {
 
 fn array() -> Value {
     json!({ "type": "array" })
+}
+
+/// A list of Kubernetes objects (volumes, mounts, `envFrom` sources), passed through as given.
+fn objects() -> Value {
+    json!({ "type": "array", "items": { "type": "object" } })
 }
 
 /// The whole `values.schema.json`.
@@ -494,6 +534,9 @@ pub fn values_schema() -> Value {
             },
             "config": config_schema(),
             "extraEnv": array(),
+            "envFrom": objects(),
+            "extraVolumes": objects(),
+            "extraVolumeMounts": objects(),
             "logFormat": { "enum": ["json", "text"] },
             "logLevel": string(),
             "metrics": {

@@ -111,7 +111,12 @@ async fn credentials(State(agent): State<Agent>, headers: HeaderMap) -> Response
         .unwrap_or_default();
     let ours = host_ip(host).is_some_and(|ip| agent.args.listen.iter().any(|l| l.ip() == ip));
     if !ours {
-        let addresses: Vec<String> = agent.args.listen.iter().map(|l| l.ip().to_string()).collect();
+        let addresses: Vec<String> = agent
+            .args
+            .listen
+            .iter()
+            .map(|l| l.ip().to_string())
+            .collect();
         return refuse(
             StatusCode::FORBIDDEN,
             format!(
@@ -288,7 +293,8 @@ mod tests {
     fn tokens_the_agent_refuses_before_asking_eks_auth() {
         assert!(basic_claims("not-a-jwt").is_err());
         // {"alg":"RS256"} . {"sub":"system:serviceaccount:a:b","exp":1} . signature
-        let expired = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YTpiIiwiZXhwIjoxfQ.c2ln";
+        let expired =
+            "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YTpiIiwiZXhwIjoxfQ.c2ln";
         assert!(basic_claims(expired).is_err());
         // the same, expiring in 2100
         let fresh = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YTpiIiwiZXhwIjo0MTAyNDQ0ODAwfQ.c2ln";

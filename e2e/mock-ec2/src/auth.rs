@@ -225,9 +225,8 @@ impl Registry {
             ));
         }
         let auth = parsed.ok_or_else(incomplete)?;
-        let (secret, token, expires_at) = self
-            .lookup(auth.access_key_id)
-            .ok_or_else(auth_failure)?;
+        let (secret, token, expires_at) =
+            self.lookup(auth.access_key_id).ok_or_else(auth_failure)?;
         let sent_token = request
             .headers
             .get("x-amz-security-token")
@@ -470,7 +469,12 @@ mod tests {
         let (h, b) = signed(&good, now, BODY);
         assert_eq!(judge(&r, &h, b, now), "ok AKIDEXAMPLE");
         assert_eq!(
-            judge(&r, &h, b"Action=DescribeInstanceTopology&Version=2016-11-16", now),
+            judge(
+                &r,
+                &h,
+                b"Action=DescribeInstanceTopology&Version=2016-11-16",
+                now
+            ),
             "AuthFailure",
             "a changed body breaks the signature"
         );
@@ -489,7 +493,12 @@ mod tests {
     #[test]
     fn a_temporary_credential_needs_its_token_and_expires() {
         let mut r = verifying();
-        let c = r.issue("AssumeRoleWithWebIdentity", "arn:aws:iam::1:role/r", "s", 60);
+        let c = r.issue(
+            "AssumeRoleWithWebIdentity",
+            "arn:aws:iam::1:role/r",
+            "s",
+            60,
+        );
         let creds = Credentials::new(
             &c.access_key_id,
             &c.secret_access_key,

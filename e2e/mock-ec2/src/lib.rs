@@ -318,12 +318,19 @@ impl MockEc2 {
         inner.stats.calls += 1;
         inner.stats.ids_per_call.push(request.instance_ids.len());
         if let Some(signed) = signed {
-            match self.registry().authenticate(signed, std::time::SystemTime::now()) {
+            match self
+                .registry()
+                .authenticate(signed, std::time::SystemTime::now())
+            {
                 Ok(Some(key)) => *inner.stats.signed_by.entry(key).or_default() += 1,
                 Ok(None) => {}
                 Err(e) => {
                     inner.stats.failed += 1;
-                    *inner.stats.auth_refused.entry(e.code.to_string()).or_default() += 1;
+                    *inner
+                        .stats
+                        .auth_refused
+                        .entry(e.code.to_string())
+                        .or_default() += 1;
                     return Outcome::Error(e, request_id);
                 }
             }

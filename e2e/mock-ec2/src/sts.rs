@@ -14,12 +14,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::{
-    MockEc2,
-    auth::iso8601,
-    oidc::TokenError,
-    xml_escape,
-};
+use crate::{MockEc2, auth::iso8601, oidc::TokenError, xml_escape};
 
 const XMLNS: &str = "https://sts.amazonaws.com/doc/2011-06-15/";
 pub const AUDIENCE: &str = "sts.amazonaws.com";
@@ -56,7 +51,11 @@ impl StsError {
             "RegionDisabledException" => (StatusCode::FORBIDDEN, "RegionDisabledException"),
             _ => (StatusCode::FORBIDDEN, "AccessDenied"),
         };
-        Self::new(status, code, format!("Not authorized to perform sts:{ACTION}"))
+        Self::new(
+            status,
+            code,
+            format!("Not authorized to perform sts:{ACTION}"),
+        )
     }
 
     fn response(&self, request_id: &str) -> Response {
@@ -70,12 +69,7 @@ impl StsError {
             self.code,
             xml_escape(&self.message)
         );
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "text/xml")],
-            body,
-        )
-            .into_response()
+        (self.status, [(header::CONTENT_TYPE, "text/xml")], body).into_response()
     }
 }
 
@@ -207,20 +201,28 @@ async fn exchange(mock: &MockEc2, params: &[(String, String)]) -> Result<String,
         .verify(request.token, AUDIENCE)
         .await
         .map_err(|e| match e {
-            TokenError::Expired(_) => {
-                StsError::new(StatusCode::BAD_REQUEST, "ExpiredTokenException", e.to_string())
-            }
-            TokenError::Unreachable(_) => {
-                StsError::new(StatusCode::BAD_REQUEST, "IDPCommunicationError", e.to_string())
-            }
-            TokenError::Malformed(_) | TokenError::Invalid(_) => {
-                StsError::new(StatusCode::BAD_REQUEST, "InvalidIdentityToken", e.to_string())
-            }
+            TokenError::Expired(_) => StsError::new(
+                StatusCode::BAD_REQUEST,
+                "ExpiredTokenException",
+                e.to_string(),
+            ),
+            TokenError::Unreachable(_) => StsError::new(
+                StatusCode::BAD_REQUEST,
+                "IDPCommunicationError",
+                e.to_string(),
+            ),
+            TokenError::Malformed(_) | TokenError::Invalid(_) => StsError::new(
+                StatusCode::BAD_REQUEST,
+                "InvalidIdentityToken",
+                e.to_string(),
+            ),
         })?;
     let mut registry = mock.registry();
-    let trusted = registry.config.roles.iter().any(|r| {
-        r.arn == request.role_arn && r.web_identity_subjects.iter().any(|s| *s == claims.sub)
-    });
+    let trusted = registry
+        .config
+        .roles
+        .iter()
+        .any(|r| r.arn == request.role_arn && r.web_identity_subjects.contains(&claims.sub));
     if !trusted {
         return Err(StsError::new(
             StatusCode::FORBIDDEN,
@@ -311,7 +313,13 @@ mod tests {
         assert_eq!(code(&ok), None);
         let bad_name: Vec<_> = base()
             .into_iter()
-            .map(|(k, v)| if k == "RoleSessionName" { (k, "a b") } else { (k, v) })
+            .map(|(k, v)| {
+                if k == "RoleSessionName" {
+                    (k, "a b")
+                } else {
+                    (k, v)
+                }
+            })
             .collect();
         assert_eq!(code(&bad_name), Some("ValidationError"));
         let no_token: Vec<_> = base()

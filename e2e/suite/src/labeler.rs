@@ -76,9 +76,10 @@ impl Labeler {
             .env("AWS_CONFIG_FILE", "/dev/null")
             .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
             .envs(opts.env.iter().map(|(k, v)| (k, v)));
-        let other_source = opts.env.iter().any(|(k, _)| {
-            k == "AWS_ROLE_ARN" || k == "AWS_CONTAINER_CREDENTIALS_FULL_URI"
-        });
+        let other_source = opts
+            .env
+            .iter()
+            .any(|(k, _)| k == "AWS_ROLE_ARN" || k == "AWS_CONTAINER_CREDENTIALS_FULL_URI");
         if !other_source {
             cmd.env("AWS_ACCESS_KEY_ID", STATIC_ACCESS_KEY_ID)
                 .env("AWS_SECRET_ACCESS_KEY", STATIC_SECRET_ACCESS_KEY);

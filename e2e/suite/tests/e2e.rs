@@ -2078,7 +2078,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(controller_is_healthy, false),
         scenario!(irsa_credentials_rotate_while_nodes_join, true),
         scenario!(pod_identity_credentials_rotate_while_nodes_join, true),
-        scenario!(expired_and_refused_credentials_are_answered_as_aws_does, true),
+        scenario!(
+            expired_and_refused_credentials_are_answered_as_aws_does,
+            true
+        ),
     ]
 }
 

@@ -61,7 +61,11 @@ enum Source {
 /// Stop the shared controller, start the stage's mock (verifying signatures, trusting the
 /// controller's ServiceAccount) and a controller given `source` as EKS gives it.
 async fn stage(env: &Env, name: &str, source: Source, auth: AuthConfig) -> anyhow::Result<Stage> {
-    let cp = env.cluster.local.as_ref().context("a local control plane")?;
+    let cp = env
+        .cluster
+        .local
+        .as_ref()
+        .context("a local control plane")?;
     let dir = env.dir.join(name);
     std::fs::create_dir_all(&dir)?;
     let admin_kc = cp.admin_kubeconfig.to_string_lossy().to_string();
@@ -264,7 +268,9 @@ async fn rotation(env: &Env, name: &str, source: Source, issued_by: &str) -> any
     let log = stage.labeler.log_tail(30);
     stage.finish(env, &joined).await?;
     eprintln!("    {name} took {:.1}s", started.elapsed().as_secs_f64());
-    result.map(drop).with_context(|| format!("controller log:\n{log}"))
+    result
+        .map(drop)
+        .with_context(|| format!("controller log:\n{log}"))
 }
 
 /// IRSA: the token (audience `sts.amazonaws.com`) exchanged at the stand-in STS, which checks
@@ -334,7 +340,9 @@ pub async fn expired_and_refused_credentials_are_answered_as_aws_does(
     let joined = result.as_ref().map(Clone::clone).unwrap_or_default();
     let log = stage.labeler.log_tail(30);
     stage.finish(env, &joined).await?;
-    result.map(drop).with_context(|| format!("controller log:\n{log}"))
+    result
+        .map(drop)
+        .with_context(|| format!("controller log:\n{log}"))
 }
 
 /// The stand-ins' refusals, asked directly.
@@ -373,19 +381,31 @@ async fn refusals(
     };
     let good = credentials::mint_token(c, NAMESPACE, SERVICE_ACCOUNT, STS_AUDIENCE).await?;
     let got = sts(good.clone()).await?;
-    ensure!(got == (200, "ok".into()), "the controller's own token: {got:?}");
+    ensure!(
+        got == (200, "ok".into()),
+        "the controller's own token: {got:?}"
+    );
     let other_audience =
         credentials::mint_token(c, NAMESPACE, SERVICE_ACCOUNT, POD_IDENTITY_AUDIENCE).await?;
     let got = sts(other_audience.clone()).await?;
-    ensure!(got == (400, "InvalidIdentityToken".into()), "another audience: {got:?}");
+    ensure!(
+        got == (400, "InvalidIdentityToken".into()),
+        "another audience: {got:?}"
+    );
     let mut forged = good.clone();
     let last = forged.pop().context("empty token")?;
     forged.push(if last == 'A' { 'B' } else { 'A' });
     let got = sts(forged).await?;
-    ensure!(got == (400, "InvalidIdentityToken".into()), "a forged signature: {got:?}");
+    ensure!(
+        got == (400, "InvalidIdentityToken".into()),
+        "a forged signature: {got:?}"
+    );
     let stranger = credentials::mint_token(c, NAMESPACE, untrusted, STS_AUDIENCE).await?;
     let got = sts(stranger).await?;
-    ensure!(got == (403, "AccessDenied".into()), "an untrusted ServiceAccount: {got:?}");
+    ensure!(
+        got == (403, "AccessDenied".into()),
+        "an untrusted ServiceAccount: {got:?}"
+    );
     mock.set_auth(&AuthConfig {
         refuse_assume_role: Some("ExpiredTokenException".into()),
         ..auth.clone()
@@ -393,7 +413,10 @@ async fn refusals(
     .await?;
     let got = sts(good.clone()).await?;
     mock.set_auth(auth).await?;
-    ensure!(got == (400, "ExpiredTokenException".into()), "injected: {got:?}");
+    ensure!(
+        got == (400, "ExpiredTokenException".into()),
+        "injected: {got:?}"
+    );
 
     // EKS Auth, through the agent.
     let port = free_port()?;
@@ -407,14 +430,22 @@ async fn refusals(
     let _agent = Proc::spawn("pod-identity-agent", cmd, &dir.join("agent.log"))?;
     let agent = MockAdmin::new(&format!("http://127.0.0.1:{port}"));
     eventually("the agent listening", Duration::from_secs(10), || async {
-        Ok(agent.raw("/v1/credentials", None, &[]).await.is_ok().then_some(()))
+        Ok(agent
+            .raw("/v1/credentials", None, &[])
+            .await
+            .is_ok()
+            .then_some(()))
     })
     .await?;
     let ask = |token: String| {
         let agent = agent.clone();
         async move {
             let (status, _, body) = agent
-                .raw("/v1/credentials", None, &[("authorization", token.as_str())])
+                .raw(
+                    "/v1/credentials",
+                    None,
+                    &[("authorization", token.as_str())],
+                )
                 .await?;
             anyhow::Ok((status.as_u16(), body))
         }

@@ -85,7 +85,11 @@ fn install(kind: &KindEnv, phase_values: &str) -> anyhow::Result<()> {
 }
 
 /// Restarts of every container of the pods selected by `selector` in `namespace`.
-async fn restarts(c: &Client, namespace: &str, selector: &str) -> anyhow::Result<Vec<(String, i32)>> {
+async fn restarts(
+    c: &Client,
+    namespace: &str,
+    selector: &str,
+) -> anyhow::Result<Vec<(String, i32)>> {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.clone(), namespace);
     Ok(api
         .list(&ListParams::default().labels(selector))
@@ -200,7 +204,13 @@ async fn pod_identity(env: &Env) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let result = phase(env, "pod_identity", "values-pod-identity.yaml", BY_POD_IDENTITY).await;
+    let result = phase(
+        env,
+        "pod_identity",
+        "values-pod-identity.yaml",
+        BY_POD_IDENTITY,
+    )
+    .await;
     let (ok, out) = kind.kubectl(&["delete", "-f", &manifest.to_string_lossy(), "--wait"])?;
     result?;
     ensure!(ok, "kubectl delete {}: {out}", manifest.display());
@@ -210,7 +220,11 @@ async fn pod_identity(env: &Env) -> anyhow::Result<()> {
 pub fn scenarios() -> Vec<(&'static str, e2e::env::ScenarioFn, bool)> {
     macro_rules! s {
         ($name:literal, $f:ident) => {
-            ($name, (|env| Box::pin($f(env))) as e2e::env::ScenarioFn, false)
+            (
+                $name,
+                (|env| Box::pin($f(env))) as e2e::env::ScenarioFn,
+                false,
+            )
         };
     }
     vec![

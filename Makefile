@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs kind kind-prepare manifests check-manifests ci clean-cache
+.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -93,6 +93,12 @@ image:
 ## egress guard, node image and controller images built locally; e2e/kind/run.sh)
 kind: build
 	e2e/kind/run.sh
+
+## kind-eks-credentials: a kind cluster with the stand-in STS, EKS Auth and Pod Identity agent;
+## the chart installed with IRSA, then with Pod Identity, and checked (docs/install-eks.md); the
+## cluster is kept (e2e/kind/run.sh --down removes it)
+kind-eks-credentials: build
+	E2E_KIND_ONLY=creds e2e/kind/run.sh --keep
 
 ## kind-prepare: everything `make kind` needs before a cluster starts (host, node image, images)
 kind-prepare:

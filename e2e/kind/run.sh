@@ -8,7 +8,8 @@
 #      CNI, mock-ec2 in the cluster;
 #   5. the tests: `install::` (the chart installed with Helm as the README says), the shared e2e
 #      suite against the installed chart, then `ops::` (leader pod deleted, drain, upgrade,
-#      uninstall). Every image is used with pulls disabled.
+#      uninstall), then `creds::` (IRSA and EKS Pod Identity against the stand-ins; only these
+#      with E2E_KIND_ONLY=creds). Every image is used with pulls disabled.
 #
 #   e2e/kind/run.sh            all of it; the cluster is deleted at the end
 #   e2e/kind/run.sh --prepare  only steps 1-3 (CI runs them in the background, at low priority,
@@ -133,10 +134,19 @@ curl -fsS "$mock_url/_admin/stats" >/dev/null
 export E2E_KUBECONFIG="$kubeconfig" E2E_MOCK_EC2_URL="$mock_url" E2E_KUBECTL="$work/kubectl" \
   E2E_KIND_VALUES="$here/values.yaml" E2E_REPO_ROOT="$root"
 cd "$root"
+if [[ ${E2E_KIND_ONLY:-} == creds ]]; then
+  # make kind-eks-credentials (docs/install-eks.md): only the credentials phases.
+  step "tests: credentials as EKS gives them (IRSA, Pod Identity)"
+  cargo test --workspace --locked --test kind -- creds::
+  step "done"
+  exit 0
+fi
 step "tests: install"
 cargo test --workspace --locked --test kind -- install::
 step "tests: the shared e2e suite, against the installed chart"
 cargo test --workspace --locked --test e2e
 step "tests: operations"
 cargo test --workspace --locked --test kind -- ops::
+step "tests: credentials as EKS gives them (IRSA, Pod Identity)"
+cargo test --workspace --locked --test kind -- creds::
 step "done"

@@ -12,6 +12,18 @@
 //!   malformed or truncated XML, unauthorized, omitted instances, duplicated items.
 //! - `GET|PUT /_admin/instances`, `PUT|DELETE /_admin/instances/{id}`: the scenario itself
 //!   (move an instance or change its depth by replacing it).
+//! - Credentials as EKS hands them out: STS `AssumeRoleWithWebIdentity` on `/` (IRSA, [`sts`]),
+//!   EKS Auth `AssumeRoleForPodIdentity` on `/clusters/{name}/assume-role-for-pod-identity`
+//!   (EKS Pod Identity, [`eks_auth`]; the node agent is [`agent`]), both checking the pod's
+//!   token against the cluster ([`oidc`]); SigV4 verification of EC2 calls when asked
+//!   ([`auth`]). `GET|PUT /_admin/auth` (what is accepted), `GET /_admin/credentials` (what was
+//!   handed out), `POST /_admin/credentials/expire` (every handed-out credential expires now).
+
+pub mod agent;
+pub mod auth;
+pub mod eks_auth;
+pub mod oidc;
+pub mod sts;
 
 use std::{
     collections::BTreeMap,
@@ -22,12 +34,16 @@ use std::{
 use axum::{
     Json, Router,
     body::Bytes,
-    extract::{Path, RawQuery, State},
-    http::{StatusCode, header},
+    extract::{Path, State},
+    http::{HeaderMap, Method, StatusCode, Uri, header},
     response::{IntoResponse, Response},
     routing::{get, post, put},
 };
 use serde::{Deserialize, Serialize};
+
+pub use auth::{
+    AuthConfig, CredentialStats, IssuedCredential, PodIdentityAssociation, Role, StaticCredential,
+};
 
 pub const API_VERSION: &str = "2016-11-15";
 const XMLNS: &str = "http://ec2.amazonaws.com/doc/2016-11-15/";
@@ -128,6 +144,14 @@ pub struct Stats {
     pub ids_requested: u64,
     /// How often each instance ID was asked for.
     pub asked: BTreeMap<String, u64>,
+    /// Requests by the access key they were signed with (verified or not; unsigned ones are not
+    /// counted).
+    #[serde(default)]
+    pub signed_by: BTreeMap<String, u64>,
+    /// Requests refused for their credentials or signature, by error code (`AuthFailure`,
+    /// `RequestExpired`, …); only while signatures are verified.
+    #[serde(default)]
+    pub auth_refused: BTreeMap<String, u64>,
 }
 
 struct Bucket {
@@ -173,6 +197,9 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct MockEc2 {
     inner: Arc<Mutex<Inner>>,
+    /// Locked after `inner` when both are needed, never the other way round.
+    registry: Arc<Mutex<auth::Registry>>,
+    issuer: Arc<oidc::ClusterIssuer>,
 }
 
 impl MockEc2 {
@@ -232,8 +259,50 @@ impl MockEc2 {
         self.lock().stats = Stats::default();
     }
 
-    /// Decide the fate of one call and, when it is answered normally, compute the answer.
+    fn registry(&self) -> MutexGuard<'_, auth::Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn issuer(&self) -> &oidc::ClusterIssuer {
+        &self.issuer
+    }
+
+    fn next_request_id(&self) -> String {
+        let mut inner = self.lock();
+        inner.request_seq += 1;
+        format!("00000000-0000-4000-8000-{:012x}", inner.request_seq)
+    }
+
+    pub fn set_auth(&self, config: AuthConfig) {
+        self.registry().config = config;
+    }
+
+    pub fn auth(&self) -> AuthConfig {
+        self.registry().config.clone()
+    }
+
+    /// The credentials the stand-ins handed out, and how the exchanges went.
+    pub fn credentials(&self) -> CredentialStats {
+        self.registry().stats.clone()
+    }
+
+    /// Every credential handed out so far expires now.
+    pub fn expire_credentials(&self) {
+        self.registry().expire_all();
+    }
+
+    /// Decide the fate of one unsigned call (the unit tests' entry point).
+    #[cfg(test)]
     fn handle(&self, params: &[(String, String)]) -> Outcome {
+        self.handle_signed(params, None)
+    }
+
+    /// Decide the fate of one call and, when it is answered normally, compute the answer.
+    fn handle_signed(
+        &self,
+        params: &[(String, String)],
+        signed: Option<&auth::SignedRequest<'_>>,
+    ) -> Outcome {
         let mut inner = self.lock();
         inner.request_seq += 1;
         let request_id = format!("00000000-0000-4000-8000-{:012x}", inner.request_seq);
@@ -248,6 +317,24 @@ impl MockEc2 {
         };
         inner.stats.calls += 1;
         inner.stats.ids_per_call.push(request.instance_ids.len());
+        if let Some(signed) = signed {
+            match self
+                .registry()
+                .authenticate(signed, std::time::SystemTime::now())
+            {
+                Ok(Some(key)) => *inner.stats.signed_by.entry(key).or_default() += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    inner.stats.failed += 1;
+                    *inner
+                        .stats
+                        .auth_refused
+                        .entry(e.code.to_string())
+                        .or_default() += 1;
+                    return Outcome::Error(e, request_id);
+                }
+            }
+        }
         inner.stats.ids_requested += request.instance_ids.len() as u64;
         for id in &request.instance_ids {
             *inner.stats.asked.entry(id.clone()).or_default() += 1;
@@ -698,21 +785,42 @@ fn response_xml(request_id: &str, items: &[&Instance], next_token: Option<&str>)
     s
 }
 
-async fn ec2_post(State(mock): State<MockEc2>, body: Bytes) -> Response {
-    let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
-    answer(&mock, &params).await
-}
-
-async fn ec2_get(State(mock): State<MockEc2>, RawQuery(query): RawQuery) -> Response {
-    let params: Vec<(String, String)> =
-        form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+/// The query API on `/`: EC2, or STS when the action is STS's. Form-encoded POST or GET.
+async fn query_api(
+    State(mock): State<MockEc2>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let params: Vec<(String, String)> = if method == Method::GET {
+        form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
             .into_owned()
-            .collect();
-    answer(&mock, &params).await
+            .collect()
+    } else {
+        form_urlencoded::parse(&body).into_owned().collect()
+    };
+    let action = params.iter().find(|(k, _)| k == "Action").map(|(_, v)| v);
+    if action.is_some_and(|a| a == "AssumeRoleWithWebIdentity") {
+        return sts::assume_role_with_web_identity(&mock, &params).await;
+    }
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let signed = auth::SignedRequest {
+        method: method.as_str(),
+        uri: &path,
+        headers: &headers,
+        body: &body,
+    };
+    let outcome = mock.handle_signed(&params, Some(&signed));
+    answer(outcome).await
 }
 
-async fn answer(mock: &MockEc2, params: &[(String, String)]) -> Response {
-    match mock.handle(params) {
+async fn answer(outcome: Outcome) -> Response {
+    match outcome {
         Outcome::Raw(body, latency) => {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
@@ -785,10 +893,36 @@ async fn delete_instance(State(mock): State<MockEc2>, Path(id): Path<String>) ->
     }
 }
 
-/// The mock's HTTP API: EC2 on `/`, administration under `/_admin`.
+async fn get_auth(State(mock): State<MockEc2>) -> Json<AuthConfig> {
+    Json(mock.auth())
+}
+
+async fn put_auth(State(mock): State<MockEc2>, Json(config): Json<AuthConfig>) -> StatusCode {
+    mock.set_auth(config);
+    StatusCode::NO_CONTENT
+}
+
+async fn get_credentials(State(mock): State<MockEc2>) -> Json<CredentialStats> {
+    Json(mock.credentials())
+}
+
+async fn expire_credentials(State(mock): State<MockEc2>) -> StatusCode {
+    mock.expire_credentials();
+    StatusCode::NO_CONTENT
+}
+
+/// The mock's HTTP API: EC2 and STS on `/`, EKS Auth under `/clusters`, administration under
+/// `/_admin`.
 pub fn router(mock: MockEc2) -> Router {
     Router::new()
-        .route("/", post(ec2_post).get(ec2_get))
+        .route("/", post(query_api).get(query_api))
+        .route(
+            "/clusters/{cluster}/assume-role-for-pod-identity",
+            post(eks_auth::assume_role_for_pod_identity),
+        )
+        .route("/_admin/auth", get(get_auth).put(put_auth))
+        .route("/_admin/credentials", get(get_credentials))
+        .route("/_admin/credentials/expire", post(expire_credentials))
         .route("/_admin/stats", get(get_stats))
         .route("/_admin/stats/reset", post(reset_stats))
         .route("/_admin/faults", get(get_faults).put(put_faults))

@@ -141,6 +141,18 @@ pub fn start_labeler_with(
     name: &str,
     extra: &[&str],
 ) -> anyhow::Result<Labeler> {
+    start_labeler_with_env(kubeconfig, ec2_url, dir, name, extra, &[])
+}
+
+/// [`start_labeler_with`] with extra environment (credentials as EKS gives them, say).
+pub fn start_labeler_with_env(
+    kubeconfig: &Path,
+    ec2_url: &str,
+    dir: &Path,
+    name: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Labeler> {
     let mut args: Vec<String> = vec![
         format!("--resync-period={}s", RESYNC.as_secs()),
         // A test machine may stall for a few hundred ms (CI shares two cores between the API
@@ -175,7 +187,9 @@ pub fn start_labeler_with(
         log_filter: &std::env::var("E2E_CONTROLLER_LOG")
             .unwrap_or_else(|_| "info,ec2_topology_labeler=debug".into()),
         log_name: &format!("{name}.log"),
-        env: vec![("POD_NAME".into(), name.into())],
+        env: std::iter::once(("POD_NAME".to_string(), name.to_string()))
+            .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect(),
     })
 }
 

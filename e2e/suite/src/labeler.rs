@@ -13,6 +13,10 @@ use crate::{
     process::{Proc, free_port},
 };
 
+/// The dummy long-term keys the controller signs with unless told otherwise.
+pub const STATIC_ACCESS_KEY_ID: &str = "AKIDEXAMPLE";
+pub const STATIC_SECRET_ACCESS_KEY: &str = "e2e-not-a-secret";
+
 pub struct Labeler {
     pub metrics_url: String,
     pub log: PathBuf,
@@ -30,7 +34,9 @@ pub struct LabelerOptions<'a> {
     pub log_filter: &'a str,
     /// Log file name inside `dir`.
     pub log_name: &'a str,
-    /// Extra environment (`POD_NAME`, …).
+    /// Extra environment (`POD_NAME`, …). When it names another credential source
+    /// (`AWS_ROLE_ARN` for a web identity, `AWS_CONTAINER_CREDENTIALS_FULL_URI` for EKS Pod
+    /// Identity), the dummy static keys are left out: the SDK's chain would take them first.
     pub env: Vec<(String, String)>,
 }
 
@@ -66,12 +72,18 @@ impl Labeler {
             .env("RUST_LOG", opts.log_filter)
             // The SDK's standard endpoint override, as a user would point it at any EC2 endpoint.
             .env("AWS_ENDPOINT_URL_EC2", opts.ec2_url)
-            .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-            .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", "/dev/null")
             .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
             .envs(opts.env.iter().map(|(k, v)| (k, v)));
+        let other_source = opts
+            .env
+            .iter()
+            .any(|(k, _)| k == "AWS_ROLE_ARN" || k == "AWS_CONTAINER_CREDENTIALS_FULL_URI");
+        if !other_source {
+            cmd.env("AWS_ACCESS_KEY_ID", STATIC_ACCESS_KEY_ID)
+                .env("AWS_SECRET_ACCESS_KEY", STATIC_SECRET_ACCESS_KEY);
+        }
         let log = opts.dir.join(opts.log_name);
         let proc = Proc::spawn("ec2-topology-labeler", cmd, &log)?;
         Ok(Self {

@@ -8,6 +8,7 @@
 //! - [`kube_util`]: applying manifests, waiting for labels, reading API-server metrics.
 
 pub mod cluster;
+pub mod credentials;
 pub mod env;
 pub mod fixtures;
 pub mod helm;

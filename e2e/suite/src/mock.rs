@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
-use mock_ec2::{Faults, Instance, Scenario, Stats};
+use mock_ec2::{AuthConfig, CredentialStats, Faults, Instance, Scenario, Stats};
 
 use crate::process::{Proc, free_port};
 
@@ -103,6 +103,67 @@ impl MockAdmin {
         .map(drop)
     }
 
+    /// What the mock accepts: signature verification, keys, roles, Pod Identity associations.
+    pub async fn set_auth(&self, auth: &AuthConfig) -> anyhow::Result<()> {
+        self.call(
+            http::Method::PUT,
+            "/_admin/auth",
+            Some(serde_json::to_vec(auth)?),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The credentials the stand-in STS and EKS Auth handed out, and their answers.
+    pub async fn credentials(&self) -> anyhow::Result<CredentialStats> {
+        Ok(serde_json::from_slice(
+            &self
+                .call(http::Method::GET, "/_admin/credentials", None)
+                .await?,
+        )?)
+    }
+
+    /// Every credential handed out so far expires now.
+    pub async fn expire_credentials(&self) -> anyhow::Result<()> {
+        self.call(http::Method::POST, "/_admin/credentials/expire", None)
+            .await
+            .map(drop)
+    }
+
+    /// POST `body` (with `content_type`) to `path`, or GET when `body` is `None`, with extra
+    /// headers, as any client would call it; returns the status, the headers and the body.
+    pub async fn raw(
+        &self,
+        path: &str,
+        body: Option<(&str, String)>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<(http::StatusCode, http::HeaderMap, String)> {
+        let mut req = http::Request::builder()
+            .method(if body.is_some() {
+                http::Method::POST
+            } else {
+                http::Method::GET
+            })
+            .uri(format!("{}{path}", self.url));
+        if let Some((content_type, _)) = &body {
+            req = req.header("content-type", *content_type);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(
+            body.map(|(_, b)| b).unwrap_or_default(),
+        )))?;
+        let resp = self.http.request(req).await?;
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await?.to_bytes();
+        Ok((
+            parts.status,
+            parts.headers,
+            String::from_utf8_lossy(&bytes).into_owned(),
+        ))
+    }
+
     pub async fn upsert(&self, instance: &Instance) -> anyhow::Result<()> {
         let path = format!("/_admin/instances/{}", instance.instance_id);
         self.call(
@@ -146,17 +207,32 @@ pub struct MockProcess {
     pub admin: MockAdmin,
     pub port: u16,
     dir: PathBuf,
+    env: Vec<(String, String)>,
     proc: Option<Proc>,
 }
 
 impl MockProcess {
     pub async fn start(dir: &Path, scenario: &Scenario) -> anyhow::Result<Self> {
+        Self::start_with_env(dir, scenario, &[]).await
+    }
+
+    /// [`MockProcess::start`] with extra environment (`KUBECONFIG`: the cluster whose
+    /// service-account tokens its STS and EKS Auth verify).
+    pub async fn start_with_env(
+        dir: &Path,
+        scenario: &Scenario,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let port = free_port()?;
         let mut m = Self {
             admin: MockAdmin::new(&format!("http://127.0.0.1:{port}")),
             port,
             dir: dir.to_path_buf(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             proc: None,
         };
         m.launch(scenario).await?;
@@ -172,7 +248,8 @@ impl MockProcess {
         std::fs::write(&file, serde_json::to_vec_pretty(scenario)?)?;
         let mut cmd = Command::new(crate::bin_dir().join("mock-ec2"));
         cmd.arg(format!("--listen=127.0.0.1:{}", self.port))
-            .arg(format!("--scenario={}", file.display()));
+            .arg(format!("--scenario={}", file.display()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         self.proc = Some(Proc::spawn(
             "mock-ec2",
             cmd,

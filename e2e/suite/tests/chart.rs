@@ -1337,6 +1337,11 @@ fn dns_name() -> Value {
     })
 }
 
+/// A list of Kubernetes objects (volumes, mounts, `envFrom` sources), passed through as given.
+fn objects() -> Value {
+    json!({ "type": "array", "items": { "type": "object" } })
+}
+
 /// The whole `values.schema.json`.
 pub fn values_schema() -> Value {
     json!({

@@ -50,6 +50,12 @@ mod admission;
 mod manifests;
 use admission::admission_policy_limits_the_controllers_node_writes;
 use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
+#[path = "e2e/credentials.rs"]
+mod credentials;
+use credentials::{
+    expired_and_refused_credentials_are_answered_as_aws_does,
+    irsa_credentials_rotate_while_nodes_join, pod_identity_credentials_rotate_while_nodes_join,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios
@@ -2103,6 +2109,12 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(steady_state_is_silent, false),
         scenario!(controller_is_healthy, false),
+        scenario!(irsa_credentials_rotate_while_nodes_join, true),
+        scenario!(pod_identity_credentials_rotate_while_nodes_join, true),
+        scenario!(
+            expired_and_refused_credentials_are_answered_as_aws_does,
+            true
+        ),
     ]
 }
 

@@ -3,9 +3,10 @@
 //! chart's RBAC alone, real kubelets whose providerIDs are EC2's, the real kube-scheduler placing
 //! a pod by our labels, a leader pod deleted, a node drained, the release upgraded and removed.
 //!
-//! Two phases, run by `run.sh` around the shared e2e suite (which needs the chart installed):
-//! `install::` (from a cluster without the chart to the controller labelling) and `ops::` (what
-//! an operator does to a running installation, ending with its removal).
+//! Phases, run by `run.sh` around the shared e2e suite (which needs the chart installed):
+//! `install::` (from a cluster without the chart to the controller labelling), `ops::` (what
+//! an operator does to a running installation, ending with its removal), then `creds::`
+//! (credentials as EKS gives them: IRSA and EKS Pod Identity, see `kind/creds.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,9 @@ use kube::{
     api::{DeleteParams, PostParams},
 };
 use serde_json::json;
+
+#[path = "kind/creds.rs"]
+mod creds;
 
 /// The chart's lease duration in e2e/kind/values.yaml.
 const LEASE: Duration = Duration::from_secs(6);
@@ -690,7 +694,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
             ($name, (|env| Box::pin($f(env))) as ScenarioFn, false)
         };
     }
-    vec![
+    let mut all = vec![
         s!(
             "install::pod_waits_for_topology_before_install",
             pod_waits_for_topology_before_install
@@ -736,7 +740,9 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
             "ops::helm_uninstall_leaves_the_labels",
             helm_uninstall_leaves_the_labels
         ),
-    ]
+    ];
+    all.extend(creds::scenarios());
+    all
 }
 
 fn main() {

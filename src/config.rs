@@ -95,6 +95,10 @@ pub struct UninstallArgs {
     /// The startup taint (as given to `run`): nodes still carrying it are pointed out.
     #[arg(long, env = "LABELER_STARTUP_TAINT")]
     pub startup_taint: Option<StartupTaint>,
+    /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
+    /// post-delete hook waits for the deleted pods' last renewal to expire).
+    #[arg(long, env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
+    pub wait_for_lease: HumanDuration,
     /// Where the Lease is.
     #[command(flatten)]
     pub leader: LeaderArgs,
@@ -129,6 +133,10 @@ pub struct ExplainArgs {
     /// of the node).
     #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Use these flags even inside the controller's container (by default, `explain` run there
+    /// with `kubectl exec` reads the running controller's own flags from its command line).
+    #[arg(long, env = "LABELER_EXPLAIN_OWN_FLAGS", action = clap::ArgAction::SetTrue)]
+    pub own_flags: bool,
     /// Do not ask EC2: show only the node and the controller's view.
     #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
     pub no_ec2: bool,

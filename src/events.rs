@@ -61,11 +61,12 @@ pub enum Reason {
     NotInSchedulerTopology,
     TopologyLevelsMismatch,
     TopologyLevelsChanged,
+    SlurmTopologyInvalid,
     PublishedObjectKept,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -79,6 +80,7 @@ impl Reason {
         Reason::NotInSchedulerTopology,
         Reason::TopologyLevelsMismatch,
         Reason::TopologyLevelsChanged,
+        Reason::SlurmTopologyInvalid,
         Reason::PublishedObjectKept,
     ];
 
@@ -97,6 +99,7 @@ impl Reason {
             Reason::NotInSchedulerTopology => "NotInSchedulerTopology",
             Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
+            Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
             Reason::PublishedObjectKept => "PublishedObjectKept",
         }
     }
@@ -116,6 +119,7 @@ impl Reason {
             | Reason::StartupTaintTimedOut
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
+            | Reason::SlurmTopologyInvalid
             | Reason::PublishedObjectKept => EventType::Warning,
         }
     }
@@ -126,6 +130,7 @@ impl Reason {
             Reason::Ec2AccessDenied => "Node, and the leader's Pod",
             Reason::TopologyLevelsMismatch => "Kueue or KAI Topology",
             Reason::TopologyLevelsChanged => "KAI Topology",
+            Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
             Reason::PublishedObjectKept => {
                 "the published object (Kueue Topology, KAI Topology, ConfigMap)"
             }
@@ -173,7 +178,10 @@ impl Reason {
                 "a Kueue or KAI Topology of our name exists with other levels (levels are immutable: left alone)"
             }
             Reason::TopologyLevelsChanged => {
-                "deeper nodes joined: a new KAI Topology with more levels was created beside the old one"
+                "nodes deeper than the others were labelled: a KAI Topology with their number of levels was created beside the first (KAI leaves out of a Topology every node lacking one of its levels)"
+            }
+            Reason::SlurmTopologyInvalid => {
+                "the labels give no topology slurmctld would load (a network node at two layers or under two parents, ...): the ConfigMap keeps its last valid files; the note names the problems"
             }
             Reason::PublishedObjectKept => {
                 "a feature was turned off but an object it published is still in use (a ResourceFlavor names the Kueue Topology, ...): reported, not deleted"

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    config::{ExplainArgs, OutputFormat},
+    config::{Cli, Command, ExplainArgs, OutputFormat, RunArgs},
     lookup::cache::CacheView,
     metrics::Metrics,
     node::LiteNode,
@@ -248,7 +248,48 @@ pub fn verdict(e: &Explanation) -> String {
     }
 }
 
+/// The flags of the controller this process runs beside: PID 1's command line when it is
+/// `ec2-topology-labeler run ...` (inside the controller's container, reached with `kubectl
+/// exec`; the container's environment is this process's too). `None` elsewhere.
+pub fn controller_flags() -> Option<RunArgs> {
+    let raw = std::fs::read("/proc/1/cmdline").ok()?;
+    run_args_of(&raw)
+}
+
+/// `run`'s arguments from a NUL-separated command line, if it is one.
+pub fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
+    let argv: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    match <Cli as clap::Parser>::try_parse_from(argv).ok()?.command {
+        Command::Run(run) => Some(run),
+        _ => None,
+    }
+}
+
+/// `args` with the controller's label, gate, EC2, cache, Lease and admin-address flags.
+pub fn adopt(mut args: ExplainArgs, run: RunArgs) -> ExplainArgs {
+    args.labels = run.labels;
+    args.gate = run.gate;
+    args.ec2 = run.ec2;
+    args.lookup = run.lookup;
+    args.leader = run.leader;
+    args.metrics_addr = run.serve.metrics_addr;
+    args
+}
+
 pub async fn run(args: ExplainArgs) -> Result<()> {
+    let args = match (args.own_flags, controller_flags()) {
+        (false, Some(run)) => {
+            eprintln!(
+                "(using the flags of the controller in this container: --own-flags to use yours)"
+            );
+            adopt(args, run)
+        }
+        _ => args,
+    };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
     let full: Api<Node> = Api::all(client.clone());
@@ -487,4 +528,46 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
         },
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn cmdline(args: &[&str]) -> Vec<u8> {
+        args.iter().flat_map(|a| a.bytes().chain([0])).collect()
+    }
+
+    /// `kubectl exec deploy/... -- ec2-topology-labeler explain NODE` sees the chart's flags:
+    /// they are read from the controller's command line (PID 1 in its container).
+    #[test]
+    fn explain_in_the_controllers_container_uses_its_flags() {
+        let pid1 = cmdline(&[
+            "/ec2-topology-labeler",
+            "run",
+            "--metrics-addr=0.0.0.0:9090",
+            "--layer-label-prefix=example.com/layer-",
+            "--region=eu-west-1",
+            "--leader-election-lease-name=other",
+        ]);
+        let run = run_args_of(&pid1).expect("a run command line");
+        let cli = Cli::try_parse_from(["ec2-topology-labeler", "explain", "node-a"])
+            .expect("explain parses");
+        let Command::Explain(mine) = cli.command else {
+            panic!("explain command");
+        };
+        let adopted = adopt(mine, run);
+        assert_eq!(adopted.node, "node-a");
+        assert_eq!(adopted.metrics_addr.port(), 9090);
+        assert_eq!(adopted.ec2.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(adopted.leader.leader_election_lease_name, "other");
+        let scheme = adopted.labels.scheme().expect("scheme");
+        assert!(scheme.is_family_label("example.com/layer-1"));
+        // Not the controller: a shell, another subcommand, garbage.
+        assert!(run_args_of(&cmdline(&["/bin/sh", "-c", "sleep 1"])).is_none());
+        assert!(run_args_of(&cmdline(&["/ec2-topology-labeler", "tree"])).is_none());
+        assert!(run_args_of(b"\xff\xfe").is_none());
+    }
 }

@@ -53,10 +53,16 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         .leader_election_namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    if !args.dry_run
-        && !args.force
-        && let Some(holder) = held_by(&client, &ns, &args).await?
-    {
+    let deadline = std::time::Instant::now() + args.wait_for_lease.0;
+    let mut holder = None;
+    if !args.dry_run && !args.force {
+        holder = held_by(&client, &ns, &args).await?;
+        while holder.is_some() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            holder = held_by(&client, &ns, &args).await?;
+        }
+    }
+    if let Some(holder) = holder {
         return Err(Error::Config(format!(
             "a controller still runs ({holder} holds the Lease {ns}/{}): it would write everything again. Uninstall it first (helm uninstall runs this command in its post-delete hook with uninstallHook.enabled=true), or pass --force",
             args.leader.leader_election_lease_name

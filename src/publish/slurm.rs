@@ -23,11 +23,7 @@ use tracing::{error, info, warn};
 
 use super::{Publisher, volcano::MANAGED_BY};
 use crate::{
-    FIELD_MANAGER,
-    events::{EventType, Events},
-    labels::LabelScheme,
-    metrics::Metrics,
-    slurm::Problem,
+    FIELD_MANAGER, events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
     tree::NodeView,
 };
 
@@ -147,8 +143,7 @@ impl SlurmPublisher {
             note.push_str(&format!(" (and {more} more)"));
         }
         self.events.publish(
-            EventType::Warning,
-            "SlurmTopologyInvalid",
+            crate::events::Reason::SlurmTopologyInvalid,
             "PublishSlurmTopology",
             &note,
             ObjectReference {

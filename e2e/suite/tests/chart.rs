@@ -5,6 +5,8 @@
 //! chart's `config:` block and the flags cannot drift (`make schema` rewrites it; a test checks
 //! it). Generated here, not in the controller: it is a build-time concern.
 
+#![recursion_limit = "256"]
+
 use std::collections::BTreeMap;
 
 use clap::Parser;
@@ -609,6 +611,136 @@ fn release_workflow_publishes_the_image_the_chart_pulls() {
         .find_map(|s| s["with"]["platforms"].as_str())
         .expect("a multi-platform build");
     assert_eq!(platforms, "linux/amd64,linux/arm64");
+}
+
+/// The PrometheusRule carries every alert of alerts/rules.yaml (the file promtool tests), each
+/// with a runbook link under `prometheusRule.runbookBaseUrl` whose anchor docs/operations.md has.
+#[test]
+fn prometheus_rule_is_the_tested_alerts_with_runbooks() {
+    assert!(
+        kind(&render(&[]), "PrometheusRule").is_empty(),
+        "off by default"
+    );
+    let docs = render(&[
+        "prometheusRule.enabled=true".into(),
+        "prometheusRule.namespace=monitoring".into(),
+        "prometheusRule.labels.release=kube-prometheus-stack".into(),
+        "prometheusRule.runbookBaseUrl=https://wiki.example.com/labeler".into(),
+    ]);
+    let rule = kind(&docs, "PrometheusRule")[0];
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let file: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("alerts/rules.yaml")).expect("alerts/rules.yaml"),
+    )
+    .expect("rules parse");
+    let names = |v: &Value| -> Vec<String> {
+        v["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r["alert"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(names(&rule["spec"]), names(&file));
+    assert!(names(&file).len() >= 8);
+    let operations =
+        std::fs::read_to_string(e2e::repo_root().join("docs/operations.md")).expect("operations");
+    for r in rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+    {
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
+        let anchor = url
+            .strip_prefix("https://wiki.example.com/labeler#")
+            .unwrap_or_else(|| panic!("{url} is not under the base URL"));
+        let heading = operations.lines().any(|l| {
+            l.starts_with('#')
+                && l.trim_start_matches('#')
+                    .trim()
+                    .to_lowercase()
+                    .replace(' ', "-")
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == '-')
+                    .collect::<String>()
+                    == anchor
+        });
+        assert!(heading, "docs/operations.md has no section #{anchor}");
+    }
+}
+
+/// The dashboard ConfigMap holds the JSON the metrics test checks, labelled for Grafana's sidecar.
+#[test]
+fn dashboard_configmap_is_the_checked_dashboard() {
+    let docs = render(&[
+        "dashboard.enabled=true".into(),
+        "dashboard.annotations.grafana_folder=Training".into(),
+    ]);
+    let cm = kind(&docs, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == "ec2-topology-labeler-dashboard")
+        .expect("dashboard ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "Training");
+    let json = cm["data"]["ec2-topology-labeler.json"]
+        .as_str()
+        .expect("data");
+    let file = std::fs::read_to_string(chart().join("dashboards/ec2-topology-labeler.json"))
+        .expect("dashboard");
+    let parsed: Value = serde_json::from_str(json).expect("dashboard JSON parses");
+    assert_eq!(
+        parsed,
+        serde_json::from_str::<Value>(&file).expect("file parses")
+    );
+}
+
+/// The post-delete hook runs a command line the binary accepts, with the Lease, HyperNode prefix
+/// and startup taint the controller was given, under a ServiceAccount of its own.
+#[test]
+fn uninstall_hook_runs_the_uninstall_command_as_configured() {
+    let hooks = |docs: &[Value]| {
+        docs.iter()
+            .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete")
+            .count()
+    };
+    assert_eq!(hooks(&render(&[])), 0, "off by default");
+    let docs = render(&[
+        "uninstallHook.enabled=true".into(),
+        "leaderElection.leaseName=my-lease".into(),
+        "config.volcanoHypernodes=true".into(),
+        "config.volcanoHypernodePrefix=team".into(),
+        "config.startupTaint=example.com/pending:NoSchedule".into(),
+    ]);
+    assert_eq!(
+        hooks(&docs),
+        6,
+        "ServiceAccount, ClusterRole(Binding), Role(Binding), Job"
+    );
+    let job = kind(&docs, "Job")[0];
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "ec2-topology-labeler-uninstall");
+    let args: Vec<String> = pod["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_string())
+        .collect();
+    let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
+        .expect("the binary accepts the hook's arguments");
+    let ec2_topology_labeler::config::Command::Uninstall(u) = cli.command else {
+        panic!("the hook runs uninstall");
+    };
+    assert_eq!(u.leader.leader_election_lease_name, "my-lease");
+    assert_eq!(u.volcano_hypernode_prefix, "team");
+    assert!(u.startup_taint.is_some());
+    assert!(!u.labels && !u.force && !u.dry_run);
+    assert!(u.wait_for_lease.0 >= std::time::Duration::from_secs(30));
 }
 
 #[test]
@@ -1337,11 +1469,6 @@ fn dns_name() -> Value {
     })
 }
 
-/// A list of Kubernetes objects (volumes, mounts, `envFrom` sources), passed through as given.
-fn objects() -> Value {
-    json!({ "type": "array", "items": { "type": "object" } })
-}
-
 /// The whole `values.schema.json`.
 pub fn values_schema() -> Value {
     json!({
@@ -1420,7 +1547,25 @@ pub fn values_schema() -> Value {
             "terminationGracePeriodSeconds": { "type": "integer", "minimum": 0 },
             "podAnnotations": string_map(),
             "podLabels": string_map(),
-            "tests": closed(json!({ "enabled": boolean() }))
+            "tests": closed(json!({ "enabled": boolean() })),
+            "prometheusRule": closed(json!({
+                "enabled": boolean(),
+                "namespace": string(),
+                "labels": string_map(),
+                "runbookBaseUrl": { "type": "string", "pattern": "^https?://" }
+            })),
+            "dashboard": closed(json!({
+                "enabled": boolean(),
+                "namespace": string(),
+                "label": { "type": "string", "minLength": 1 },
+                "labelValue": string(),
+                "annotations": string_map()
+            })),
+            "uninstallHook": closed(json!({
+                "enabled": boolean(),
+                "labels": boolean(),
+                "waitForLease": duration()
+            }))
         },
         // Two replicas without leader election would both write.
         "if": { "properties": { "replicaCount": { "minimum": 2 } } },

@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
+.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -121,6 +121,11 @@ manifests: tools
 check-manifests: tools
 	@$(RENDER_MANIFESTS) | diff -u deploy/ec2-topology-labeler.yaml - \
 	  || { echo "deploy/ is stale: run make manifests"; exit 1; }
+
+## docs: regenerate every generated file (docs tables from the code, chart schema, chart README, deploy/)
+docs:
+	UPDATE_DOCS=1 cargo test --workspace --locked --lib docs
+	$(MAKE) schema chart-docs manifests
 
 ## chart-docs: regenerate the chart's README.md from values.yaml and README.md.gotmpl (helm-docs)
 chart-docs: tools

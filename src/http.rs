@@ -3,14 +3,17 @@
 //!
 //! Owns: the admin endpoints. Never changes the controller's state.
 
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    io,
+    net::{Ipv4Addr, SocketAddr},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use clap::Args;
 
-use std::net::SocketAddr;
 
 use axum::{
     Router,
@@ -20,7 +23,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::metrics::Metrics;
 
@@ -30,9 +33,10 @@ pub struct ServeArgs {
     /// Record Kubernetes Events on a Node when its labels change or it cannot be labelled.
     #[arg(long, env = "LABELER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
-    /// Address of the HTTP server for /metrics, /livez and /readyz.
-    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: std::net::SocketAddr,
+    /// Address of the HTTP server for /metrics, /livez and /readyz. The default `[::]:8080`
+    /// takes IPv4 and IPv6 connections (on a host without IPv6: 0.0.0.0:8080).
+    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
+    pub metrics_addr: SocketAddr,
 }
 
 type Check = Box<dyn Fn() -> bool + Send + Sync>;
@@ -180,6 +184,49 @@ pub fn router(
         })
 }
 
+/// Bind the admin server's address. `[::]` (the default) is bound as one dual-stack socket that
+/// takes IPv4 and IPv6 connections whatever the host's `net.ipv6.bindv6only`, so the kubelet's
+/// probes reach it on IPv4, IPv6 and dual-stack clusters alike. Where the host has no IPv6 (a
+/// kernel booted with `ipv6.disable=1`, or IPv6 disabled in the pod's network namespace) the
+/// same port is bound on 0.0.0.0 instead. Any other address is bound as given.
+pub fn bind(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+    match bind_exactly(addr) {
+        Ok(listener) => Ok(listener),
+        Err(e) => match ipv4_fallback(addr, &e) {
+            Some(v4) => {
+                warn!(%addr, error = %e, fallback = %v4, "no IPv6 on this host; serving on IPv4 only");
+                bind_exactly(v4)
+            }
+            None => Err(e),
+        },
+    }
+}
+
+fn bind_exactly(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    // As tokio's own bind: a restarted process can take the port while old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    tokio::net::TcpListener::from_std(socket.into())
+}
+
+/// The IPv4 address to fall back to when binding `addr` failed because the host has no IPv6:
+/// only for the unspecified IPv6 address (an explicit one is the operator's choice), and only
+/// for "no such address family" (no IPv6 in the kernel) or "address not available" (IPv6
+/// disabled) — a port in use or a permission error fails start-up as it should.
+fn ipv4_fallback(addr: SocketAddr, e: &io::Error) -> Option<SocketAddr> {
+    let no_ipv6 =
+        e.kind() == io::ErrorKind::AddrNotAvailable || e.raw_os_error() == Some(libc::EAFNOSUPPORT);
+    (addr.is_ipv6() && addr.ip().is_unspecified() && no_ipv6)
+        .then(|| SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port())))
+}
+
 /// Serve on an already bound listener (bind first, so a taken port fails start-up).
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -201,6 +248,80 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_missing_ipv6_falls_back_to_ipv4_and_only_from_the_default() {
+        let any6: SocketAddr = "[::]:8080".parse().expect("addr");
+        let v4: SocketAddr = "0.0.0.0:8080".parse().expect("addr");
+        let no_family = io::Error::from_raw_os_error(libc::EAFNOSUPPORT);
+        let disabled = io::Error::from_raw_os_error(libc::EADDRNOTAVAIL);
+        let in_use = io::Error::from_raw_os_error(libc::EADDRINUSE);
+        let denied = io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(ipv4_fallback(any6, &no_family), Some(v4));
+        assert_eq!(ipv4_fallback(any6, &disabled), Some(v4));
+        assert_eq!(ipv4_fallback(any6, &in_use), None, "a taken port fails");
+        assert_eq!(ipv4_fallback(any6, &denied), None);
+        let loopback6: SocketAddr = "[::1]:8080".parse().expect("addr");
+        assert_eq!(
+            ipv4_fallback(loopback6, &no_family),
+            None,
+            "an explicit address is bound as given"
+        );
+        assert_eq!(ipv4_fallback(v4, &disabled), None);
+    }
+
+    /// Without a flag the admin server listens on every address family.
+    #[test]
+    fn the_default_address_is_every_family() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["ec2-topology-labeler"]).expect("defaults parse");
+        assert_eq!(
+            cli.serve.metrics_addr,
+            "[::]:8080".parse::<SocketAddr>().expect("addr")
+        );
+    }
+
+    /// One accepted connection to `to`, answered with a byte.
+    async fn reaches(listener: &tokio::net::TcpListener, to: SocketAddr) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let accept = async {
+            let (mut s, _) = listener.accept().await?;
+            s.write_all(b"k").await
+        };
+        let connect = async {
+            let mut s = tokio::net::TcpStream::connect(to).await?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.map(|_| b[0] == b'k')
+        };
+        let run = async { tokio::try_join!(accept, connect) };
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), run).await,
+            Ok(Ok(((), true)))
+        )
+    }
+
+    /// The default address takes IPv4 and IPv6 connections on one port (what an IPv6 or a
+    /// dual-stack cluster's kubelet needs); a host without IPv6 gets 0.0.0.0.
+    #[tokio::test]
+    async fn the_default_address_serves_both_address_families() {
+        let listener = bind("[::]:0".parse().expect("addr")).expect("bind");
+        let local = listener.local_addr().expect("local address");
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, local.port()));
+        assert!(reaches(&listener, v4).await, "IPv4 refused on {local}");
+        if local.is_ipv6() {
+            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, local.port()));
+            assert!(reaches(&listener, v6).await, "IPv6 refused on {local}");
+        } else {
+            // Only where this host has no IPv6 at all: the fallback took the IPv4 wildcard.
+            assert_eq!(local.ip(), Ipv4Addr::UNSPECIFIED);
+            assert!(std::net::TcpListener::bind("[::1]:0").is_err());
+        }
+    }
 
     async fn get(router: Router, path: &str) -> (StatusCode, String) {
         get_from(router, path, "127.0.0.1:40000").await

@@ -112,7 +112,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // process that is not ready (rather than one that exits and restarts).
     let synced = Arc::new(AtomicBool::new(false));
     let live = crate::http::Liveness::default();
-    let listener = tokio::net::TcpListener::bind(args.serve.metrics_addr).await?;
+    let listener = crate::http::bind(args.serve.metrics_addr)?;
     // `/debug/nodes/NAME` (for `explain`) answers once the controller is wired below.
     let wired: Arc<std::sync::OnceLock<Wired>> = Arc::default();
     let inspect: crate::http::Inspector = {

@@ -743,6 +743,31 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
     assert!(u.wait_for_lease.0 >= std::time::Duration::from_secs(30));
 }
 
+/// The admin server listens on every address family by default (the kubelet probes an IPv6
+/// cluster's pods on IPv6), on IPv4 only if asked.
+#[test]
+fn metrics_bind_address_takes_every_family_by_default() {
+    let addr = |sets: &[String]| {
+        let args = args_of(&render(sets));
+        let cli = Cli::try_parse_from(
+            std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
+        )
+        .expect("the binary accepts the args");
+        let ec2_topology_labeler::config::Command::Run(run) = cli.command else {
+            panic!("run");
+        };
+        run.serve.metrics_addr
+    };
+    assert_eq!(addr(&[]), "[::]:8080".parse().expect("addr"));
+    assert_eq!(
+        addr(&[
+            "metrics.bindAddress=0.0.0.0".into(),
+            "metrics.port=9090".into()
+        ]),
+        "0.0.0.0:9090".parse().expect("addr")
+    );
+}
+
 #[test]
 fn all_features_render() {
     let docs = render(&[
@@ -1518,6 +1543,7 @@ pub fn values_schema() -> Value {
             "logFormat": { "enum": ["json", "text"] },
             "logLevel": string(),
             "metrics": closed(json!({
+                "bindAddress": { "enum": ["::", "0.0.0.0"] },
                 "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
                 "serviceMonitor": closed(json!({
                     "enabled": boolean(),

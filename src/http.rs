@@ -14,7 +14,6 @@ use std::{
 
 use clap::Args;
 
-
 use axum::{
     Router,
     extract::{ConnectInfo, Path, State},

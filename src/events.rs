@@ -426,7 +426,7 @@ mod tests {
             "150 Normal Events, 100 allowed: {dropped}"
         );
         assert!(
-            !text.contains("outcome=\"dropped_queue_full\""),
+            text.contains("ec2_topology_labeler_events_total{outcome=\"dropped_queue_full\"} 0"),
             "the queue (256) holds the 100 allowed: {text}"
         );
     }

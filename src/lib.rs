@@ -57,6 +57,24 @@ impl From<kube::Error> for Error {
 
 impl Error {
     /// Stable category, used as a metric label.
+    /// Every value [`Error::category`] gives.
+    pub const CATEGORIES: [&'static str; 14] = [
+        "ec2_throttled",
+        "ec2_unauthorized",
+        "ec2_unsupported_operation",
+        "ec2_invalid_request",
+        "ec2_service",
+        "ec2_timeout",
+        "ec2_transport",
+        "ec2_bad_response",
+        "no_region",
+        "kube_forbidden",
+        "kube_conflict",
+        "kube",
+        "config",
+        "io",
+    ];
+
     pub fn category(&self) -> &'static str {
         match self {
             Error::Ec2(e) => match e {

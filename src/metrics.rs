@@ -372,6 +372,69 @@ impl Metrics {
             "Build information",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        // The bounded label sets start at 0, so every series a dashboard or an alert asks for
+        // exists before the first occurrence (Prometheus' advice for counters with labels).
+        for category in crate::Error::CATEGORIES {
+            reconcile_errors
+                .get_or_create(&ErrorLabels {
+                    category: category.to_string(),
+                })
+                .get();
+        }
+        for outcome in [
+            "ok",
+            "throttled",
+            "unauthorized",
+            "service",
+            "timeout",
+            "transport",
+        ] {
+            ec2_calls
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_string(),
+                })
+                .get();
+        }
+        for kind in ["apply", "remove", "retire", "taint", "condition"] {
+            label_writes
+                .get_or_create(&WriteLabels {
+                    kind: kind.to_string(),
+                })
+                .get();
+        }
+        for kind in ["apply", "delete"] {
+            hypernode_writes
+                .get_or_create(&WriteLabels {
+                    kind: kind.to_string(),
+                })
+                .get();
+        }
+        for reason in crate::provider_id::SkipReason::ALL {
+            skips
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str().to_string(),
+                })
+                .get();
+        }
+        for reason in ["labelled", "unsupported", "timeout"] {
+            taint_releases
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .get();
+        }
+        for outcome in [
+            "sent",
+            "failed",
+            "dropped_rate_limited",
+            "dropped_queue_full",
+        ] {
+            events
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_string(),
+                })
+                .get();
+        }
         Self {
             registry,
             fleet,
@@ -479,6 +542,15 @@ impl Metrics {
                 outcome: outcome.to_string(),
             })
             .inc();
+    }
+
+    /// `publisher` runs: its error counter exists (at 0) from now on.
+    pub fn publisher_enabled(&self, publisher: &str) {
+        self.publish_errors
+            .get_or_create(&PublisherLabels {
+                publisher: publisher.to_string(),
+            })
+            .get();
     }
 
     pub fn publish_failed(&self, publisher: &str) {

@@ -167,6 +167,11 @@ impl Publishers {
                 leader.clone(),
             )));
         }
+        // Each enabled publisher's error counter exists from the start, at 0 (a query on it
+        // matches something, and `increase()` sees the first failure).
+        for p in &list {
+            metrics.publisher_enabled(p.name());
+        }
         Ok((!list.is_empty()).then(|| Self {
             list,
             interval: args.publish_interval.0.max(Duration::from_millis(100)),

@@ -50,6 +50,12 @@ mod admission;
 mod manifests;
 use admission::admission_policy_limits_the_controllers_node_writes;
 use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
+#[path = "e2e/dashboard.rs"]
+mod dashboard;
+use dashboard::dashboard_queries_match_live_metrics;
+#[path = "e2e/whynot.rs"]
+mod whynot;
+use whynot::every_reason_says_why_once;
 #[path = "e2e/credentials.rs"]
 mod credentials;
 use credentials::{
@@ -1858,7 +1864,12 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     kube_util::ensure_namespace(&c, "ml").await?;
     kube_util::ensure_namespace(&c, e2e::schedulers::VOLCANO_NAMESPACE).await?;
-    let doc = std::fs::read_to_string(e2e::repo_root().join("docs/schedulers.md"))?;
+    // The scheduler recipes, and the startup taint's (Karpenter NodePools).
+    let doc = ["docs/schedulers.md", "docs/startup-taint.md"]
+        .iter()
+        .map(|d| std::fs::read_to_string(e2e::repo_root().join(d)))
+        .collect::<Result<Vec<_>, _>>()?
+        .join("\n");
     let mut blocks = Vec::new();
     let mut rest = doc.as_str();
     while let Some(start) = rest.find("```yaml\n") {
@@ -1951,6 +1962,8 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
         "ClusterQueue/training",
         "Job/allreduce-volcano",
         "ConfigMap/volcano-controller-configmap",
+        "NodePool/gpu-training",
+        "NodePool/existing-gpu-pool",
     ] {
         ensure!(accepted.iter().any(|a| a == want), "{want} not exercised");
     }
@@ -2087,6 +2100,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(throttled_half_the_time, false),
         scenario!(ec2_down_removes_nothing, true),
         scenario!(metrics_match_what_happened, true),
+        scenario!(every_reason_says_why_once, true),
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
@@ -2107,6 +2121,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(slurm_configmap_keeps_its_last_valid_files, true),
         scenario!(schedulers_doc_recipes_are_accepted, true),
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
+        scenario!(dashboard_queries_match_live_metrics, true),
         scenario!(steady_state_is_silent, false),
         scenario!(controller_is_healthy, false),
         scenario!(irsa_credentials_rotate_while_nodes_join, true),

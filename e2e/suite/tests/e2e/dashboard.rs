@@ -1,0 +1,84 @@
+//! The chart's Grafana dashboard against a live controller: every series a panel queries is in
+//! its `/metrics`, with every feature a panel covers turned on.
+
+use anyhow::{Context, ensure};
+use e2e::env::{Env, RESYNC};
+
+/// Metric names in a PromQL expression (ours and the process ones we export).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = ["ec2_topology_labeler_", "process_"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        out.push(name);
+    }
+    out
+}
+
+/// Each query of the dashboard matches a series of the leader's `/metrics` (with the KAI, Kueue,
+/// Volcano and Slurm publishers, the startup taint and the condition on). The container memory
+/// limit is exported only where a cgroup sets one: not for a process on this machine.
+pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<()> {
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        e2e::repo_root().join("charts/ec2-topology-labeler/dashboards/ec2-topology-labeler.json"),
+    )?)?;
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--kai-topology=true",
+            "--slurm-topology-configmap=slurm/slurm-topology",
+            "--node-condition=true",
+            "--startup-taint=ec2-topology-labeler.io/topology-pending:NoSchedule",
+        ],
+    )
+    .await?;
+    // A few publisher rounds and a resync.
+    tokio::time::sleep(RESYNC * 2).await;
+    let scrape = {
+        let guard = env.labeler.lock().await;
+        guard
+            .as_ref()
+            .context("a local controller")?
+            .metrics()
+            .await?
+    };
+    let exported: std::collections::BTreeSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            for name in metric_names(expr) {
+                checked += 1;
+                if !exported.contains(name.as_str())
+                    && name != "ec2_topology_labeler_memory_limit_bytes"
+                {
+                    missing.push(format!("{} ({name})", panel["title"]));
+                }
+            }
+        }
+    }
+    let result = (|| {
+        ensure!(checked >= 30, "only {checked} series queried");
+        ensure!(
+            missing.is_empty(),
+            "panels query series that match nothing: {missing:?}"
+        );
+        Ok(())
+    })();
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    eprintln!("    {checked} queried series, all in /metrics");
+    result
+}

@@ -1,0 +1,256 @@
+//! Why a node is not labelled, asked the way an operator asks: one Event per node when it falls
+//! into a reason (never one per look), the `nodes{state, reason}` gauge, and `explain NODE`.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, ensure};
+use e2e::{
+    cluster::NAMESPACE,
+    env::{Env, RESYNC, WAIT},
+    fixtures::NodeSpec,
+    kube_util::{self, eventually},
+    labeler::metric_sum,
+};
+use k8s_openapi::api::events::v1::Event;
+use kube::{Api, Client};
+use mock_ec2::Faults;
+
+/// Events with `reason` about Node `node`.
+async fn events(c: &Client, node: &str) -> anyhow::Result<BTreeMap<String, usize>> {
+    let api: Api<Event> = Api::namespaced(c.clone(), "default");
+    let mut by_reason = BTreeMap::new();
+    for e in api.list(&Default::default()).await?.items {
+        let about = e.regarding.as_ref().and_then(|r| r.name.as_deref());
+        if about == Some(node) {
+            *by_reason
+                .entry(e.reason.unwrap_or_default())
+                .or_insert(0usize) += e.series.map(|s| s.count.max(1) as usize).unwrap_or(1);
+        }
+    }
+    Ok(by_reason)
+}
+
+async fn metrics(env: &Env) -> anyhow::Result<String> {
+    let guard = env.labeler.lock().await;
+    guard
+        .as_ref()
+        .context("a local controller")?
+        .metrics()
+        .await
+}
+
+async fn metrics_port(env: &Env) -> anyhow::Result<String> {
+    let guard = env.labeler.lock().await;
+    let url = &guard.as_ref().context("a local controller")?.metrics_url;
+    Ok(url.rsplit(':').next().unwrap_or_default().to_string())
+}
+
+fn gauge(m: &str, state: &str, reason: &str) -> f64 {
+    metric_sum(
+        m,
+        "ec2_topology_labeler_nodes",
+        &[&format!("state=\"{state}\",reason=\"{reason}\"")],
+    )
+}
+
+/// `explain NODE -o json` as an operator runs it next to the controller (its admin port on
+/// loopback, the cluster's kubeconfig, EC2's endpoint).
+fn explain(env: &Env, port: &str, node: &str) -> anyhow::Result<serde_json::Value> {
+    let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+        .args(["explain", node, "-o", "json"])
+        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+        .args([
+            "--leader-election=true",
+            &format!("--leader-election-namespace={NAMESPACE}"),
+        ])
+        .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
+        .env("AWS_ENDPOINT_URL_EC2", &env.ec2_url)
+        .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+        .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("RUST_LOG", "warn")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "explain {node} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Each reason a node is not labelled produces exactly one Event on it (however many times the
+/// controller looks again), the matching `nodes{state, reason}` series, and an `explain` verdict
+/// that names it; EC2 refusing our credentials too, until it stops.
+pub async fn every_reason_says_why_once(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let m0 = metrics(env).await?;
+    let fargate = NodeSpec::ec2(0x130, 1, "p5.48xlarge").with_provider_id(
+        "aws:///us-west-2a/0123456789abcdef0123456789abcdef/fargate-ip-10-9-2-3.us-west-2.compute.internal",
+    );
+    let hybrid = NodeSpec::ec2(0x130, 2, "p5.48xlarge")
+        .with_provider_id("eks-hybrid:///us-west-2/my-cluster/mi-0123456789abcdef1");
+    let empty = NodeSpec::ec2(0x130, 3, "p5.48xlarge").with_provider_id("");
+    let malformed =
+        NodeSpec::ec2(0x130, 4, "p5.48xlarge").with_provider_id("aws:///us-west-2a/i-NOTHEX");
+    let unsupported = NodeSpec::ec2(0x130, 5, "m7i.large");
+    let not_yet = NodeSpec::ec2(0x130, 6, "p5.48xlarge");
+    let rejected = NodeSpec::ec2(0x130, 7, "p5.48xlarge");
+    env.mock_admin.upsert(&unsupported.instance(&[])).await?;
+    env.mock_admin
+        .upsert(&not_yet.instance(&["nn-why-s", "nn-why-a", "nn-why-l"]))
+        .await?;
+    env.mock_admin
+        .set_faults(&Faults {
+            omit_instances: vec![not_yet.instance_id.clone()],
+            not_found_instances: vec![rejected.instance_id.clone()],
+            ..Faults::default()
+        })
+        .await?;
+    // (node, Event reason, gauge state, gauge reason, words the verdict must have)
+    let cases: Vec<(&NodeSpec, &str, &str, &str, &str)> = vec![
+        (&fargate, "TopologySkipped", "skipped", "fargate", "Fargate"),
+        (&hybrid, "TopologySkipped", "skipped", "hybrid", "Hybrid"),
+        (
+            &empty,
+            "TopologySkipped",
+            "skipped",
+            "empty_provider_id",
+            "providerID",
+        ),
+        (
+            &malformed,
+            "TopologySkipped",
+            "skipped",
+            "malformed_provider_id",
+            "providerID",
+        ),
+        (
+            &unsupported,
+            "TopologyNotDescribed",
+            "not_described",
+            "unsupported_instance_type",
+            "m7i.large",
+        ),
+        (
+            &not_yet,
+            "TopologyNotDescribed",
+            "not_described",
+            "not_described_yet",
+            "Not labelled yet",
+        ),
+        (
+            &rejected,
+            "InstanceIdRejected",
+            "rejected",
+            "invalid_instance_id",
+            "refuses the instance ID",
+        ),
+    ];
+    let result = async {
+        kube_util::create_nodes(&c, cases.iter().map(|(s, ..)| s.node()).collect()).await?;
+        // Each node's Event, then several more looks (resyncs, not-described retries every 2 s).
+        for (s, reason, ..) in &cases {
+            eventually(&format!("{reason} Event on {}", s.name), WAIT, || async {
+                Ok(events(&c, &s.name)
+                    .await?
+                    .contains_key(*reason)
+                    .then_some(()))
+            })
+            .await?;
+        }
+        tokio::time::sleep(RESYNC * 3).await;
+        let m1 = metrics(env).await?;
+        let mut want: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+        for (_, _, state, why, _) in &cases {
+            *want.entry((*state, *why)).or_default() += 1.0;
+        }
+        for ((state, why), n) in &want {
+            let got = gauge(&m1, state, why) - gauge(&m0, state, why);
+            ensure!(
+                got == *n,
+                "nodes{{state={state},reason={why}}} rose by {got}, want {n}"
+            );
+        }
+        let port = metrics_port(env).await?;
+        for (s, reason, state, why, words) in &cases {
+            let seen = events(&c, &s.name).await?;
+            ensure!(
+                seen.get(*reason) == Some(&1) && seen.len() == 1,
+                "{}: exactly one {reason} Event, got {seen:?}",
+                s.name
+            );
+            let e = explain(env, &port, &s.name)?;
+            let verdict = e["verdict"].as_str().unwrap_or_default();
+            ensure!(
+                verdict.contains(words),
+                "{}: verdict {verdict:?} lacks {words:?}",
+                s.name
+            );
+            let record = &e["controller"]["Ok"]["record"];
+            ensure!(
+                record["state"] == *state && record["reason"] == *why,
+                "{}: explain shows the controller's state {record} (want {state}/{why})",
+                s.name
+            );
+            eprintln!("    {}: {verdict}", s.name);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    env.mock_admin.set_faults(&Faults::default()).await?;
+    result?;
+
+    // EC2 refuses our credentials: one Ec2AccessDenied on the node (and the leader's Pod would
+    // get one too; here the controller runs outside a Pod), then labelled once EC2 answers.
+    let denied = NodeSpec::ec2(0x130, 8, "p5.48xlarge");
+    env.mock_admin
+        .upsert(&denied.instance(&["nn-why-s", "nn-why-a", "nn-why-l2"]))
+        .await?;
+    env.mock_admin
+        .set_faults(&Faults {
+            unauthorized: true,
+            ..Faults::default()
+        })
+        .await?;
+    let result = async {
+        kube_util::create_nodes(&c, vec![denied.node()]).await?;
+        eventually("Ec2AccessDenied Event", WAIT, || async {
+            Ok(events(&c, &denied.name)
+                .await?
+                .contains_key("Ec2AccessDenied")
+                .then_some(()))
+        })
+        .await?;
+        tokio::time::sleep(RESYNC * 2).await;
+        let seen = events(&c, &denied.name).await?;
+        ensure!(seen.get("Ec2AccessDenied") == Some(&1), "{seen:?}");
+        let m = metrics(env).await?;
+        ensure!(
+            gauge(&m, "failing", "ec2_unauthorized") >= 1.0,
+            "the failing gauge"
+        );
+        let e = explain(env, &metrics_port(env).await?, &denied.name)?;
+        let verdict = e["verdict"].as_str().unwrap_or_default();
+        ensure!(verdict.starts_with("Failing"), "{verdict}");
+        eprintln!("    {}: {verdict}", denied.name);
+        anyhow::Ok(())
+    }
+    .await;
+    env.mock_admin.set_faults(&Faults::default()).await?;
+    result?;
+    eventually(
+        "the denied node labelled once EC2 answers",
+        WAIT * 2,
+        || async {
+            let labels = kube_util::topology_labels(&kube_util::labels(&c, &denied.name).await?);
+            Ok((!labels.is_empty()).then_some(()))
+        },
+    )
+    .await?;
+    let mut all: Vec<&NodeSpec> = cases.iter().map(|(s, ..)| *s).collect();
+    all.push(&denied);
+    for s in all {
+        kube_util::delete_node(&c, &s.name).await?;
+    }
+    Ok(())
+}

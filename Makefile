@@ -26,6 +26,7 @@ schedulers:
 	@e2e/schedulers/build.sh >/dev/null
 	@e2e/schedulers/volcano/build.sh >/dev/null
 	@e2e/schedulers/kai/build.sh >/dev/null
+	@e2e/schedulers/karpenter/crds.sh >/dev/null
 
 ## slurm: the real slurmctld our Slurm files are judged by: Debian's 22.05 (apt) and Debian
 ## sid's (25.05+, topology.yaml) in a root of its own (debootstrap, cached); needs root
@@ -35,6 +36,7 @@ slurm:
 ## tools: build the pinned Helm from the Go module proxy (cached)
 tools:
 	@e2e/tools/build.sh >/dev/null
+	@e2e/tools/promtool/build.sh >/dev/null
 
 ## demo: control plane + mock EC2 + the controller, a sample fleet labelled and printed
 demo: build controlplane

@@ -302,6 +302,7 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                 volcano.join("crds"),
                 crate::schedulers::kai_topology_crd(),
                 kai.join("crds"),
+                crate::schedulers::karpenter_crds()?,
             ] {
                 let n = crate::schedulers::install_crds(&c, &dir).await?.len();
                 eprintln!("installed {n} CRDs from {}", dir.display());

@@ -32,6 +32,11 @@ pub fn kai_artifacts() -> anyhow::Result<PathBuf> {
     crate::built_by("e2e/schedulers/kai/build.sh", "E2E_KAI")
 }
 
+/// Karpenter's NodePool CRD (from its module; nothing built), for the docs' NodePool recipes.
+pub fn karpenter_crds() -> anyhow::Result<PathBuf> {
+    crate::built_by("e2e/schedulers/karpenter/crds.sh", "E2E_KARPENTER_CRDS")
+}
+
 /// KAI's own Topology CRD (`../shared/upstream/kai/`, beside the checkout).
 pub fn kai_topology_crd() -> PathBuf {
     let upstream = std::env::var_os("EC2TL_UPSTREAM")

@@ -675,6 +675,53 @@ fn prometheus_rule_is_the_tested_alerts_with_runbooks() {
     }
 }
 
+/// `promtool test rules` (the pinned Prometheus): every alert of alerts/rules.yaml fires from
+/// recorded series in e2e/suite/tests/alerts/rules.test.yaml, and a healthy installation fires
+/// none.
+#[test]
+fn alerts_fire_from_recorded_series() {
+    let tests = e2e::repo_root().join("e2e/suite/tests/alerts/rules.test.yaml");
+    let promtool = e2e::built_by("e2e/tools/promtool/build.sh", "E2E_PROMTOOL")
+        .expect("promtool")
+        .join("promtool");
+    let out = std::process::Command::new(&promtool)
+        .args(["test", "rules"])
+        .arg(&tests)
+        .output()
+        .expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool test rules failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each alert is shown firing at least once (not only "does not fire").
+    let file: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("alerts/rules.yaml")).expect("alerts/rules.yaml"),
+    )
+    .expect("rules parse");
+    let recorded: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&tests).expect("rules.test.yaml"))
+            .expect("tests parse");
+    let fired: Vec<String> = recorded["tests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
+        .filter_map(|a| a["alertname"].as_str().map(str::to_string))
+        .collect();
+    for group in file["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            let name = rule["alert"].as_str().expect("alert name");
+            assert!(
+                fired.iter().any(|f| f == name),
+                "{name} is never shown firing"
+            );
+        }
+    }
+}
+
 /// The dashboard ConfigMap holds the JSON the metrics test checks, labelled for Grafana's sidecar.
 #[test]
 fn dashboard_configmap_is_the_checked_dashboard() {

@@ -521,6 +521,42 @@ async fn logs_are_json_lines_an_operator_can_read(env: &Env) -> anyhow::Result<(
     Ok(())
 }
 
+/// `explain` as docs/operations.md says to run it: `kubectl exec` in the leader's Pod (the image
+/// has no shell: the binary is the entrypoint). It reads the controller's own flags and its view
+/// over loopback: a labelled kind node is "Labelled", seen by the leading replica.
+async fn explain_in_the_leaders_pod(env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    let holder = incluster::lease_holder(&c).await?.context("nobody leads")?;
+    let (_, worker) = kind_nodes(&c).await?;
+    let worker = worker.metadata.name.clone().unwrap_or_default();
+    let (ok, out) = kind.kubectl(&[
+        "exec", "-n", NAMESPACE, &holder, "--", "/app", "explain", &worker, "-o", "json",
+    ])?;
+    ensure!(ok, "kubectl exec ... explain failed:\n{out}");
+    let start = out.find('{').context("no JSON in explain's output")?;
+    // stdout (the JSON), then stderr (the note that the controller's flags are used).
+    let e: serde_json::Value = serde_json::Deserializer::from_str(&out[start..])
+        .into_iter()
+        .next()
+        .context("no JSON value")?
+        .with_context(|| format!("explain's JSON: {out}"))?;
+    let verdict = e["verdict"].as_str().unwrap_or_default();
+    ensure!(verdict.starts_with("Labelled"), "verdict: {verdict}");
+    ensure!(
+        e["controller"]["Ok"]["leading"] == true && e["controller"]["Ok"]["identity"] == holder,
+        "the controller's view comes from the leader {holder}: {}",
+        e["controller"]
+    );
+    ensure!(
+        e["controller"]["Ok"]["record"]["state"] == "labelled",
+        "{}",
+        e["controller"]
+    );
+    eprintln!("    kubectl exec {holder} -- /app explain {worker}: {verdict}");
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // ops::
 
@@ -723,6 +759,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         s!(
             "install::logs_are_json_lines_an_operator_can_read",
             logs_are_json_lines_an_operator_can_read
+        ),
+        s!(
+            "install::explain_in_the_leaders_pod",
+            explain_in_the_leaders_pod
         ),
         s!(
             "ops::deleting_the_leader_pod_hands_over",

@@ -27,7 +27,6 @@ use kube::{
 };
 use serde::Serialize;
 use serde_json::json;
-use tracing::{info, warn};
 
 use crate::{
     FIELD_MANAGER,
@@ -170,9 +169,8 @@ pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>,
         .collect())
 }
 
-/// Our KAI Topologies: removed by `uninstall`; kept (and reported) when a feature is turned off,
-/// since workloads name them in annotations.
-pub async fn kai_topologies(client: &Client, remove: bool) -> Result<Vec<Item>, kube::Error> {
+/// Our KAI Topologies (`uninstall` removes them all).
+pub async fn kai_topologies(client: &Client) -> Result<Vec<Item>, kube::Error> {
     let Some(ar) = kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
     else {
         return Ok(Vec::new());
@@ -180,22 +178,12 @@ pub async fn kai_topologies(client: &Client, remove: bool) -> Result<Vec<Item>, 
     Ok(ours(client, &ar)
         .await?
         .into_iter()
-        .map(|t| {
-            if remove {
-                Item::remove("kai-topology", t.name_any())
-            } else {
-                Item::keep(
-                    "kai-topology",
-                    t.name_any(),
-                    "workloads may name it (kai.scheduler/topology): delete it yourself when none does, or run `uninstall`",
-                )
-            }
-        })
+        .map(|t| Item::remove("kai-topology", t.name_any()))
         .collect())
 }
 
-/// Our Slurm ConfigMaps (any namespace): removed by `uninstall`, kept when a feature is turned off.
-pub async fn configmaps(client: &Client, remove: bool) -> Result<Vec<Item>, kube::Error> {
+/// Our Slurm ConfigMaps, in any namespace (`uninstall` removes them all).
+pub async fn configmaps(client: &Client) -> Result<Vec<Item>, kube::Error> {
     let api: Api<ConfigMap> = Api::all(client.clone());
     Ok(api
         .list(&ListParams::default().labels(&selector()))
@@ -203,16 +191,10 @@ pub async fn configmaps(client: &Client, remove: bool) -> Result<Vec<Item>, kube
         .items
         .into_iter()
         .map(|c| {
-            let name = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
-            if remove {
-                Item::remove("configmap", name)
-            } else {
-                Item::keep(
-                    "configmap",
-                    name,
-                    "a slurmctld may mount it: delete it yourself once Slurm no longer reads it",
-                )
-            }
+            Item::remove(
+                "configmap",
+                format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),
+            )
         })
         .collect())
 }
@@ -328,19 +310,5 @@ pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Err
             Some(token) => params = params.continue_token(&token),
             None => return Ok(out),
         }
-    }
-}
-
-/// Log what a removal pass did.
-pub fn report(what: &str, items: &[Item], failed: &[(Item, kube::Error)]) {
-    for item in items {
-        match &item.kept {
-            Some(why) => warn!(kind = item.kind, name = %item.name, "{what}: kept: {why}"),
-            None if failed.iter().any(|(f, _)| f == item) => {}
-            None => info!(kind = item.kind, name = %item.name, "{what}: removed"),
-        }
-    }
-    for (item, e) in failed {
-        warn!(kind = item.kind, name = %item.name, error = %e, "{what}: could not remove");
     }
 }

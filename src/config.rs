@@ -129,10 +129,10 @@ pub struct ExplainArgs {
     /// Where to find the Lease, to name the leader.
     #[command(flatten)]
     pub leader: LeaderArgs,
-    /// The controller's admin address (its port is asked on loopback for the controller's view
-    /// of the node).
-    #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
-    pub metrics_addr: std::net::SocketAddr,
+    /// Where the controller serves its view of the nodes (`run`'s `--debug-addr`; in the
+    /// controller's Pod its own value is used).
+    #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
+    pub debug_addr: std::net::SocketAddr,
     /// Use these flags even inside the controller's container (by default, `explain` run there
     /// with `kubectl exec` reads the running controller's own flags from its command line).
     #[arg(long, env = "LABELER_EXPLAIN_OWN_FLAGS", action = clap::ArgAction::SetTrue)]

@@ -8,7 +8,8 @@
 //!
 //! - [`Events::publish`] never waits: it takes a token from the type's budget (a bucket of
 //!   [`BURST`], refilled at [`RATE`] per second, one for Normal and one for Warning Events, so a
-//!   labelling wave cannot starve warnings) and queues the Event; one background task creates
+//!   labelling wave cannot starve warnings, and one for why a node is not labelled, recorded for
+//!   every such node when a leader starts) and queues the Event; one background task creates
 //!   them, [`IN_FLIGHT`] at a time, each with a 5 s timeout.
 //! - Beyond the budget or a full queue the Event is dropped and counted
 //!   (`events_total{outcome}`), like client-go's spam filter: during an install of thousands of
@@ -62,11 +63,10 @@ pub enum Reason {
     TopologyLevelsMismatch,
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
-    PublishedObjectKept,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 14] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -81,7 +81,6 @@ impl Reason {
         Reason::TopologyLevelsMismatch,
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
-        Reason::PublishedObjectKept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -100,7 +99,6 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
-            Reason::PublishedObjectKept => "PublishedObjectKept",
         }
     }
 
@@ -119,9 +117,14 @@ impl Reason {
             | Reason::StartupTaintTimedOut
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
-            | Reason::SlurmTopologyInvalid
-            | Reason::PublishedObjectKept => EventType::Warning,
+            | Reason::SlurmTopologyInvalid => EventType::Warning,
         }
+    }
+
+    /// A node's standing (not described, skipped) rather than something that happened to it:
+    /// recorded for every such node whenever a leader starts, from a budget of its own.
+    pub fn is_why_not(self) -> bool {
+        matches!(self, Reason::TopologyNotDescribed | Reason::TopologySkipped)
     }
 
     /// The object the Event is recorded on.
@@ -131,9 +134,6 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "Kueue or KAI Topology",
             Reason::TopologyLevelsChanged => "KAI Topology",
             Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
-            Reason::PublishedObjectKept => {
-                "the published object (Kueue Topology, KAI Topology, ConfigMap)"
-            }
             _ => "Node",
         }
     }
@@ -183,9 +183,6 @@ impl Reason {
             Reason::SlurmTopologyInvalid => {
                 "the labels give no topology slurmctld would load (a network node at two layers or under two parents, ...): the ConfigMap keeps its last valid files; the note names the problems"
             }
-            Reason::PublishedObjectKept => {
-                "a feature was turned off but an object it published is still in use (a ResourceFlavor names the Kueue Topology, ...): reported, not deleted"
-            }
         }
     }
 }
@@ -208,6 +205,8 @@ struct Inner {
     tx: tokio::sync::mpsc::Sender<Event>,
     normal: Mutex<Bucket>,
     warning: Mutex<Bucket>,
+    /// `TopologyNotDescribed`, `TopologySkipped` (see [`Reason::is_why_not`]).
+    why: Mutex<Bucket>,
     metrics: Arc<Metrics>,
 }
 
@@ -256,6 +255,7 @@ impl Events {
             tx,
             normal: Mutex::new(Bucket::new(BURST, RATE, now)),
             warning: Mutex::new(Bucket::new(BURST, RATE, now)),
+            why: Mutex::new(Bucket::new(BURST, RATE, now)),
             metrics: metrics.clone(),
         });
         tokio::spawn(deliver(client, rx, metrics));
@@ -269,6 +269,9 @@ impl Events {
         };
         let type_ = reason.type_();
         let bucket = match type_ {
+            // Why a node is not labelled: every node without topology says so when a new leader
+            // starts; that wave has a budget of its own, so label changes still get theirs.
+            _ if reason.is_why_not() => &inner.why,
             EventType::Normal => &inner.normal,
             EventType::Warning => &inner.warning,
         };

@@ -97,14 +97,12 @@ async fn ask_controller(
     addr: SocketAddr,
     node: &str,
 ) -> std::result::Result<ControllerView, String> {
-    let target = SocketAddr::new(
-        if addr.is_ipv6() {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        },
-        addr.port(),
-    );
+    // A wildcard address is reached on IPv4 loopback (a dual-stack socket takes it too).
+    let target = if addr.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    };
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(target).await?;
         // Node names are DNS subdomains: nothing to escape in a path.
@@ -120,7 +118,7 @@ async fn ask_controller(
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             return Err(format!(
-                "no controller answers on {target} ({e}): run explain inside the controller's Pod (kubectl exec), or pass --metrics-addr"
+                "no controller answers on {target} ({e}): run explain inside the controller's Pod (kubectl exec), or pass --debug-addr"
             ));
         }
         Err(_) => {
@@ -276,7 +274,7 @@ pub fn adopt(mut args: ExplainArgs, run: RunArgs) -> ExplainArgs {
     args.ec2 = run.ec2;
     args.lookup = run.lookup;
     args.leader = run.leader;
-    args.metrics_addr = run.serve.metrics_addr;
+    args.debug_addr = run.serve.debug_addr;
     args
 }
 
@@ -305,7 +303,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     let pid = lite.provider_id().to_string();
     let instance = provider_id::parse(&pid).map_err(|r| r.explain().to_string());
     let instance_type = lite.label(crate::reconcile::gate::INSTANCE_TYPE_LABEL);
-    let controller = ask_controller(args.metrics_addr, &args.node).await;
+    let controller = ask_controller(args.debug_addr, &args.node).await;
     let now = if args.no_ec2 {
         None
     } else {
@@ -383,7 +381,7 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
         (Some(l), Ok(v)) if !v.leading => line(
             "Leader",
             format!(
-                "{l} (this replica, {}, follows: for the controller's own view run kubectl exec {l} -- /app explain {})",
+                "{l} (this replica, {}, follows: for the controller's own view run kubectl exec -n <namespace> {l} -- /app explain {})",
                 v.identity, e.node
             ),
         ),
@@ -547,7 +545,7 @@ mod tests {
         let pid1 = cmdline(&[
             "/ec2-topology-labeler",
             "run",
-            "--metrics-addr=0.0.0.0:9090",
+            "--debug-addr=127.0.0.1:9090",
             "--layer-label-prefix=example.com/layer-",
             "--region=eu-west-1",
             "--leader-election-lease-name=other",
@@ -560,7 +558,7 @@ mod tests {
         };
         let adopted = adopt(mine, run);
         assert_eq!(adopted.node, "node-a");
-        assert_eq!(adopted.metrics_addr.port(), 9090);
+        assert_eq!(adopted.debug_addr.port(), 9090);
         assert_eq!(adopted.ec2.region.as_deref(), Some("eu-west-1"));
         assert_eq!(adopted.leader.leader_election_lease_name, "other");
         let scheme = adopted.labels.scheme().expect("scheme");

@@ -1,5 +1,6 @@
-//! The admin HTTP server: `/metrics`, `/livez` (the tasks the controller cannot work without
-//! still run), `/readyz` (ready once the node cache synced).
+//! The admin HTTP servers: `/metrics`, `/livez` (the tasks the controller cannot work without
+//! still run), `/readyz` (ready once the node cache synced); and on loopback `/debug/nodes/NAME`
+//! (the controller's view of a node, for `explain`).
 //!
 //! Owns: the admin endpoints. Never changes the controller's state.
 
@@ -36,6 +37,11 @@ pub struct ServeArgs {
     /// takes IPv4 and IPv6 connections (on a host without IPv6: 0.0.0.0:8080).
     #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
     pub metrics_addr: SocketAddr,
+    /// Address of `/debug/nodes/NAME`, the controller's view of a node that `explain` reads in
+    /// the controller's Pod. Loopback by default: it names instances and errors, and nothing
+    /// outside the Pod (a service mesh's sidecar included) reaches a loopback listener.
+    #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
+    pub debug_addr: SocketAddr,
 }
 
 type Check = Box<dyn Fn() -> bool + Send + Sync>;
@@ -95,7 +101,6 @@ struct AppState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     live: Liveness,
-    inspect: Option<Inspector>,
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -132,10 +137,10 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
     }
 }
 
-/// `/debug/nodes/NAME`: the controller's view of a node, for `explain`. Loopback only: it names
-/// instances and errors, and the metrics port is reachable from the whole cluster.
+/// `/debug/nodes/NAME`: the controller's view of a node, for `explain`, on its own listener
+/// ([`ServeArgs::debug_addr`], loopback). Loopback peers only, as a second guard.
 async fn debug_node(
-    State(s): State<AppState>,
+    State(inspect): State<Inspector>,
     Path(name): Path<String>,
     request: axum::extract::Request,
 ) -> (StatusCode, String) {
@@ -143,19 +148,14 @@ async fn debug_node(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    let loopback = peer.is_some_and(|ip| match ip {
-        std::net::IpAddr::V4(v4) => v4.is_loopback(),
-        std::net::IpAddr::V6(v6) => {
-            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
-    });
+    let loopback = peer.is_some_and(|ip| ip.to_canonical().is_loopback());
     if !loopback {
         return (
             StatusCode::FORBIDDEN,
             "loopback only: run `ec2-topology-labeler explain` in the controller's Pod".into(),
         );
     }
-    match s.inspect.as_ref().and_then(|inspect| inspect(&name)) {
+    match inspect(&name) {
         Some(view) => (StatusCode::OK, view.to_string()),
         None => (
             StatusCode::NOT_FOUND,
@@ -164,22 +164,33 @@ async fn debug_node(
     }
 }
 
-pub fn router(
-    metrics_: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-    live: Liveness,
-    inspect: Option<Inspector>,
-) -> Router {
+/// The debug listener's routes.
+pub fn debug_router(inspect: Inspector) -> Router {
+    Router::new()
+        .route("/debug/nodes/{name}", get(debug_node))
+        .with_state(inspect)
+}
+
+/// Serve `/debug/nodes/NAME` on an already bound (loopback) listener.
+pub async fn serve_debug(listener: tokio::net::TcpListener, inspect: Inspector) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /debug/nodes/NAME (for explain)");
+    }
+    let app = debug_router(inspect).into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(e) = axum::serve(listener, app).await {
+        error!(error = %e, "debug server stopped");
+    }
+}
+
+pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>, live: Liveness) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .route("/debug/nodes/{name}", get(debug_node))
         .with_state(AppState {
             metrics: metrics_,
             ready,
             live,
-            inspect,
         })
 }
 
@@ -232,13 +243,11 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     live: Liveness,
-    inspect: Option<Inspector>,
 ) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics, /livez, /readyz (and /debug/nodes/NAME on loopback)");
+        info!(%addr, "serving /metrics, /livez, /readyz");
     }
-    let app =
-        router(metrics, ready, live, inspect).into_make_service_with_connect_info::<SocketAddr>();
+    let app = router(metrics, ready, live).into_make_service();
     if let Err(e) = axum::serve(listener, app).await {
         error!(error = %e, "metrics server stopped");
     }
@@ -352,7 +361,6 @@ mod tests {
                 Arc::new(Metrics::default()),
                 Arc::new(AtomicBool::new(true)),
                 live.clone(),
-                None,
             )
         };
         assert_eq!(get(router(), "/livez").await.0, StatusCode::OK);
@@ -367,37 +375,46 @@ mod tests {
         );
     }
 
+    /// The node views are on their own router (the debug listener, loopback by default), not
+    /// on the metrics port the whole cluster reaches; and they answer loopback peers only, an
+    /// IPv4 peer reaching a dual-stack socket (`::ffff:127.0.0.1`) included.
     #[tokio::test]
     async fn node_views_are_served_on_loopback_only() {
+        let metrics_port = super::router(
+            Arc::new(Metrics::default()),
+            Arc::new(AtomicBool::new(true)),
+            Liveness::default(),
+        );
+        assert_eq!(
+            get(metrics_port, "/debug/nodes/n1").await.0,
+            StatusCode::NOT_FOUND,
+            "not on the metrics port"
+        );
         let inspect: Inspector = Arc::new(|name: &str| {
             (name == "n1").then(|| serde_json::json!({ "identity": "me", "node": name }))
         });
-        let router = || {
-            super::router(
-                Arc::new(Metrics::default()),
-                Arc::new(AtomicBool::new(true)),
-                Liveness::default(),
-                Some(inspect.clone()),
-            )
-        };
+        let router = || debug_router(inspect.clone());
         let (status, body) = get(router(), "/debug/nodes/n1").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains(r#""node":"n1""#), "{body}");
-        assert_eq!(
-            get_from(router(), "/debug/nodes/n1", "[::1]:40000").await.0,
-            StatusCode::OK
-        );
+        for peer in ["[::1]:40000", "[::ffff:127.0.0.1]:40000"] {
+            assert_eq!(
+                get_from(router(), "/debug/nodes/n1", peer).await.0,
+                StatusCode::OK,
+                "{peer}"
+            );
+        }
         assert_eq!(
             get(router(), "/debug/nodes/other").await.0,
             StatusCode::NOT_FOUND
         );
-        let (status, body) = get_from(router(), "/debug/nodes/n1", "10.0.0.7:40000").await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-        assert_eq!(
-            get_from(router(), "/debug/nodes/n1", "[::ffff:10.0.0.7]:40000")
-                .await
-                .0,
-            StatusCode::FORBIDDEN
-        );
+        for peer in [
+            "10.0.0.7:40000",
+            "[::ffff:10.0.0.7]:40000",
+            "[fd00::7]:40000",
+        ] {
+            let (status, body) = get_from(router(), "/debug/nodes/n1", peer).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{peer}: {body}");
+        }
     }
 }

@@ -56,9 +56,9 @@ impl From<kube::Error> for Error {
 }
 
 impl Error {
-    /// Stable category, used as a metric label.
-    /// Every value [`Error::category`] gives.
-    pub const CATEGORIES: [&'static str; 14] = [
+    /// Every category a reconcile error is counted under: [`Error::category`]'s values and
+    /// `invalid_topology` (an EC2 answer that cannot be turned into labels).
+    pub const CATEGORIES: [&'static str; 15] = [
         "ec2_throttled",
         "ec2_unauthorized",
         "ec2_unsupported_operation",
@@ -73,8 +73,11 @@ impl Error {
         "kube",
         "config",
         "io",
+        // Recorded by the reconcile for an EC2 answer that cannot be turned into labels.
+        "invalid_topology",
     ];
 
+    /// Stable category, used as a metric label.
     pub fn category(&self) -> &'static str {
         match self {
             Error::Ec2(e) => match e {

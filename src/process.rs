@@ -68,7 +68,17 @@ fn parse_limit(s: &str) -> Option<u64> {
 
 /// Append the series in the OpenMetrics text format.
 pub fn encode(out: &mut String) -> std::fmt::Result {
-    if let Some(rss) = resident_bytes() {
+    encode_values(out, resident_bytes(), cpu_seconds(), memory_limit_bytes())
+}
+
+/// Append these values' series (a value this machine does not have is left out).
+pub fn encode_values(
+    out: &mut String,
+    rss: Option<u64>,
+    cpu: Option<f64>,
+    limit: Option<u64>,
+) -> std::fmt::Result {
+    if let Some(rss) = rss {
         writeln!(
             out,
             "# HELP process_resident_memory_bytes Resident memory size in bytes."
@@ -77,7 +87,7 @@ pub fn encode(out: &mut String) -> std::fmt::Result {
         writeln!(out, "# UNIT process_resident_memory_bytes bytes")?;
         writeln!(out, "process_resident_memory_bytes {rss}")?;
     }
-    if let Some(cpu) = cpu_seconds() {
+    if let Some(cpu) = cpu {
         writeln!(
             out,
             "# HELP process_cpu_seconds Total user and system CPU time spent in seconds."
@@ -93,7 +103,7 @@ pub fn encode(out: &mut String) -> std::fmt::Result {
     writeln!(out, "# TYPE process_start_time_seconds gauge")?;
     writeln!(out, "# UNIT process_start_time_seconds seconds")?;
     writeln!(out, "process_start_time_seconds {}", *STARTED)?;
-    if let Some(limit) = memory_limit_bytes() {
+    if let Some(limit) = limit {
         writeln!(
             out,
             "# HELP ec2_topology_labeler_memory_limit_bytes The container's memory limit (cgroup), in bytes; absent when unlimited."

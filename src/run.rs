@@ -137,8 +137,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.clone(),
         synced.clone(),
         live.clone(),
-        Some(inspect),
     ));
+    // Not being able to serve `explain` does not stop the controller.
+    match tokio::net::TcpListener::bind(args.serve.debug_addr).await {
+        Ok(l) => {
+            tokio::spawn(crate::http::serve_debug(l, inspect));
+        }
+        Err(e) => {
+            warn!(addr = %args.serve.debug_addr, error = %e, "cannot serve /debug/nodes (explain will not see the controller's view)");
+        }
+    }
     let client = Client::try_default().await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
     let batcher = lookup.clone();

@@ -32,10 +32,11 @@ async fn held_by(client: &Client, ns: &str, args: &UninstallArgs) -> Result<Opti
         return Ok(None);
     };
     let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    // A renewal in the future (clocks apart) counts as fresh.
     let fresh = spec.renew_time.is_some_and(|t| {
         let age = Timestamp::now().duration_since(t.0).as_secs();
-        age >= 0
-            && (age as u64)
+        age < 0
+            || (age as u64)
                 < args
                     .leader
                     .leader_election_lease_duration
@@ -91,8 +92,8 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     };
     items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix).await?);
     items.extend(cleanup::kueue_topologies(&client, args.force).await?);
-    items.extend(cleanup::kai_topologies(&client, true).await?);
-    items.extend(cleanup::configmaps(&client, true).await?);
+    items.extend(cleanup::kai_topologies(&client).await?);
+    items.extend(cleanup::configmaps(&client).await?);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     if let Some(l) = leases
         .get_opt(&args.leader.leader_election_lease_name)

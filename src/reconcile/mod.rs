@@ -99,7 +99,10 @@ pub struct Context {
     api_failing: AtomicBool,
     /// Asks for every node to be reconciled (the API server accepts writes again).
     pub kicks: Option<futures::channel::mpsc::UnboundedSender<()>>,
-    operator_error_logged_at: AtomicU64,
+    /// When an operator-facing error of each category (index in [`crate::Error::CATEGORIES`])
+    /// was last logged: one line a minute per category, so a second problem (RBAC while EC2
+    /// refuses our credentials) is not hidden behind the first.
+    operator_error_logged_at: [AtomicU64; crate::Error::CATEGORIES.len()],
     /// This replica's Pod (from the downward API), where operator-facing Events about the
     /// controller itself go (EC2 refusing its credentials).
     pub pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
@@ -130,7 +133,7 @@ impl Context {
             writes: tokio::sync::Semaphore::new(32),
             api_failing: AtomicBool::new(false),
             kicks: None,
-            operator_error_logged_at: AtomicU64::new(0),
+            operator_error_logged_at: std::array::from_fn(|_| AtomicU64::new(0)),
             pod: None,
             denied_reported_at: AtomicU64::new(0),
         }
@@ -488,8 +491,12 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
     }
     ctx.records.with(&node, |r| r.next_look(Some(delay)));
     if err.needs_operator() {
-        // One line a minute for the whole fleet, not one per node.
-        if once_every(&ctx.operator_error_logged_at, Duration::from_secs(60)) {
+        // One line a minute for the whole fleet (per category), not one per node.
+        let slot = crate::Error::CATEGORIES
+            .iter()
+            .position(|c| *c == err.category())
+            .unwrap_or(0);
+        if once_every(&ctx.operator_error_logged_at[slot], Duration::from_secs(60)) {
             error!(node = %name, category = err.category(), error = %err, "cannot label nodes until this is fixed; retrying with backoff");
         }
     } else {

@@ -28,7 +28,9 @@ pub struct NodeRecord {
     /// it changes or at its resync slot). For `explain`.
     next_look: u32,
     /// The last reconcile's error, while it fails. For `explain`.
-    last_error: Option<Box<str>>,
+    /// Shared with every other node that failed with the same text (an EC2 outage fails the
+    /// whole fleet with one message: one allocation, not one per node).
+    last_error: Option<std::sync::Arc<str>>,
     /// Our last write, while the node cache does not show it yet (see [`Echo`]). Boxed, like
     /// `gate_write`: both are short-lived, and a record is kept for every node.
     echo: Option<Box<Echo>>,
@@ -95,7 +97,7 @@ impl NodeRecord {
 
     /// The reconcile failed with `e` (the error policy sets the next look).
     pub fn failed(&mut self, e: &crate::Error) {
-        self.last_error = Some(e.to_string().into_boxed_str());
+        self.last_error = Some(Nodes::shared_error(e.to_string()));
     }
 
     /// The controller looks at the node again after `after` (`None`: on change or resync).
@@ -261,6 +263,21 @@ impl Nodes {
     /// The record of the node called `name`, as `explain` shows it.
     pub fn view(&self, name: &str) -> Option<RecordView> {
         self.records().get(name).map(NodeRecord::view)
+    }
+
+    /// `text` as an `Arc<str>`, the same allocation as the last error recorded when it reads the
+    /// same.
+    fn shared_error(text: String) -> std::sync::Arc<str> {
+        static LAST: std::sync::Mutex<Option<std::sync::Arc<str>>> = std::sync::Mutex::new(None);
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        match last.as_ref() {
+            Some(l) if **l == *text => l.clone(),
+            _ => {
+                let new: std::sync::Arc<str> = text.into();
+                *last = Some(new.clone());
+                new
+            }
+        }
     }
 
     #[cfg(test)]

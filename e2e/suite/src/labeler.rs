@@ -19,6 +19,8 @@ pub const STATIC_SECRET_ACCESS_KEY: &str = "e2e-not-a-secret";
 
 pub struct Labeler {
     pub metrics_url: String,
+    /// `--debug-addr` (for `explain`).
+    pub debug_addr: String,
     pub log: PathBuf,
     proc: Proc,
 }
@@ -43,6 +45,7 @@ pub struct LabelerOptions<'a> {
 impl Labeler {
     pub fn start(opts: LabelerOptions<'_>) -> anyhow::Result<Self> {
         let port = free_port()?;
+        let debug_port = free_port()?;
         // E2E_LABELER_BIN: another build of the controller (the benchmarks use the release one).
         let bin = std::env::var_os("E2E_LABELER_BIN")
             .map(std::path::PathBuf::from)
@@ -65,6 +68,7 @@ impl Labeler {
         };
         cmd.arg("run")
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+            .arg(format!("--debug-addr=127.0.0.1:{debug_port}"))
             .args(&opts.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -88,6 +92,7 @@ impl Labeler {
         let proc = Proc::spawn("ec2-topology-labeler", cmd, &log)?;
         Ok(Self {
             metrics_url: format!("http://127.0.0.1:{port}"),
+            debug_addr: format!("127.0.0.1:{debug_port}"),
             log,
             proc,
         })

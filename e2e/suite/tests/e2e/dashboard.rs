@@ -40,36 +40,43 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
         ],
     )
     .await?;
-    // A few publisher rounds and a resync.
-    tokio::time::sleep(RESYNC * 2).await;
-    let scrape = {
-        let guard = env.labeler.lock().await;
-        guard
-            .as_ref()
-            .context("a local controller")?
-            .metrics()
-            .await?
-    };
-    let exported: std::collections::BTreeSet<&str> = scrape
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .collect();
-    let mut checked = 0;
-    let mut missing = Vec::new();
-    for panel in dashboard["panels"].as_array().context("panels")? {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().unwrap_or_default();
-            for name in metric_names(expr) {
-                checked += 1;
-                if !exported.contains(name.as_str())
-                    && name != "ec2_topology_labeler_memory_limit_bytes"
-                {
-                    missing.push(format!("{} ({name})", panel["title"]));
+    // Until the leader's first coverage count (every 12 publish intervals) and a resync; what
+    // is still missing after that matches nothing.
+    let deadline = std::time::Instant::now() + RESYNC * 6;
+    let (checked, missing) = loop {
+        let scrape = {
+            let guard = env.labeler.lock().await;
+            guard
+                .as_ref()
+                .context("a local controller")?
+                .metrics()
+                .await?
+        };
+        let exported: std::collections::BTreeSet<&str> = scrape
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let mut checked = 0;
+        let mut missing = Vec::new();
+        for panel in dashboard["panels"].as_array().context("panels")? {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap_or_default();
+                for name in metric_names(expr) {
+                    checked += 1;
+                    if !exported.contains(name.as_str())
+                        && name != "ec2_topology_labeler_memory_limit_bytes"
+                    {
+                        missing.push(format!("{} ({name})", panel["title"]));
+                    }
                 }
             }
         }
-    }
+        if missing.is_empty() || std::time::Instant::now() > deadline {
+            break (checked, missing);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
     let result = (|| {
         ensure!(checked >= 30, "only {checked} series queried");
         ensure!(

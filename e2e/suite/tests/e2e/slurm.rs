@@ -39,9 +39,14 @@ pub async fn slurm_configmap_keeps_its_last_valid_files(env: &Env) -> anyhow::Re
                 .and_then(|d| d.get("topology.yaml").cloned())
                 .unwrap_or_default()
         };
-        let good = eventually("our ConfigMap names node a", WAIT, || async {
+        // Under its leaf switch (an unlabelled node is listed under `unlabelled` first).
+        let good = eventually("our ConfigMap names node a under nn-vl1", WAIT, || async {
             let cm = cms.get_opt("slurm-topology").await?;
-            Ok(cm.filter(|cm| yaml(cm).contains(&a.name)))
+            Ok(cm.filter(|cm| {
+                yaml(cm).lines().collect::<Vec<_>>().windows(2).any(|w| {
+                    w[0] == "      - switch: nn-vl1" && w[1].contains(&a.name)
+                })
+            }))
         })
         .await?;
         // Every name of the annotation is a switch or a block of topology.yaml.

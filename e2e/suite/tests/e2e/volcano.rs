@@ -373,13 +373,14 @@ async fn discovered(c: &Client) -> anyhow::Result<Vec<DynamicObject>> {
 /// children, the scheduler refuses the second parent ("already has a parent") and places no gang
 /// with a `networkTopology` until the next rediscovery, which only a node's labels changing or a
 /// HyperNode being deleted starts. Wait until each label value has one HyperNode; if a duplicate
-/// lasts 5 s, delete the newer one (as an operator would; its deletion starts a rediscovery).
+/// lasts 3 s, delete the newer one (as an operator would; its deletion starts a rediscovery).
 /// Returns the HyperNodes deleted so.
 async fn settle_discovery(c: &Client) -> anyhow::Result<Vec<String>> {
     let mut deleted = Vec::new();
     let mut duplicate_since: Option<std::time::Instant> = None;
     let mut clean_checks = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    // A rediscovery of a few hundred nodes can race itself again: give it time to settle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
     loop {
         let mut by_value: BTreeMap<(i64, BTreeMap<String, String>), Vec<DynamicObject>> =
             BTreeMap::new();
@@ -403,7 +404,7 @@ async fn settle_discovery(c: &Client) -> anyhow::Result<Vec<String>> {
         } else {
             clean_checks = 0;
             let since = *duplicate_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= Duration::from_secs(5) {
+            if since.elapsed() >= Duration::from_secs(3) {
                 for hs in &mut duplicates {
                     hs.sort_by_key(|h| h.metadata.creation_timestamp.clone().map(|t| t.0));
                     for h in hs.iter().skip(1) {

@@ -39,10 +39,13 @@ async fn metrics(env: &Env) -> anyhow::Result<String> {
         .await
 }
 
-async fn metrics_port(env: &Env) -> anyhow::Result<String> {
+async fn debug_addr(env: &Env) -> anyhow::Result<String> {
     let guard = env.labeler.lock().await;
-    let url = &guard.as_ref().context("a local controller")?.metrics_url;
-    Ok(url.rsplit(':').next().unwrap_or_default().to_string())
+    Ok(guard
+        .as_ref()
+        .context("a local controller")?
+        .debug_addr
+        .clone())
 }
 
 fn gauge(m: &str, state: &str, reason: &str) -> f64 {
@@ -53,12 +56,12 @@ fn gauge(m: &str, state: &str, reason: &str) -> f64 {
     )
 }
 
-/// `explain NODE -o json` as an operator runs it next to the controller (its admin port on
+/// `explain NODE -o json` as an operator runs it next to the controller (its debug address on
 /// loopback, the cluster's kubeconfig, EC2's endpoint).
-fn explain(env: &Env, port: &str, node: &str) -> anyhow::Result<serde_json::Value> {
+fn explain(env: &Env, debug_addr: &str, node: &str) -> anyhow::Result<serde_json::Value> {
     let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
         .args(["explain", node, "-o", "json"])
-        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+        .arg(format!("--debug-addr={debug_addr}"))
         .args([
             "--leader-election=true",
             &format!("--leader-election-namespace={NAMESPACE}"),
@@ -171,7 +174,7 @@ pub async fn every_reason_says_why_once(env: &Env) -> anyhow::Result<()> {
                 "nodes{{state={state},reason={why}}} rose by {got}, want {n}"
             );
         }
-        let port = metrics_port(env).await?;
+        let addr = debug_addr(env).await?;
         for (s, reason, state, why, words) in &cases {
             let seen = events(&c, &s.name).await?;
             ensure!(
@@ -179,7 +182,7 @@ pub async fn every_reason_says_why_once(env: &Env) -> anyhow::Result<()> {
                 "{}: exactly one {reason} Event, got {seen:?}",
                 s.name
             );
-            let e = explain(env, &port, &s.name)?;
+            let e = explain(env, &addr, &s.name)?;
             let verdict = e["verdict"].as_str().unwrap_or_default();
             ensure!(
                 verdict.contains(words),
@@ -229,7 +232,7 @@ pub async fn every_reason_says_why_once(env: &Env) -> anyhow::Result<()> {
             gauge(&m, "failing", "ec2_unauthorized") >= 1.0,
             "the failing gauge"
         );
-        let e = explain(env, &metrics_port(env).await?, &denied.name)?;
+        let e = explain(env, &debug_addr(env).await?, &denied.name)?;
         let verdict = e["verdict"].as_str().unwrap_or_default();
         ensure!(verdict.starts_with("Failing"), "{verdict}");
         eprintln!("    {}: {verdict}", denied.name);

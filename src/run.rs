@@ -259,6 +259,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.clone(),
         synced.clone(),
     ));
+    tokio::spawn(retire_features_at_start(
+        client.clone(),
+        reader.clone(),
+        Retired {
+            condition: !args.gate.node_condition,
+            hypernodes: (!args.publish.volcano_hypernodes)
+                .then(|| args.publish.volcano_hypernode_prefix.clone()),
+        },
+        ctx.leader.clone(),
+        synced.clone(),
+    ));
     // Look every node up ahead of its reconcile, so batches fill from the whole fleet.
     tokio::spawn(warm::on_leading(
         reader.clone(),
@@ -345,6 +356,70 @@ fn default_identity() -> String {
 
 /// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
 /// configuration and no longer manage (see [`crate::retire`]).
+/// What the features turned off left behind that is ours to remove at start-up.
+struct Retired {
+    /// `--node-condition` is off: our `TopologyLabeled` condition goes.
+    condition: bool,
+    /// `--volcano-hypernodes` is off: the HyperNodes of this prefix go.
+    hypernodes: Option<String>,
+}
+
+/// Once leading with a synced cache: remove what a feature now turned off wrote, where that
+/// cannot hurt a running workload (our condition; our HyperNodes, which would otherwise go stale
+/// under the scheduler). Kueue and KAI Topologies and the Slurm ConfigMap may still be in use
+/// and are left to `uninstall`. One pass; a failure is logged with what to do.
+async fn retire_features_at_start(
+    client: Client,
+    reader: reflector::Store<LiteNode>,
+    retired: Retired,
+    leader: Leadership,
+    synced: Arc<AtomicBool>,
+) {
+    if !retired.condition && retired.hypernodes.is_none() {
+        return;
+    }
+    while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut items: Vec<crate::cleanup::Item> = Vec::new();
+    if retired.condition {
+        let nodes = reader.state();
+        items.extend(
+            crate::cleanup::with_condition(nodes.iter().map(|n| n.as_ref()))
+                .into_iter()
+                .map(|name| crate::cleanup::Item {
+                    kind: "condition",
+                    name,
+                    kept: None,
+                }),
+        );
+    }
+    if let Some(prefix) = &retired.hypernodes {
+        match crate::cleanup::hypernodes(&client, prefix).await {
+            Ok(h) => items.extend(h),
+            Err(e) => {
+                warn!(error = %e, "cannot list HyperNodes to remove ours (--volcano-hypernodes is off); `ec2-topology-labeler uninstall` removes them")
+            }
+        }
+    }
+    if items.is_empty() {
+        return;
+    }
+    let failed = crate::cleanup::apply(&client, &items, &leader).await;
+    let removed = items.len() - failed.len();
+    if removed > 0 {
+        info!(
+            removed,
+            conditions = items.iter().filter(|i| i.kind == "condition").count(),
+            hypernodes = items.iter().filter(|i| i.kind == "hypernode").count(),
+            "removed what features now turned off had written (--node-condition, --volcano-hypernodes)"
+        );
+    }
+    if let Some((item, e)) = failed.first() {
+        warn!(failed = failed.len(), kind = item.kind, name = %item.name, error = %e, "cannot remove what a feature now turned off wrote; grant the controller that permission (the chart does) or run `ec2-topology-labeler uninstall`");
+    }
+}
+
 async fn retire_at_start(
     api: Api<k8s_openapi::api::core::v1::Node>,
     scheme: LabelScheme,

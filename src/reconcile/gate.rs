@@ -55,7 +55,8 @@ pub struct GateArgs {
     #[arg(long, env = "LABELER_STARTUP_TAINT_TIMEOUT")]
     pub startup_taint_timeout: Option<HumanDuration>,
     /// Keep a `TopologyLabeled` condition on every node (status subresource; needs RBAC for
-    /// `nodes/status` patch).
+    /// `nodes/status` patch, which the chart always grants: without this flag the condition is
+    /// removed at start-up).
     #[arg(long, env = "LABELER_NODE_CONDITION", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
     pub node_condition: bool,

@@ -424,7 +424,10 @@ fn rbac_is_exactly_what_the_code_uses() {
         ["create"],
         "Events are created, never patched (no series)"
     );
-    assert_eq!(seen.len(), 2, "nothing else cluster-wide: {seen:?}");
+    // Turned-off features' leftovers, removed at start-up: our condition, our HyperNodes.
+    assert_eq!(seen["nodes/status"], ["patch"]);
+    assert_eq!(seen["hypernodes"], ["list", "delete"]);
+    assert_eq!(seen.len(), 4, "nothing else cluster-wide: {seen:?}");
     let lease_rules = &kind(&docs, "Role")[0]["rules"];
     let verbs: Vec<&str> = lease_rules
         .as_array()
@@ -467,9 +470,10 @@ fn rbac_is_exactly_what_the_code_uses() {
         verbs_for("hypernodes"),
         ["list", "create", "patch", "delete"]
     );
-    assert!(
-        verbs_for("nodes/status").is_empty(),
-        "no status writes without the condition"
+    assert_eq!(
+        verbs_for("nodes/status"),
+        ["patch"],
+        "the condition's removal at start-up without it"
     );
     // KAI's Topology: its own group, the same verbs; the Slurm ConfigMap: a Role in its
     // namespace, get and patch limited to its name.
@@ -523,7 +527,11 @@ fn rbac_is_exactly_what_the_code_uses() {
         .collect();
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["verbs"], serde_json::json!(["patch"]));
-    assert_eq!(rules.len(), 3, "nodes, nodes/status, events: {rules:?}");
+    assert_eq!(
+        rules.len(),
+        4,
+        "nodes, nodes/status, HyperNodes (retired), events: {rules:?}"
+    );
     // With events off, and one replica without leader election, those rules are gone.
     let docs = render(&[
         "events.enabled=false".into(),
@@ -537,7 +545,8 @@ fn rbac_is_exactly_what_the_code_uses() {
             .as_array()
             .unwrap()
             .len(),
-        1
+        3,
+        "nodes, nodes/status and HyperNodes (retired) only"
     );
 }
 

@@ -53,6 +53,9 @@ use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_lab
 #[path = "e2e/dashboard.rs"]
 mod dashboard;
 use dashboard::dashboard_queries_match_live_metrics;
+#[path = "e2e/uninstall.rs"]
+mod uninstall;
+use uninstall::{turned_off_features_are_retired_at_start_up, uninstall_leaves_only_labels};
 #[path = "e2e/whynot.rs"]
 mod whynot;
 use whynot::every_reason_says_why_once;
@@ -2105,6 +2108,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
         scenario!(turned_off_extras_are_removed_at_start_up, true),
+        scenario!(turned_off_features_are_retired_at_start_up, true),
         scenario!(admission_policy_limits_the_controllers_node_writes, true),
         scenario!(deploy_manifests_apply_cleanly, false),
         scenario!(tree_min_labelled_checks_the_labels, false),
@@ -2123,6 +2127,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(dashboard_queries_match_live_metrics, true),
         scenario!(steady_state_is_silent, false),
+        scenario!(uninstall_leaves_only_labels, true),
         scenario!(controller_is_healthy, false),
         scenario!(irsa_credentials_rotate_while_nodes_join, true),
         scenario!(pod_identity_credentials_rotate_while_nodes_join, true),

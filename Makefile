@@ -71,7 +71,7 @@ e2e: build controlplane schedulers
 SHELL_SCRIPTS := .ci/run e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
   e2e/schedulers/build.sh e2e/schedulers/volcano/build.sh e2e/schedulers/kai/build.sh \
-  e2e/bench/tools.sh e2e/bench/chart.sh
+  e2e/schedulers/karpenter/crds.sh e2e/tools/promtool/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
 ## lint: formatting, clippy (warnings are errors), helm lint, actionlint, shellcheck
 lint: tools

@@ -409,10 +409,12 @@ async fn settle_discovery(c: &Client) -> anyhow::Result<Vec<String>> {
                     hs.sort_by_key(|h| h.metadata.creation_timestamp.clone().map(|t| t.0));
                     for h in hs.iter().skip(1) {
                         let name = h.metadata.name.clone().unwrap_or_default();
-                        hypernodes(c)
-                            .delete(&name, &DeleteParams::default())
-                            .await?;
-                        deleted.push(name);
+                        // Volcano's own rediscovery may have removed it meanwhile.
+                        match hypernodes(c).delete(&name, &DeleteParams::default()).await {
+                            Ok(_) => deleted.push(name),
+                            Err(kube::Error::Api(e)) if e.code == 404 => {}
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                 }
                 duplicate_since = None;

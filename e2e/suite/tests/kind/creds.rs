@@ -191,16 +191,31 @@ async fn pod_identity(env: &Env) -> anyhow::Result<()> {
     let manifest = kind.values.with_file_name("pod-identity-agent.yaml");
     let (ok, out) = kind.kubectl(&["apply", "-f", &manifest.to_string_lossy()])?;
     ensure!(ok, "kubectl apply {}: {out}", manifest.display());
-    let api: Api<DaemonSet> = Api::namespaced(c.clone(), "kube-system");
+    // Ready on both kind nodes. The DaemonSet also places pods on the Node objects the tests
+    // create without a kubelet (they stay Pending there, as on a node that never came up).
+    let (cp, worker) = kind_nodes(&c).await?;
+    let kubelets = [cp.name_any(), worker.name_any()];
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.clone(), "kube-system");
     eventually(
-        "the agent ready on every node",
+        "the agent ready on both kind nodes",
         Duration::from_secs(90),
         || async {
-            let s = api.get(AGENT).await?.status.unwrap_or_default();
-            Ok((s.desired_number_scheduled > 0
-                && s.number_ready == s.desired_number_scheduled
-                && s.updated_number_scheduled == Some(s.desired_number_scheduled))
-            .then_some(()))
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={AGENT}")))
+                .await?;
+            let ready = |p: &k8s_openapi::api::core::v1::Pod| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            };
+            let on_kubelets = kubelets.iter().all(|node| {
+                list.items.iter().any(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                        && ready(p)
+                })
+            });
+            Ok(on_kubelets.then_some(()))
         },
     )
     .await?;

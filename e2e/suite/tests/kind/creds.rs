@@ -20,7 +20,7 @@ use e2e::{
     incluster::{self, KindEnv, RELEASE},
     kube_util::{self, eventually, topology_labels, wait_for_topology},
 };
-use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Node};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams},

@@ -378,9 +378,13 @@ async fn discovered(c: &Client) -> anyhow::Result<Vec<DynamicObject>> {
 async fn settle_discovery(c: &Client) -> anyhow::Result<Vec<String>> {
     let mut deleted = Vec::new();
     let mut duplicate_since: Option<std::time::Instant> = None;
+    // When deleting the newer duplicates keeps starting rediscoveries that race again (a few
+    // hundred nodes in the cluster), start over: every discovered HyperNode deleted at once,
+    // so the next pass starts from an empty cache.
+    let mut racing_since: Option<std::time::Instant> = None;
     let mut clean_checks = 0;
     // A rediscovery of a few hundred nodes can race itself again: give it time to settle.
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let mut by_value: BTreeMap<(i64, BTreeMap<String, String>), Vec<DynamicObject>> =
             BTreeMap::new();
@@ -397,12 +401,27 @@ async fn settle_discovery(c: &Client) -> anyhow::Result<Vec<String>> {
             by_value.into_values().filter(|hs| hs.len() > 1).collect();
         if duplicates.is_empty() {
             duplicate_since = None;
+            racing_since = None;
             clean_checks += 1;
             if clean_checks >= 3 {
                 return Ok(deleted);
             }
         } else {
             clean_checks = 0;
+            let racing = *racing_since.get_or_insert_with(std::time::Instant::now);
+            if racing.elapsed() >= Duration::from_secs(45) {
+                hypernodes(c)
+                    .delete_collection(
+                        &DeleteParams::default(),
+                        &ListParams::default().labels(&format!("{SOURCE_LABEL}=label")),
+                    )
+                    .await?;
+                deleted.push("(every discovered HyperNode)".to_string());
+                racing_since = None;
+                duplicate_since = None;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
             let since = *duplicate_since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() >= Duration::from_secs(3) {
                 for hs in &mut duplicates {
@@ -793,22 +812,28 @@ async fn survey_discovery(
     ready: impl Fn(&WayReport) -> bool,
 ) -> anyhow::Result<WayReport> {
     let selector = format!("{SOURCE_LABEL}=label");
-    eventually(
-        &format!("{way}: HyperNodes for the fleet"),
-        WAIT,
-        || async { Ok(ready(&survey(c, way, &selector, fleet).await?).then_some(())) },
-    )
-    .await?;
-    let repaired = settle_discovery(c).await?;
-    let mut r = survey(c, way, &selector, fleet).await?;
-    ensure!(
-        ready(&r),
+    let mut repaired = Vec::new();
+    // Settling may start a rediscovery from scratch: survey again until it holds.
+    for _ in 0..3 {
+        eventually(
+            &format!("{way}: HyperNodes for the fleet"),
+            WAIT,
+            || async { Ok(ready(&survey(c, way, &selector, fleet).await?).then_some(())) },
+        )
+        .await?;
+        repaired.extend(settle_discovery(c).await?);
+        let mut r = survey(c, way, &selector, fleet).await?;
+        if ready(&r) {
+            r.repaired = repaired;
+            return Ok(r);
+        }
+    }
+    let r = survey(c, way, &selector, fleet).await?;
+    anyhow::bail!(
         "{way}: after settling, tiers {:?}, left out {:?}",
         r.tiers,
         r.left_out
-    );
-    r.repaired = repaired;
-    Ok(r)
+    )
 }
 
 /// Try a gang on the mixed fleet: where it lands, or that it stays pending.

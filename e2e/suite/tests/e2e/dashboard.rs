@@ -23,9 +23,57 @@ fn metric_names(expr: &str) -> Vec<String> {
     out
 }
 
+/// The labels each `by (…)` of `expr` groups the metric right after it by: `sum by (state, reason)
+/// (ec2_topology_labeler_nodes{…})` gives `("ec2_topology_labeler_nodes", ["state", "reason"])`
+/// (through `rate(`/`increase(`).
+fn grouped_by(expr: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find(" by (") {
+        rest = &rest[i + " by (".len()..];
+        let Some(close) = rest.find(')') else { break };
+        let labels: Vec<String> = rest[..close]
+            .split(',')
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        rest = &rest[close + 1..];
+        let inner = rest
+            .trim_start()
+            .trim_start_matches('(')
+            .trim_start_matches("rate(")
+            .trim_start_matches("increase(");
+        if let Some(name) = metric_names(inner).into_iter().next()
+            && inner.starts_with(&name)
+        {
+            out.push((name, labels));
+        }
+    }
+    out
+}
+
+/// The label names of the series of `name` in a text exposition.
+fn label_names<'a>(scrape: &'a str, name: &str) -> std::collections::BTreeSet<&'a str> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .flat_map(|l| {
+            l.split_once('}')
+                .map(|(labels, _)| labels)
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        })
+        .collect()
+}
+
 /// Each query of the dashboard matches a series of the leader's `/metrics` (with the KAI, Kueue,
-/// Volcano and Slurm publishers, the startup taint and the condition on). The container memory
-/// limit is exported only where a cgroup sets one: not for a process on this machine.
+/// Volcano and Slurm publishers, the startup taint and the condition on), and every label a
+/// panel groups by is a label of that metric's series (a query grouping by a label the series
+/// lack would draw one unlabelled line). The only selector in the queries is `namespace`, which
+/// Prometheus adds when it scrapes. The container memory limit is exported only where a cgroup
+/// sets one: not for a process on this machine.
 pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<()> {
     let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
         e2e::repo_root().join("charts/ec2-topology-labeler/dashboards/ec2-topology-labeler.json"),
@@ -43,7 +91,7 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
     // Until the leader's first coverage count (every 12 publish intervals) and a resync; what
     // is still missing after that matches nothing.
     let deadline = std::time::Instant::now() + RESYNC * 6;
-    let (checked, missing) = loop {
+    let (checked, checked_labels, missing) = loop {
         let scrape = {
             let guard = env.labeler.lock().await;
             guard
@@ -58,6 +106,7 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
             .filter_map(|l| l.split(['{', ' ']).next())
             .collect();
         let mut checked = 0;
+        let mut checked_labels = 0;
         let mut missing = Vec::new();
         for panel in dashboard["panels"].as_array().context("panels")? {
             for target in panel["targets"].as_array().into_iter().flatten() {
@@ -70,15 +119,29 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
                         missing.push(format!("{} ({name})", panel["title"]));
                     }
                 }
+                for (name, labels) in grouped_by(expr) {
+                    let have = label_names(&scrape, &name);
+                    for l in labels {
+                        checked_labels += 1;
+                        if !have.contains(l.as_str()) {
+                            missing
+                                .push(format!("{} ({name} by {l}: has {have:?})", panel["title"]));
+                        }
+                    }
+                }
             }
         }
         if missing.is_empty() || std::time::Instant::now() > deadline {
-            break (checked, missing);
+            break (checked, checked_labels, missing);
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     };
     let result = (|| {
         ensure!(checked >= 30, "only {checked} series queried");
+        ensure!(
+            checked_labels >= 10,
+            "only {checked_labels} grouping labels checked"
+        );
         ensure!(
             missing.is_empty(),
             "panels query series that match nothing: {missing:?}"
@@ -86,6 +149,6 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
         Ok(())
     })();
     e2e::env::restart_labeler_with(env, &[]).await?;
-    eprintln!("    {checked} queried series, all in /metrics");
+    eprintln!("    {checked} queried series and {checked_labels} grouping labels, all in /metrics");
     result
 }

@@ -6,11 +6,11 @@
 //! `app.kubernetes.io/managed-by` label (HyperNodes also under this installation's name prefix);
 //! the Lease; the label and annotation keys our field manager owns on Nodes.
 //!
-//! "Cannot hurt" decides what turning a feature off removes: a condition nothing else should
-//! gate on any more, HyperNodes (Volcano re-plans from what exists), a Kueue Topology no
-//! ResourceFlavor names. A Kueue Topology a ResourceFlavor still names, a KAI Topology (workloads
-//! name it in annotations we cannot cheaply find), a Slurm ConfigMap (a slurmctld may mount it)
-//! are reported and kept.
+//! "Cannot hurt" decides what turning a feature off removes at start-up: a condition nothing
+//! else should gate on any more, and HyperNodes (Volcano re-plans from what exists). Kueue and
+//! KAI Topologies (a ResourceFlavor or a workload's annotation may name them) and the Slurm
+//! ConfigMap (a slurmctld may mount it) are left in place then; `uninstall` removes them, except
+//! a Kueue Topology a ResourceFlavor still names (reported, kept unless `--force`).
 //!
 //! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
 //! operator's own command.

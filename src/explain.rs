@@ -1,7 +1,7 @@
 //! `explain NODE`: why a node has (or lacks) its topology labels, in one place. Run it where the
-//! controller runs (`kubectl exec` into the leader's Pod, or anywhere with a kubeconfig and the
-//! same environment) and it reads the same configuration as the controller (every flag is an
-//! environment variable the chart sets):
+//! controller runs (`kubectl exec` into the leader's Pod) and it reads the same configuration as
+//! the controller: the flags the chart passes to the container's first process, read from
+//! `/proc/1/cmdline` (elsewhere, the flags and environment given to `explain` itself):
 //!
 //! - the Node: its providerID, how it parses, its labels, taints and condition;
 //! - the controller's own view, from its admin server on loopback (`/debug/nodes/NODE`): where

@@ -354,8 +354,6 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
-/// configuration and no longer manage (see [`crate::retire`]).
 /// What the features turned off left behind that is ours to remove at start-up.
 struct Retired {
     /// `--node-condition` is off: our `TopologyLabeled` condition goes.
@@ -420,6 +418,8 @@ async fn retire_features_at_start(
     }
 }
 
+/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
+/// configuration and no longer manage (see [`crate::retire`]).
 async fn retire_at_start(
     api: Api<k8s_openapi::api::core::v1::Node>,
     scheme: LabelScheme,

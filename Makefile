@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
+.PHONY: release kind-down image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -68,7 +68,7 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test --workspace --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
+SHELL_SCRIPTS := .ci/run hack/release.sh e2e/kind/registry/registry.sh e2e/tools/cosign/build.sh e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
   e2e/schedulers/build.sh e2e/schedulers/volcano/build.sh e2e/schedulers/kai/build.sh \
   e2e/schedulers/karpenter/crds.sh e2e/tools/promtool/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
@@ -91,10 +91,23 @@ schema:
 image:
 	e2e/image/build.sh
 
-## kind: the e2e suite on a kind cluster built here from nothing (Docker engine from Debian,
-## egress guard, node image and controller images built locally; e2e/kind/run.sh)
+## release: the one release path (the release workflow runs only this): the controller image for
+## linux/amd64 and linux/arm64, cross-compiled, as an OCI index; the chart pinning it by digest;
+## an SBOM; signatures with COSIGN_KEY (or COSIGN_KEYLESS=1). Pushed to REGISTRY (hack/release.sh)
+release: tools
+	hack/release.sh
+
+## kind: the e2e suite on kind clusters built here from nothing (Docker engine from Debian, an
+## egress guard on the suite's own Docker networks, node image built locally, a local OCI
+## registry that `make release` pushes to and the clusters pull from; IPv4, then IPv6;
+## e2e/kind/run.sh). On a workstation: `make kind-down` undoes what it changed on the host.
 kind: build
 	e2e/kind/run.sh
+
+## kind-down: delete the kind clusters and the registry, and remove the egress guard, the suite's
+## Docker networks and the guard check's network namespace (Docker itself stays installed)
+kind-down:
+	e2e/kind/run.sh --down
 
 ## kind-eks-credentials: a kind cluster with the stand-in STS, EKS Auth and Pod Identity agent;
 ## the chart installed with IRSA, then with Pod Identity, and checked (docs/install-eks.md); the

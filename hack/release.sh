@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# The one release path: `make release` runs this, and so do the release workflow and the kind
+# suite (against a registry on this machine).
+#
+#   REGISTRY=ghcr.io/ec2-topology-labeler make release        # the published release
+#   REGISTRY=localhost:5001 make release                      # a local registry (plain HTTP)
+#
+# 1. The controller for linux/amd64 and linux/arm64, cross-compiled from this machine: rustup's
+#    musl targets with zig as the C compiler and linker (cargo-zigbuild and ziglang from PyPI,
+#    pinned below), the release profile; no emulation. Each binary's ELF machine is checked.
+# 2. One image per platform (FROM scratch: e2e/image/Containerfile), an OCI index of the two,
+#    pushed by buildah to $REGISTRY/ec2-topology-labeler:$VERSION; its digest is what the
+#    chart pins. Timestamps are fixed: the same binaries give the same digest.
+# 3. An SBOM of what the binary links (CycloneDX JSON, cargo-cyclonedx).
+# 4. The chart with image.repository/tag/digest set to what was pushed, packaged and pushed to
+#    oci://$REGISTRY/charts (helm push).
+# 5. With COSIGN_KEY (a cosign key file; COSIGN_PASSWORD its password): the image index, the
+#    chart and an SBOM attestation on the image signed with it (no transparency log: a private
+#    key, verified with its public key, `cosign verify --key`). With COSIGN_KEYLESS=1 (the release
+#    workflow, GitHub's OIDC token): keyless, recorded in Sigstore's public log.
+#
+# Writes dist/: release.json (what was pushed, by digest, and the image sizes), the SBOM and the
+# chart package. Environment: REGISTRY (required), VERSION (default: the crate's, which must
+# equal the chart's version and appVersion), REGISTRY_PLAIN_HTTP=1 for a registry without TLS
+# (the default for localhost and 127.0.0.1), DIST (default: dist).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
+start=$(date +%s)
+step() { echo "[release] $1 at +$(( $(date +%s) - start ))s" >&2; }
+die() { echo "[release] $*" >&2; exit 1; }
+
+# Pinned tools (bump deliberately; each is cached by its version).
+ZIGBUILD_VERSION=0.24.1
+ZIGLANG_VERSION=0.15.2
+CYCLONEDX_VERSION=0.5.7
+
+: "${REGISTRY:?REGISTRY=host[:port][/path] is required, e.g. ghcr.io/ec2-topology-labeler}"
+REGISTRY=${REGISTRY%/}
+dist=${DIST:-$root/dist}
+crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+VERSION=${VERSION:-$crate_version}
+chart_dir=charts/ec2-topology-labeler
+chart_version=$(sed -n 's/^version: *//p' "$chart_dir/Chart.yaml")
+app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' "$chart_dir/Chart.yaml")
+for v in "$crate_version" "$chart_version" "$app_version"; do
+  [[ $v == "$VERSION" ]] ||
+    die "version $VERSION, but Cargo.toml says $crate_version, Chart.yaml $chart_version (appVersion $app_version)"
+done
+case "$REGISTRY" in
+  localhost:* | localhost/* | localhost | 127.0.0.1*) plain_http=${REGISTRY_PLAIN_HTTP:-1} ;;
+  *) plain_http=${REGISTRY_PLAIN_HTTP:-0} ;;
+esac
+image_repo="$REGISTRY/ec2-topology-labeler"
+chart_repo="oci://$REGISTRY/charts"
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+rm -rf "$dist"
+mkdir -p "$dist"
+
+# --- tools -------------------------------------------------------------------------------------
+step "tools (rustup musl targets, cargo-zigbuild + zig, buildah, cargo-cyclonedx, helm)"
+targets=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
+for t in "${targets[@]}"; do
+  rustup target list --installed | grep -qx "$t" || rustup target add "$t" >&2
+done
+venv="$cache/release-tools/zigbuild-$ZIGBUILD_VERSION-zig-$ZIGLANG_VERSION"
+if [[ ! -x "$venv/bin/cargo-zigbuild" ]]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    "cargo-zigbuild==$ZIGBUILD_VERSION" "ziglang==$ZIGLANG_VERSION" >&2
+fi
+cyclonedx="$cache/release-tools/cargo-cyclonedx-$CYCLONEDX_VERSION"
+if [[ ! -x "$cyclonedx/bin/cargo-cyclonedx" ]]; then
+  cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$cyclonedx.partial" >&2
+  rm -rf "$cyclonedx" && mv "$cyclonedx.partial" "$cyclonedx"
+fi
+if ! command -v buildah >/dev/null; then
+  echo "installing buildah (apt)" >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah >&2
+fi
+helm="$(e2e/tools/build.sh)/helm"
+cosign=""
+if [[ -n ${COSIGN_KEY:-} || ${COSIGN_KEYLESS:-0} == 1 ]]; then
+  cosign="$(e2e/tools/cosign/build.sh)/cosign"
+fi
+
+# --- 1. binaries -------------------------------------------------------------------------------
+step "cross-compiling the controller for ${targets[*]} (release profile)"
+# Its own target directory: zig is these targets' C compiler here, musl-gcc in e2e/image.
+target_dir="$cache/target-dist"
+PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target_dir" cargo zigbuild --release --locked \
+  --bin ec2-topology-labeler "${targets[@]/#/--target=}" >&2
+declare -A platform=([x86_64-unknown-linux-musl]=linux/amd64 [aarch64-unknown-linux-musl]=linux/arm64)
+declare -A machine=([x86_64-unknown-linux-musl]="Advanced Micro Devices X86-64" [aarch64-unknown-linux-musl]=AArch64)
+for t in "${targets[@]}"; do
+  bin="$target_dir/$t/release/ec2-topology-labeler"
+  # Static, and for the architecture it claims to be (readelf reads the header; nothing runs).
+  got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
+  [[ $got == "${machine[$t]}" ]] || die "$bin is built for '$got', not ${machine[$t]}"
+  if readelf -l "$bin" | grep -q 'INTERP'; then die "$bin is not static (it names an interpreter)"; fi
+done
+
+# --- 2. image ----------------------------------------------------------------------------------
+step "image: one per platform, an OCI index of both, pushed to $image_repo:$VERSION"
+bah() { buildah --storage-driver vfs "$@"; }
+tls=(); ((plain_http)) && tls=(--tls-verify=false)
+list="ec2tl-release:$VERSION"
+bah manifest rm "$list" >/dev/null 2>&1 || true
+bah manifest create "$list" >/dev/null
+ctx=$(mktemp -d)
+trap 'rm -rf "$ctx"' EXIT
+for t in "${targets[@]}"; do
+  p=${platform[$t]}
+  mkdir -p "$ctx/$t"
+  cp /etc/ssl/certs/ca-certificates.crt "$ctx/$t/"
+  cp "$target_dir/$t/release/ec2-topology-labeler" "$ctx/$t/app"
+  # FROM scratch and COPY only: nothing runs, so the foreign platform needs no emulation.
+  bah bud --quiet --isolation chroot --platform "$p" --manifest "$list" --timestamp 0 \
+    --label "org.opencontainers.image.source=https://github.com/ec2-topology-labeler/ec2-topology-labeler" \
+    --label "org.opencontainers.image.version=$VERSION" \
+    --label "org.opencontainers.image.revision=$revision" \
+    --label "org.opencontainers.image.licenses=Apache-2.0" \
+    -f e2e/image/Containerfile "$ctx/$t" >/dev/null
+done
+bah manifest push --quiet --all --format oci "${tls[@]}" --digestfile "$dist/image.digest" \
+  "$list" "docker://$image_repo:$VERSION" >&2
+image_digest=$(cat "$dist/image.digest")
+[[ $image_digest =~ ^sha256:[0-9a-f]{64}$ ]] || die "buildah gave no digest ($image_digest)"
+# The size of each platform's image: its layers and config, as the index lists them.
+bah manifest inspect "$list" >"$dist/index.json"
+sizes=$(for t in "${targets[@]}"; do
+  bin="$target_dir/$t/release/ec2-topology-labeler"
+  printf '"%s": {"binary_bytes": %s}\n' "${platform[$t]}" "$(stat -c %s "$bin")"
+done | paste -sd, -)
+
+# --- 3. SBOM -----------------------------------------------------------------------------------
+step "SBOM (CycloneDX, what the controller binary links)"
+# One file per binary of the workspace, next to each package's manifest: the controller's is the
+# root package's; the others (the test harness's) are removed again.
+PATH="$cyclonedx/bin:$PATH" cargo cyclonedx --quiet --format json --spec-version 1.5 \
+  --describe binaries --target x86_64-unknown-linux-musl --no-build-deps >&2
+[[ -s ec2-topology-labeler_bin.cdx.json ]] || die "cargo-cyclonedx wrote no SBOM for the controller"
+mv ec2-topology-labeler_bin.cdx.json "$dist/sbom.cdx.json"
+find . -path ./dist -prune -o -name '*_bin.cdx.json' -print -delete >/dev/null
+
+# --- 4. chart ----------------------------------------------------------------------------------
+step "chart: the image pinned by digest, packaged and pushed to $chart_repo"
+cp -r "$chart_dir" "$ctx/chart"
+values="$ctx/chart/values.yaml"
+# Only the three keys of the top-level image: block change; everything else is the chart as it is.
+awk -v repo="$image_repo" -v tag="$VERSION" -v digest="$image_digest" '
+  /^[^ #]/ { in_image = ($0 ~ /^image:/) }
+  in_image && /^  repository:/ { print "  repository: " repo; next }
+  in_image && /^  tag:/ { print "  tag: \"" tag "\""; next }
+  in_image && /^  digest:/ { print "  digest: \"" digest "\""; next }
+  { print }' "$values" >"$values.new"
+mv "$values.new" "$values"
+rendered=$("$helm" template ec2-topology-labeler "$ctx/chart" --show-only templates/deployment.yaml)
+grep -q "image: \"\{0,1\}$image_repo@$image_digest\"\{0,1\}$" <<<"$rendered" ||
+  die "the packaged chart does not render the pushed image by digest"
+"$helm" lint --strict "$ctx/chart" >/dev/null
+"$helm" package "$ctx/chart" --destination "$dist" >/dev/null
+chart_tgz="$dist/ec2-topology-labeler-$VERSION.tgz"
+[[ -s $chart_tgz ]] || die "helm package wrote no $chart_tgz"
+push_flags=(); ((plain_http)) && push_flags=(--plain-http)
+pushed=$("$helm" push "$chart_tgz" "$chart_repo" "${push_flags[@]}" 2>&1) || die "helm push: $pushed"
+chart_digest=$(sed -n 's/^Digest: *//p' <<<"$pushed")
+[[ $chart_digest =~ ^sha256:[0-9a-f]{64}$ ]] || die "helm push gave no digest: $pushed"
+
+# --- 5. signatures -----------------------------------------------------------------------------
+signed=false
+if [[ -n $cosign ]]; then
+  step "signing the image, the chart and the SBOM attestation (cosign)"
+  sign_flags=(--yes)
+  if [[ -n ${COSIGN_KEY:-} ]]; then sign_flags+=(--key "$COSIGN_KEY" --tlog-upload=false); fi
+  ((plain_http)) && sign_flags+=(--allow-http-registry --allow-insecure-registry)
+  chart_ref="${chart_repo#oci://}/ec2-topology-labeler@$chart_digest"
+  "$cosign" sign "${sign_flags[@]}" "$image_repo@$image_digest" >&2
+  "$cosign" sign "${sign_flags[@]}" "$chart_ref" >&2
+  "$cosign" attest "${sign_flags[@]}" --type cyclonedx --predicate "$dist/sbom.cdx.json" \
+    "$image_repo@$image_digest" >&2
+  signed=true
+fi
+
+cat >"$dist/release.json" <<EOF
+{
+  "version": "$VERSION",
+  "revision": "$revision",
+  "image": "$image_repo@$image_digest",
+  "image_tag": "$image_repo:$VERSION",
+  "chart": "$chart_repo/ec2-topology-labeler",
+  "chart_digest": "$chart_digest",
+  "plain_http": $( ((plain_http)) && echo true || echo false ),
+  "signed": $signed,
+  "platforms": {$sizes}
+}
+EOF
+step "released $VERSION: $image_repo@$image_digest, $chart_repo/ec2-topology-labeler $VERSION ($chart_digest)"
+cat "$dist/release.json"

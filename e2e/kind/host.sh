@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Make this machine able to run kind, safely, from nothing:
+# Make this machine able to run kind, safely, from nothing — and change it no further:
 #   1. Debian's Docker engine (docker.io) and the tools the kind path needs (apt);
 #   2. dockerd running (started here when no engine answers);
-#   3. the egress guard, before any container starts: packets forwarded from a container
-#      network to anywhere outside the container networks are rejected (DOCKER-USER for IPv4,
-#      FORWARD for IPv6). Nothing a container or a pod sends can leave this machine;
-#   4. a probe: a privileged container with no network. Only if it fails (a sandbox whose
+#   3. the egress guard, before any container starts: packets forwarded from the suite's two
+#      Docker networks (bridges ec2tl-kind, IPv4, and ec2tl-kind6, IPv4 + IPv6) to anywhere
+#      outside that network are rejected (iptables DOCKER-USER, ip6tables FORWARD). Every
+#      container the suite starts is on one of them or on none; nothing a container or a pod
+#      there sends can leave this machine. Other containers on this machine are not touched;
+#   4. those two networks;
+#   5. a probe: a privileged container with no network. Only if it fails (a sandbox whose
 #      capability bounding set lacks some capability Docker grants privileged containers, e.g.
 #      CAP_SYS_RESOURCE) is a runc wrapper installed as dockerd's default runtime: it drops the
 #      capabilities outside the bounding set from each container's spec (create/run) and from
 #      `runc exec --process` specs. On a normal Docker host nothing changes.
-#   5. the guard is checked without sending anything outward: a network namespace on this
-#      machine plays "outside" (a veth, a TEST-NET-2 address, a listener) and a container must
-#      be refused there.
+#   6. the guard is checked without sending anything outward: a network namespace on this
+#      machine plays "outside" (a veth, TEST-NET-2 and 2001:db8:: addresses, a listener) and a
+#      container on each network must be refused there, over IPv4 and over IPv6.
 #
 #   e2e/kind/host.sh            idempotent; prints nothing on stdout
 #   e2e/kind/host.sh --check    only check the guard (exit 1 when it is missing)
+#   e2e/kind/host.sh --remove   undo 3, 4 and 6 (make kind-down): the rules, the networks, the
+#                               namespace; the packages, dockerd and the wrapper stay
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,41 +28,83 @@ state=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}/kind-host
 mkdir -p "$state"
 log() { echo "[kind-host] $*" >&2; }
 
+# The suite's Docker networks, by bridge name (= network name). run.sh creates its clusters on
+# them (KIND_EXPERIMENTAL_DOCKER_NETWORK); registry.sh puts the registry on both.
+NETWORK4=ec2tl-kind
+NETWORK6=ec2tl-kind6
+SUBNET6=fd7c:ec21:ab::/64
+BRIDGES=("$NETWORK4" "$NETWORK6")
+
 # --- the egress guard --------------------------------------------------------------------------
-# Container networks are Docker's bridges: docker0 and the user-defined br-*. A packet that
-# comes in on one of them and would go out on anything else is leaving the container networks.
-guard_rules() {
-  local cmd=$1 chain=$2
-  for bridge in docker0 'br-+'; do
-    # Rejected, not dropped: a client fails at once instead of hanging until its timeout.
-    local rule=(-i "$bridge" ! -o "$bridge" -j REJECT)
-    $cmd -C "$chain" "${rule[@]}" 2>/dev/null || $cmd -I "$chain" 1 "${rule[@]}"
-  done
-}
+# A packet that comes in on one of our bridges and would go out on anything else is leaving
+# that network. Rejected, not dropped: a client fails at once instead of hanging.
+guard_rule() { echo "-i $1 ! -o $1 -j REJECT"; }
 
 install_guard() {
   # DOCKER-USER is Docker's place for the host's own rules: FORWARD jumps to it first, and
   # dockerd never flushes it (also not on restart).
   iptables -N DOCKER-USER 2>/dev/null || true
   iptables -C FORWARD -j DOCKER-USER 2>/dev/null || iptables -I FORWARD 1 -j DOCKER-USER
-  guard_rules iptables DOCKER-USER
-  # dockerd (20.10) manages no IPv6 rules; the networks here are IPv4-only, and IPv6 forwarded
-  # from a bridge is rejected all the same.
-  if command -v ip6tables >/dev/null; then
-    guard_rules ip6tables FORWARD
-  fi
+  local bridge rule
+  for bridge in "${BRIDGES[@]}"; do
+    read -ra rule <<<"$(guard_rule "$bridge")"
+    iptables -C DOCKER-USER "${rule[@]}" 2>/dev/null || iptables -I DOCKER-USER 1 "${rule[@]}"
+    # dockerd (20.10) manages no IPv6 rules: the IPv6 guard sits in FORWARD itself.
+    ip6tables -C FORWARD "${rule[@]}" 2>/dev/null || ip6tables -I FORWARD 1 "${rule[@]}"
+  done
+  remove_guard "${LEGACY_BRIDGES[@]}"
+}
+
+# Earlier versions of this script guarded every Docker bridge (docker0, br-+), cutting the
+# egress of containers that are none of the suite's business.
+LEGACY_BRIDGES=(docker0 'br-+')
+
+remove_guard() {
+  local bridge rule
+  for bridge in "$@"; do
+    read -ra rule <<<"$(guard_rule "$bridge")"
+    while iptables -D DOCKER-USER "${rule[@]}" 2>/dev/null; do :; done
+    while ip6tables -D FORWARD "${rule[@]}" 2>/dev/null; do :; done
+  done
 }
 
 guard_installed() {
-  local rules
-  rules=$(iptables -S DOCKER-USER 2>/dev/null) || return 1
-  grep -q -- '-i docker0 ! -o docker0 -j REJECT' <<<"$rules" &&
-    grep -q -- '-i br-+ ! -o br-+ -j REJECT' <<<"$rules"
+  local rules4 rules6 bridge
+  rules4=$(iptables -S DOCKER-USER 2>/dev/null) || return 1
+  iptables -S FORWARD 2>/dev/null | grep -q -- '-A FORWARD -j DOCKER-USER' || return 1
+  rules6=$(ip6tables -S FORWARD 2>/dev/null) || return 1
+  for bridge in "${BRIDGES[@]}"; do
+    grep -q -- "$(guard_rule "$bridge")" <<<"$rules4" || return 1
+    grep -q -- "$(guard_rule "$bridge")" <<<"$rules6" || return 1
+  done
 }
+
+sink_ns=ec2tl-sink
+sink_ip=198.51.100.7
+sink_ip6=2001:db8:7::7
 
 if [[ "${1:-}" == "--check" ]]; then
   guard_installed || { log "the egress guard is NOT installed"; exit 1; }
   log "egress guard installed"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--remove" ]]; then
+  for n in "${BRIDGES[@]}"; do
+    if command -v docker >/dev/null && docker network inspect "$n" >/dev/null 2>&1; then
+      docker network rm "$n" >/dev/null || log "network $n is still in use; left in place"
+    fi
+  done
+  # The guard goes only once its networks are gone: never a network without it.
+  left=0
+  for n in "${BRIDGES[@]}"; do
+    command -v docker >/dev/null && docker network inspect "$n" >/dev/null 2>&1 && left=1
+  done
+  if ((left == 0)) && command -v iptables >/dev/null; then remove_guard "${BRIDGES[@]}" "${LEGACY_BRIDGES[@]}"; fi
+  ip netns list 2>/dev/null | grep -qw "$sink_ns" && ip netns delete "$sink_ns"
+  ip link delete ec2tl-sink-h 2>/dev/null || true
+  docker network rm ec2tl-guard-check >/dev/null 2>&1 || true
+  log "egress guard, networks and the check's namespace removed (Docker, its packages and the runc wrapper stay)"
   exit 0
 fi
 
@@ -164,38 +211,68 @@ if ! probe; then
   log "privileged containers work through the runc wrapper"
 fi
 
-# --- check the guard: a container must be refused by a listener outside its networks ------------
-# "Outside" is a network namespace on this machine (veth + TEST-NET-2): nothing is sent beyond
-# this host even if the guard were missing.
-sink_ns=ec2tl-sink
-sink_ip=198.51.100.7
+# --- the networks, once the guard covers them ------------------------------------------------
+# kind would create its own "kind" network (IPv4 and IPv6): run.sh points it at these instead.
+# NAT stays on, as kind sets it: the guard, not the absence of NAT, is what keeps packets in.
+if ! docker network inspect "$NETWORK4" >/dev/null 2>&1; then
+  docker network create --driver bridge -o com.docker.network.bridge.name="$NETWORK4" \
+    -o com.docker.network.bridge.enable_ip_masquerade=true "$NETWORK4" >/dev/null
+fi
+if ! docker network inspect "$NETWORK6" >/dev/null 2>&1; then
+  docker network create --driver bridge --ipv6 --subnet "$SUBNET6" \
+    -o com.docker.network.bridge.name="$NETWORK6" \
+    -o com.docker.network.bridge.enable_ip_masquerade=true "$NETWORK6" >/dev/null
+fi
+
+# --- check the guard: a container must be refused by a listener outside its network -----------
+# "Outside" is a network namespace on this machine (veth + TEST-NET-2 and 2001:db8::/32): nothing
+# is sent beyond this host even if the guard were missing. The host itself reaching the listener
+# first shows the listener answers (else "refused" would prove nothing).
 if ! ip netns list | grep -qw "$sink_ns"; then
   ip netns add "$sink_ns"
   ip link add ec2tl-sink-h type veth peer name ec2tl-sink-n
   ip link set ec2tl-sink-n netns "$sink_ns"
   ip addr add 198.51.100.1/24 dev ec2tl-sink-h
+  ip -6 addr add 2001:db8:7::1/64 dev ec2tl-sink-h nodad
   ip link set ec2tl-sink-h up
   ip -n "$sink_ns" addr add "$sink_ip/24" dev ec2tl-sink-n
+  ip -n "$sink_ns" -6 addr add "$sink_ip6/64" dev ec2tl-sink-n nodad
   ip -n "$sink_ns" link set ec2tl-sink-n up
   ip -n "$sink_ns" link set lo up
 fi
-route=$(ip route get "$sink_ip")
-if [[ "$route" != *"dev ec2tl-sink-h"* ]]; then
-  log "the sink address is not routed into its namespace ($route); not checking the guard"
-  exit 1
-fi
-ip netns exec "$sink_ns" /bin/busybox nc -l -p 8 -e /bin/busybox true >/dev/null 2>&1 &
-listener=$!
-sleep 0.3
-# Same answer on a bridge network as on docker0: both are guarded.
-docker network inspect ec2tl-guard-check >/dev/null 2>&1 ||
-  docker network create --driver bridge ec2tl-guard-check >/dev/null
-verdict=$(docker run --rm --pull=never --network ec2tl-guard-check "$probe_image" \
-  sh -c "nc -w 3 $sink_ip 8 </dev/null && echo reached || echo refused" 2>&1 || true)
-kill "$listener" 2>/dev/null || true
-wait "$listener" 2>/dev/null || true
-if [[ "$verdict" != *refused* ]]; then
-  log "a container reached an address outside the container networks ($verdict): guard broken"
-  exit 1
-fi
-log "egress guard checked: a container cannot reach past the container networks"
+for ip in "$sink_ip" "$sink_ip6"; do
+  route=$(ip route get "$ip")
+  if [[ "$route" != *"dev ec2tl-sink-h"* ]]; then
+    log "the sink address $ip is not routed into its namespace ($route); not checking the guard"
+    exit 1
+  fi
+done
+# One connection per listener: "reached" or "refused", as seen from $1 (host | NETWORK).
+attempt() {
+  local from=$1 ip=$2 listener verdict
+  ip netns exec "$sink_ns" /bin/busybox nc -l -p 8 -e /bin/busybox true >/dev/null 2>&1 &
+  listener=$!
+  sleep 0.3
+  if [[ $from == host ]]; then
+    verdict=$(/bin/busybox nc -w 3 "$ip" 8 </dev/null >/dev/null 2>&1 && echo reached || echo refused)
+  else
+    verdict=$(docker run --rm --pull=never --network "$from" "$probe_image" \
+      sh -c "nc -w 3 $ip 8 </dev/null && echo reached || echo refused" 2>&1 || true)
+  fi
+  kill "$listener" 2>/dev/null || true
+  wait "$listener" 2>/dev/null || true
+  echo "$verdict"
+}
+for ip in "$sink_ip" "$sink_ip6"; do
+  [[ $(attempt host "$ip") == *reached* ]] ||
+    { log "the check's listener at $ip does not answer this host; cannot check the guard"; exit 1; }
+done
+for pair in "$NETWORK4 $sink_ip" "$NETWORK6 $sink_ip" "$NETWORK6 $sink_ip6"; do
+  read -r network ip <<<"$pair"
+  verdict=$(attempt "$network" "$ip")
+  if [[ "$verdict" != *refused* ]]; then
+    log "a container on $network reached $ip, outside its network ($verdict): guard broken"
+    exit 1
+  fi
+done
+log "egress guard checked: containers on $NETWORK4 and $NETWORK6 cannot reach past their network (IPv4, IPv6)"

@@ -23,8 +23,51 @@ pub const SELECTOR: &str = "app.kubernetes.io/name=ec2-topology-labeler";
 pub struct KindEnv {
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,
-    /// Values the chart is installed with (images loaded into kind, EC2 pointed at mock-ec2).
+    /// Values the chart is installed with (EC2 pointed at mock-ec2, short periods).
     pub values: PathBuf,
+    /// What `make release` pushed to the suite's registry (`dist/release.json`).
+    pub release: Release,
+    /// `ipv4` or `ipv6`: the address family of the cluster.
+    pub family: String,
+}
+
+/// `dist/release.json`, as `hack/release.sh` writes it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Release {
+    pub version: String,
+    /// `REGISTRY/ec2-topology-labeler@sha256:...`: the OCI index of both platforms.
+    pub image: String,
+    /// `oci://REGISTRY/charts/ec2-topology-labeler`.
+    pub chart: String,
+    pub chart_digest: String,
+    pub plain_http: bool,
+    pub signed: bool,
+}
+
+impl Release {
+    /// The registry's host:port (`localhost:5001`).
+    pub fn registry(&self) -> &str {
+        self.image.split('/').next().unwrap_or_default()
+    }
+
+    /// The image index digest (`sha256:...`).
+    pub fn image_digest(&self) -> &str {
+        self.image.rsplit('@').next().unwrap_or_default()
+    }
+
+    /// The chart as `helm install`/`upgrade` take it: the OCI reference, its version, and
+    /// `--plain-http` for a registry without TLS.
+    pub fn chart_args(&self) -> Vec<String> {
+        let mut args = vec![
+            self.chart.clone(),
+            "--version".to_string(),
+            self.version.clone(),
+        ];
+        if self.plain_http {
+            args.push("--plain-http".to_string());
+        }
+        args
+    }
 }
 
 impl KindEnv {
@@ -34,10 +77,16 @@ impl KindEnv {
                 .map(PathBuf::from)
                 .with_context(|| format!("{k} is not set (run e2e/kind/run.sh)"))
         };
+        let release = var("E2E_KIND_RELEASE")?;
+        let text = std::fs::read_to_string(&release)
+            .with_context(|| format!("reading {}", release.display()))?;
         Ok(Self {
             kubeconfig: var("E2E_KUBECONFIG")?,
             kubectl: var("E2E_KUBECTL")?,
             values: var("E2E_KIND_VALUES")?,
+            release: serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", release.display()))?,
+            family: std::env::var("E2E_KIND_FAMILY").unwrap_or_else(|_| "ipv4".to_string()),
         })
     }
 
@@ -60,6 +109,16 @@ impl KindEnv {
     /// Run helm against the cluster; fails with its stderr.
     pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
         crate::helm::helm(Some(&self.kubeconfig), args)
+    }
+
+    /// `helm install|upgrade RELEASE <the released chart> ARGS...`: the chart from the registry,
+    /// as a platform team installs it.
+    pub fn helm_released(&self, verb: &str, args: &[&str]) -> anyhow::Result<String> {
+        let chart = self.release.chart_args();
+        let mut all: Vec<&str> = vec![verb, RELEASE];
+        all.extend(chart.iter().map(String::as_str));
+        all.extend_from_slice(args);
+        self.helm(&all)
     }
 }
 

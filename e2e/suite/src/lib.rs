@@ -93,3 +93,12 @@ pub fn work_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// The SHA-256 of `bytes`, in lowercase hex (an OCI digest without its `sha256:`).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

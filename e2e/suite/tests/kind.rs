@@ -212,22 +212,21 @@ async fn pod_waits_for_topology_before_install(env: &Env) -> anyhow::Result<()> 
 async fn chart_installs_and_both_replicas_become_ready(env: &Env) -> anyhow::Result<()> {
     let kind = KindEnv::from_env()?;
     let c = env.admin().await?;
-    let chart = helm::chart();
     let values = kind.values.to_string_lossy().to_string();
     let started = Instant::now();
-    kind.helm(&[
+    kind.helm_released(
         "install",
-        RELEASE,
-        chart.to_str().unwrap_or_default(),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "-f",
-        &values,
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
+        &[
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "-f",
+            &values,
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )?;
     incluster::wait_rolled_out(&c, 2, Duration::from_secs(60)).await?;
     eprintln!(
         "    helm install --wait returned, 2/2 ready, in {:.1}s",
@@ -245,6 +244,45 @@ async fn chart_installs_and_both_replicas_become_ready(env: &Env) -> anyhow::Res
         );
         let spec = p.spec.as_ref().context("pod spec")?;
         let container = spec.containers.first().context("container")?;
+        // The image the released chart pins, pulled by kind's containerd from the registry.
+        ensure!(
+            container.image.as_deref() == Some(kind.release.image.as_str()),
+            "{} runs {:?}, not the release's {}",
+            p.name_any(),
+            container.image,
+            kind.release.image
+        );
+        let status = p.status.as_ref().context("pod status")?;
+        let image_id = status
+            .container_statuses
+            .as_ref()
+            .and_then(|cs| cs.first())
+            .map(|c| c.image_id.clone())
+            .unwrap_or_default();
+        ensure!(
+            image_id == kind.release.image,
+            "{}: the kubelet reports image {image_id}",
+            p.name_any()
+        );
+        if kind.family == "ipv6" {
+            // Single-stack: the pod has IPv6 addresses only, and the kubelet's probes (which
+            // passed: the pod is Ready) reached the admin server over IPv6.
+            let ips: Vec<String> = status
+                .pod_ips
+                .iter()
+                .flatten()
+                .map(|i| i.ip.clone())
+                .collect();
+            ensure!(
+                !ips.is_empty()
+                    && ips
+                        .iter()
+                        .all(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+                "{}: pod IPs {ips:?}",
+                p.name_any()
+            );
+            eprintln!("    {}: Ready on {ips:?}", p.name_any());
+        }
         let sc = container
             .security_context
             .as_ref()
@@ -692,19 +730,22 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
         .map(|p| p.name_any())
         .collect();
     let watch = LossWatch::start(&c).await?;
-    kind.helm(&[
+    kind.helm_released(
         "upgrade",
-        RELEASE,
-        helm::chart().to_str().unwrap_or_default(),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-        "--set",
-        "config.resyncPeriod=7s",
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
+        &[
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "config.resyncPeriod=7s",
+            // The opt-in uninstall hook, which ops::helm_uninstall_leaves_the_labels then runs.
+            "--set",
+            "uninstallHook.enabled=true",
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )?;
     incluster::wait_rolled_out(&c, 2, Duration::from_secs(90)).await?;
     let after = incluster::pods(&c).await?;
     ensure!(
@@ -728,8 +769,88 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
     watch.finish().await
 }
 
+/// EC2 refusing the controller's credentials is loud, not silent: a Warning Event on the
+/// leader's Pod (where an operator looking at the controller sees it), one on the node, the error
+/// counter by category; the replicas stay Ready and do not restart (restarting does not fix
+/// IAM); once EC2 accepts the credentials again the node is labelled without a restart.
+async fn ec2_denied_is_loud_and_readiness_holds(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let leader = incluster::lease_holder(&c)
+        .await?
+        .context("nobody holds the Lease")?;
+    env.mock_admin
+        .set_faults(&mock_ec2::Faults {
+            unauthorized: true,
+            ..Default::default()
+        })
+        .await?;
+    let result = async {
+        let s = NodeSpec::ec2(0xd1, 9, "p5.48xlarge");
+        let nodes = ["nn-ops-spine", "nn-ops-agg", "nn-ops-leaf-9"];
+        env.mock_admin.upsert(&s.instance(&nodes)).await?;
+        kube_util::create_nodes(&c, vec![s.node()]).await?;
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(c.clone());
+        let seen = |kind: &'static str, name: String| {
+            let events = events.clone();
+            async move {
+                let list = events.list(&Default::default()).await?;
+                Ok(list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("Ec2AccessDenied")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.involved_object.kind.as_deref() == Some(kind)
+                        && e.involved_object.name.as_deref() == Some(name.as_str())
+                }))
+            }
+        };
+        let on_pod = eventually(
+            "an Ec2AccessDenied Warning on the leader's Pod",
+            WAIT,
+            || seen("Pod", leader.clone()),
+        )
+        .await?;
+        eventually("an Ec2AccessDenied Warning on the node", WAIT, || {
+            seen("Node", s.name.clone())
+        })
+        .await?;
+        let m = incluster::pod_metrics(&c, &leader).await?;
+        let denied = e2e::labeler::metric_sum(
+            &m,
+            "ec2_topology_labeler_reconcile_errors_total",
+            &["category=\"ec2_unauthorized\""],
+        );
+        ensure!(
+            denied >= 1.0,
+            "reconcile_errors_total{{category=ec2_unauthorized}} = {denied}"
+        );
+        for p in incluster::pods(&c).await? {
+            ensure!(
+                incluster::is_ready(&p),
+                "{} is not Ready while EC2 refuses",
+                p.name_any()
+            );
+            ensure!(incluster::restarts(&p) == 0, "{} restarted", p.name_any());
+        }
+        eprintln!("    leader's Pod: {:?}", on_pod.message.unwrap_or_default());
+        env.mock_admin
+            .set_faults(&mock_ec2::Faults::default())
+            .await?;
+        wait_for_topology(&c, &s.name, &e2e::env::expected(&nodes, &[]), WAIT).await?;
+        for p in incluster::pods(&c).await? {
+            ensure!(incluster::restarts(&p) == 0, "{} restarted", p.name_any());
+        }
+        Ok(())
+    }
+    .await;
+    env.mock_admin
+        .set_faults(&mock_ec2::Faults::default())
+        .await?;
+    result
+}
+
 /// `helm uninstall` removes the controller and leaves every label where it was (documented in
-/// the README: labels are data the schedulers read, not the controller's state).
+/// the README: labels are data the schedulers read, not the controller's state). The uninstall
+/// hook (turned on by the upgrade before) runs `ec2-topology-labeler uninstall` as a post-delete
+/// Job once the controller is gone: the Lease is removed and the Job succeeds (helm waits for it).
 async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
     let kind = KindEnv::from_env()?;
     let c = env.admin().await?;
@@ -738,15 +859,350 @@ async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
         before.values().filter(|l| !l.is_empty()).count() >= 2,
         "nothing labelled to keep"
     );
-    kind.helm(&["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"])?;
+    ensure!(
+        incluster::lease_holder(&c).await?.is_some(),
+        "no Lease before the uninstall"
+    );
+    let out = kind.helm(&["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"])?;
     eventually(
         "the controller's pods gone",
         Duration::from_secs(60),
         || async { Ok(incluster::pods(&c).await?.is_empty().then_some(())) },
     )
     .await?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.clone(), NAMESPACE);
+    ensure!(
+        leases.get_opt(RELEASE).await?.is_none(),
+        "the uninstall hook left the Lease ({out})"
+    );
     let after = incluster::all_topology_labels(&c).await?;
     incluster::nothing_lost(&before, &after)
+}
+
+// --- release:: what `make release` pushed to the suite's registry ------------------------------
+
+/// GET from the suite's registry (the OCI distribution API, on this machine's loopback).
+fn registry_get(release: &incluster::Release, path: &str, accept: &str) -> anyhow::Result<Vec<u8>> {
+    let host = release.registry().replace("localhost", "127.0.0.1");
+    let url = format!("http://{host}/v2/{path}");
+    let out = std::process::Command::new("curl")
+        .args(["-fsSL", "-H", &format!("Accept: {accept}"), &url])
+        .output()
+        .context("running curl")?;
+    ensure!(
+        out.status.success(),
+        "GET {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// The ELF machine of a binary's header (`e_machine`, little-endian at offset 18).
+fn elf_machine(head: &[u8]) -> anyhow::Result<u16> {
+    ensure!(
+        head.len() >= 20 && head[..4] == *b"\x7fELF",
+        "not an ELF file"
+    );
+    ensure!(
+        head[4] == 2 && head[5] == 1,
+        "not a 64-bit little-endian ELF"
+    );
+    Ok(u16::from_le_bytes([head[18], head[19]]))
+}
+
+/// The tag points at an OCI index of linux/amd64 and linux/arm64 whose digest is the one the
+/// chart pins; in each platform's image `/app` is a static ELF for that architecture (x86-64,
+/// AArch64: cross-compiled, no emulation); the image runs as 65532 with `/app` as entrypoint.
+async fn the_index_holds_both_platforms(_env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let r = &kind.release;
+    let index_bytes = registry_get(
+        r,
+        &format!("ec2-topology-labeler/manifests/{}", r.version),
+        OCI_INDEX,
+    )?;
+    let digest = format!("sha256:{}", e2e::sha256_hex(&index_bytes));
+    ensure!(
+        digest == r.image_digest(),
+        "the tag {} is {digest}, the chart pins {}",
+        r.version,
+        r.image_digest()
+    );
+    let index: serde_json::Value = serde_json::from_slice(&index_bytes)?;
+    let manifests = index["manifests"]
+        .as_array()
+        .context("an index with manifests")?;
+    let mut seen = Vec::new();
+    for m in manifests {
+        let arch = m["platform"]["architecture"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let os = m["platform"]["os"].as_str().unwrap_or_default();
+        ensure!(os == "linux", "platform os {os}");
+        let want: u16 = match arch.as_str() {
+            "amd64" => 62,
+            "arm64" => 183,
+            other => anyhow::bail!("unexpected architecture {other} in the index"),
+        };
+        let mdigest = m["digest"].as_str().context("manifest digest")?;
+        let manifest: serde_json::Value = serde_json::from_slice(&registry_get(
+            r,
+            &format!("ec2-topology-labeler/manifests/{mdigest}"),
+            OCI_MANIFEST,
+        )?)?;
+        let config_digest = manifest["config"]["digest"].as_str().context("config")?;
+        let config: serde_json::Value = serde_json::from_slice(&registry_get(
+            r,
+            &format!("ec2-topology-labeler/blobs/{config_digest}"),
+            "*/*",
+        )?)?;
+        ensure!(
+            config["architecture"] == arch.as_str() && config["os"] == "linux",
+            "{arch}: the config says {}/{}",
+            config["os"],
+            config["architecture"]
+        );
+        ensure!(
+            config["config"]["User"] == "65532:65532",
+            "{arch}: user {}",
+            config["config"]["User"]
+        );
+        ensure!(
+            config["config"]["Entrypoint"] == json!(["/app"]),
+            "{arch}: entrypoint {}",
+            config["config"]["Entrypoint"]
+        );
+        // The layers, compressed as pushed; /app is in one of them.
+        let layers = manifest["layers"].as_array().context("layers")?;
+        let compressed: u64 = layers.iter().filter_map(|l| l["size"].as_u64()).sum();
+        let dir = tempdir(&format!("release-{arch}"))?;
+        let mut machine = None;
+        let mut binary_bytes = 0;
+        for (n, l) in layers.iter().enumerate() {
+            let ld = l["digest"].as_str().context("layer digest")?;
+            let blob = dir.join(format!("layer-{n}.tar.gz"));
+            std::fs::write(
+                &blob,
+                registry_get(r, &format!("ec2-topology-labeler/blobs/{ld}"), "*/*")?,
+            )?;
+            let listing = std::process::Command::new("tar")
+                .arg("-tzf")
+                .arg(&blob)
+                .output()?;
+            let names = String::from_utf8_lossy(&listing.stdout).to_string();
+            if names.lines().any(|n| n.trim_start_matches("./") == "app") {
+                let out = std::process::Command::new("tar")
+                    .arg("-xzOf")
+                    .arg(&blob)
+                    .arg(if names.lines().any(|n| n == "./app") {
+                        "./app"
+                    } else {
+                        "app"
+                    })
+                    .output()?;
+                ensure!(
+                    out.status.success(),
+                    "extracting /app from the {arch} layer"
+                );
+                binary_bytes = out.stdout.len();
+                machine = Some(elf_machine(&out.stdout)?);
+                // Static: no PT_INTERP program header (type 3).
+                ensure!(
+                    !has_interpreter(&out.stdout),
+                    "{arch}: /app names an interpreter"
+                );
+            }
+        }
+        let machine = machine.with_context(|| format!("{arch}: no /app in any layer"))?;
+        ensure!(
+            machine == want,
+            "{arch}: /app is for ELF machine {machine}, not {want}"
+        );
+        eprintln!(
+            "    {arch}: image {:.1} MB compressed ({} layers), /app {:.1} MB static ELF machine {machine}",
+            compressed as f64 / 1e6,
+            layers.len(),
+            binary_bytes as f64 / 1e6
+        );
+        seen.push(arch);
+    }
+    seen.sort();
+    ensure!(seen == ["amd64", "arm64"], "platforms {seen:?}");
+    Ok(())
+}
+
+/// Whether a 64-bit little-endian ELF has a PT_INTERP program header (a dynamic executable).
+fn has_interpreter(elf: &[u8]) -> bool {
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else {
+        return true;
+    };
+    (0..phnum as usize).any(|i| {
+        let at = phoff as usize + i * phentsize as usize;
+        elf.get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            == Some(3)
+    })
+}
+
+fn tempdir(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ec2tl-kind-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The chart in the registry is the chart of this tree with the pushed image pinned by digest:
+/// `helm template oci://...` renders `repository@digest` for the controller and its test pod.
+async fn the_chart_pins_the_image_by_digest(_env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let r = &kind.release;
+    let chart = r.chart_args();
+    let mut args: Vec<&str> = vec!["template", RELEASE];
+    args.extend(chart.iter().map(String::as_str));
+    let rendered = helm::helm(None, &args)?;
+    let images: Vec<&str> = rendered
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .map(|i| i.trim_matches('"'))
+        .collect();
+    ensure!(images.len() >= 2, "images rendered: {images:?}");
+    ensure!(
+        images.iter().all(|i| *i == r.image),
+        "every image is {}: {images:?}",
+        r.image
+    );
+    let mut show: Vec<&str> = vec!["show", "chart"];
+    show.extend(chart.iter().map(String::as_str));
+    let meta = helm::helm(None, &show)?;
+    ensure!(
+        meta.contains(&format!("version: {}", r.version))
+            && meta.contains(&format!("appVersion: {}", r.version)),
+        "chart metadata:\n{meta}"
+    );
+    Ok(())
+}
+
+/// The image index, the chart and the SBOM attestation verify with the run's public key (and not
+/// with another key); the attested SBOM is CycloneDX and names the controller's crates.
+async fn signatures_and_sbom_verify(_env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let r = &kind.release;
+    ensure!(r.signed, "the release was not signed");
+    let cosign = std::env::var("E2E_KIND_COSIGN").context("E2E_KIND_COSIGN")?;
+    let public = std::env::var("E2E_KIND_COSIGN_PUB").context("E2E_KIND_COSIGN_PUB")?;
+    let chart_ref = format!(
+        "{}@{}",
+        r.chart.trim_start_matches("oci://"),
+        r.chart_digest
+    );
+    let run = |args: &[&str]| -> anyhow::Result<(bool, String)> {
+        let out = std::process::Command::new(&cosign)
+            .args(args)
+            .env("COSIGN_PASSWORD", "")
+            .output()
+            .context("running cosign")?;
+        Ok((
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    };
+    let insecure = [
+        "--insecure-ignore-tlog=true",
+        "--allow-http-registry",
+        "--allow-insecure-registry",
+    ];
+    for target in [r.image.as_str(), chart_ref.as_str()] {
+        let mut args = vec!["verify", "--key", public.as_str()];
+        args.extend(insecure);
+        args.push(target);
+        let (ok, out) = run(&args)?;
+        ensure!(ok, "cosign verify {target}:\n{out}");
+    }
+    let mut args = vec![
+        "verify-attestation",
+        "--type",
+        "cyclonedx",
+        "--key",
+        public.as_str(),
+    ];
+    args.extend(insecure);
+    args.push(r.image.as_str());
+    let (ok, out) = run(&args)?;
+    ensure!(ok, "cosign verify-attestation:\n{out}");
+    // The attestation's payload is an in-toto statement whose predicate is the SBOM.
+    let statement = out
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .filter(|v| v.get("payload").is_some())
+        })
+        .context("no attestation envelope printed")?;
+    let payload = statement["payload"].as_str().context("payload")?;
+    let decoded = std::process::Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .map(|mut i| i.write_all(payload.as_bytes()))
+                .transpose()?;
+            child.wait_with_output()
+        })?;
+    let intoto: serde_json::Value = serde_json::from_slice(&decoded.stdout)?;
+    ensure!(
+        intoto["predicateType"] == "https://cyclonedx.org/bom",
+        "predicate type {}",
+        intoto["predicateType"]
+    );
+    let components = intoto["predicate"]["components"]
+        .as_array()
+        .context("SBOM components")?;
+    for krate in ["kube-client", "aws-sdk-ec2", "rustls"] {
+        ensure!(
+            components.iter().any(|c| c["name"] == krate),
+            "the SBOM does not list {krate}"
+        );
+    }
+    // Another key does not verify them: the check above means something.
+    let other = tempdir("other-key")?;
+    let made = std::process::Command::new(&cosign)
+        .arg("generate-key-pair")
+        .current_dir(&other)
+        .env("COSIGN_PASSWORD", "")
+        .output()?;
+    ensure!(made.status.success(), "cosign generate-key-pair");
+    let other_pub = other.join("cosign.pub");
+    let other_pub = other_pub.to_string_lossy();
+    let mut args = vec!["verify", "--key", other_pub.as_ref()];
+    args.extend(insecure);
+    args.push(r.image.as_str());
+    let (ok, _) = run(&args)?;
+    ensure!(!ok, "the image verified with a key that did not sign it");
+    eprintln!(
+        "    image {} and chart {} verified (cosign, the run's key); SBOM attested: {} components",
+        r.image,
+        chart_ref,
+        components.len()
+    );
+    Ok(())
 }
 
 fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
@@ -756,6 +1212,18 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         };
     }
     let mut all = vec![
+        s!(
+            "release::the_index_holds_both_platforms",
+            the_index_holds_both_platforms
+        ),
+        s!(
+            "release::the_chart_pins_the_image_by_digest",
+            the_chart_pins_the_image_by_digest
+        ),
+        s!(
+            "release::signatures_and_sbom_verify",
+            signatures_and_sbom_verify
+        ),
         s!(
             "install::pod_waits_for_topology_before_install",
             pod_waits_for_topology_before_install
@@ -802,11 +1270,27 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
             helm_upgrade_rolls_without_label_loss
         ),
         s!(
+            "ops::ec2_denied_is_loud_and_readiness_holds",
+            ec2_denied_is_loud_and_readiness_holds
+        ),
+        s!(
             "ops::helm_uninstall_leaves_the_labels",
             helm_uninstall_leaves_the_labels
         ),
     ];
     all.extend(creds::scenarios());
+    // The IPv6 single-stack cluster (run.sh's last phase): the same release from the registry.
+    all.extend([
+        s!(
+            "ipv6::chart_installs_and_both_replicas_become_ready",
+            chart_installs_and_both_replicas_become_ready
+        ),
+        s!(
+            "ipv6::kind_nodes_are_labelled_from_inside_the_cluster",
+            kind_nodes_are_labelled_from_inside_the_cluster
+        ),
+        s!("ipv6::helm_test_passes", helm_test_passes),
+    ]);
     all
 }
 

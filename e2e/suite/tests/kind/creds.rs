@@ -16,7 +16,6 @@ use e2e::{
     credentials::{self, BY_POD_IDENTITY, BY_WEB_IDENTITY},
     env::{Env, WAIT, expected_of},
     fixtures::NodeSpec,
-    helm,
     incluster::{self, KindEnv, RELEASE},
     kube_util::{self, eventually, topology_labels, wait_for_topology},
 };
@@ -59,28 +58,27 @@ async fn unlabel_kind_nodes(c: &Client) -> anyhow::Result<()> {
 
 /// Install the chart with the kind values and `phase_values` on top.
 fn install(kind: &KindEnv, phase_values: &str) -> anyhow::Result<()> {
-    let chart = helm::chart();
     let base = kind.values.to_string_lossy().to_string();
     let phase = kind
         .values
         .with_file_name(phase_values)
         .to_string_lossy()
         .to_string();
-    kind.helm(&[
+    kind.helm_released(
         "install",
-        RELEASE,
-        chart.to_str().unwrap_or_default(),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "-f",
-        &base,
-        "-f",
-        &phase,
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
+        &[
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "-f",
+            &base,
+            "-f",
+            &phase,
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )?;
     Ok(())
 }
 

@@ -144,7 +144,7 @@ PATH="$cyclonedx/bin:$PATH" cargo cyclonedx --quiet --format json --spec-version
   --describe binaries --target x86_64-unknown-linux-musl --no-build-deps >&2
 [[ -s ec2-topology-labeler_bin.cdx.json ]] || die "cargo-cyclonedx wrote no SBOM for the controller"
 mv ec2-topology-labeler_bin.cdx.json "$dist/sbom.cdx.json"
-find . -path ./dist -prune -o -name '*_bin.cdx.json' -print -delete >/dev/null
+find . -name '*_bin.cdx.json' -not -path './dist/*' -delete
 
 # --- 4. chart ----------------------------------------------------------------------------------
 step "chart: the image pinned by digest, packaged and pushed to $chart_repo"
@@ -175,7 +175,8 @@ signed=false
 if [[ -n $cosign ]]; then
   step "signing the image, the chart and the SBOM attestation (cosign)"
   sign_flags=(--yes)
-  if [[ -n ${COSIGN_KEY:-} ]]; then sign_flags+=(--key "$COSIGN_KEY" --tlog-upload=false); fi
+  # A private key: no transparency log (cosign 3 then needs its signing config turned off).
+  if [[ -n ${COSIGN_KEY:-} ]]; then sign_flags+=(--key "$COSIGN_KEY" --use-signing-config=false --tlog-upload=false); fi
   ((plain_http)) && sign_flags+=(--allow-http-registry --allow-insecure-registry)
   chart_ref="${chart_repo#oci://}/ec2-topology-labeler@$chart_digest"
   "$cosign" sign "${sign_flags[@]}" "$image_repo@$image_digest" >&2

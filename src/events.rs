@@ -63,10 +63,11 @@ pub enum Reason {
     TopologyLevelsMismatch,
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
+    PublishedObjectKept,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -81,6 +82,7 @@ impl Reason {
         Reason::TopologyLevelsMismatch,
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
+        Reason::PublishedObjectKept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +101,7 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
+            Reason::PublishedObjectKept => "PublishedObjectKept",
         }
     }
 
@@ -117,7 +120,8 @@ impl Reason {
             | Reason::StartupTaintTimedOut
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
-            | Reason::SlurmTopologyInvalid => EventType::Warning,
+            | Reason::SlurmTopologyInvalid
+            | Reason::PublishedObjectKept => EventType::Warning,
         }
     }
 
@@ -134,6 +138,7 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "Kueue or KAI Topology",
             Reason::TopologyLevelsChanged => "KAI Topology",
             Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
+            Reason::PublishedObjectKept => "the leader's Pod",
             _ => "Node",
         }
     }
@@ -182,6 +187,9 @@ impl Reason {
             }
             Reason::SlurmTopologyInvalid => {
                 "the labels give no topology slurmctld would load (a network node at two layers or under two parents, ...): the ConfigMap keeps its last valid files; the note names the problems"
+            }
+            Reason::PublishedObjectKept => {
+                "at the leader's start-up, a Kueue or KAI Topology of ours is still there although its feature is off, and may be in use (a ResourceFlavor names the Kueue one; workloads may name a KAI one): kept, with what to do (a Kueue Topology no ResourceFlavor names is removed instead)"
             }
         }
     }

@@ -266,8 +266,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             condition: !args.gate.node_condition,
             hypernodes: (!args.publish.volcano_hypernodes)
                 .then(|| args.publish.volcano_hypernode_prefix.clone()),
+            kueue: !args.publish.kueue_topology,
+            kai: !args.publish.kai_topology,
         },
-        ctx.leader.clone(),
+        ctx.clone(),
         synced.clone(),
     ));
     // Look every node up ahead of its reconcile, so batches fill from the whole fleet.
@@ -354,26 +356,35 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// What the features turned off left behind that is ours to remove at start-up.
+/// What the features turned off left behind that is ours to remove (or report) at start-up.
 struct Retired {
     /// `--node-condition` is off: our `TopologyLabeled` condition goes.
     condition: bool,
     /// `--volcano-hypernodes` is off: the HyperNodes of this prefix go.
     hypernodes: Option<String>,
+    /// `--kueue-topology` is off: our Kueue Topologies no ResourceFlavor names go, the others
+    /// are reported and kept.
+    kueue: bool,
+    /// `--kai-topology` is off: our KAI Topologies are reported and kept.
+    kai: bool,
 }
 
 /// Once leading with a synced cache: remove what a feature now turned off wrote, where that
 /// cannot hurt a running workload (our condition; our HyperNodes, which would otherwise go stale
-/// under the scheduler). Kueue and KAI Topologies and the Slurm ConfigMap may still be in use
-/// and are left to `uninstall`. One pass; a failure is logged with what to do.
+/// under the scheduler; a Kueue Topology no ResourceFlavor names). What may still be in use (a
+/// Kueue Topology a ResourceFlavor names, a KAI Topology a workload may name) is reported, a
+/// Warning Event on this Pod and a log line each, and kept for `uninstall`; the Slurm ConfigMap
+/// (in a namespace an earlier configuration named) is left to `uninstall`. One pass; a failure
+/// is logged with what to do.
 async fn retire_features_at_start(
     client: Client,
     reader: reflector::Store<LiteNode>,
     retired: Retired,
-    leader: Leadership,
+    ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
 ) {
-    if !retired.condition && retired.hypernodes.is_none() {
+    let leader = ctx.leader.clone();
+    if !retired.condition && retired.hypernodes.is_none() && !retired.kueue && !retired.kai {
         return;
     }
     while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
@@ -400,17 +411,57 @@ async fn retire_features_at_start(
             }
         }
     }
-    if items.is_empty() {
+    if retired.kueue {
+        match crate::cleanup::kueue_topologies(&client, false).await {
+            Ok(t) => items.extend(t),
+            Err(e) => {
+                warn!(error = %e, "cannot list Kueue Topologies to retire ours (--kueue-topology is off); `ec2-topology-labeler uninstall` removes them")
+            }
+        }
+    }
+    if retired.kai {
+        match crate::cleanup::kai_topologies(&client).await {
+            Ok(t) => items.extend(t.into_iter().map(|i| crate::cleanup::Item {
+                kept: Some(
+                    "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),
+                ),
+                ..i
+            })),
+            Err(e) => {
+                warn!(error = %e, "cannot list KAI Topologies to report ours (--kai-topology is off)")
+            }
+        }
+    }
+    for item in items.iter().filter(|i| i.kept.is_some()) {
+        let why = item.kept.as_deref().unwrap_or_default();
+        warn!(kind = item.kind, name = %item.name, why, "kept what a feature now turned off published: it may be in use");
+        if let Some(pod) = &ctx.pod {
+            ctx.events.publish(
+                crate::events::Reason::PublishedObjectKept,
+                "Retire",
+                &format!(
+                    "{} {} is kept although its feature is off: {why}",
+                    item.kind, item.name
+                ),
+                pod.clone(),
+            );
+        }
+    }
+    if items.iter().all(|i| i.kept.is_some()) {
         return;
     }
     let failed = crate::cleanup::apply(&client, &items, &leader).await;
-    let removed = items.len() - failed.len();
+    let removed = items.iter().filter(|i| i.kept.is_none()).count() - failed.len();
     if removed > 0 {
         info!(
             removed,
             conditions = items.iter().filter(|i| i.kind == "condition").count(),
             hypernodes = items.iter().filter(|i| i.kind == "hypernode").count(),
-            "removed what features now turned off had written (--node-condition, --volcano-hypernodes)"
+            kueue_topologies = items
+                .iter()
+                .filter(|i| i.kind == "kueue-topology" && i.kept.is_none())
+                .count(),
+            "removed what features now turned off had written (--node-condition, --volcano-hypernodes, --kueue-topology)"
         );
     }
     if let Some((item, e)) = failed.first() {

@@ -408,6 +408,7 @@ fn rbac_is_exactly_what_the_code_uses() {
     let rules = &kind(&docs, "ClusterRole")[0]["rules"];
     let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in rules.as_array().unwrap() {
+        let group = r["apiGroups"][0].as_str().unwrap();
         for res in r["resources"].as_array().unwrap() {
             let verbs = r["verbs"]
                 .as_array()
@@ -415,19 +416,24 @@ fn rbac_is_exactly_what_the_code_uses() {
                 .iter()
                 .map(|v| v.as_str().unwrap().to_string())
                 .collect();
-            seen.insert(res.as_str().unwrap().to_string(), verbs);
+            seen.insert(format!("{group}/{}", res.as_str().unwrap()), verbs);
         }
     }
-    assert_eq!(seen["nodes"], ["get", "list", "watch", "patch"]);
+    assert_eq!(seen["/nodes"], ["get", "list", "watch", "patch"]);
     assert_eq!(
-        seen["events"],
+        seen["events.k8s.io/events"],
         ["create"],
         "Events are created, never patched (no series)"
     );
-    // Turned-off features' leftovers, removed at start-up: our condition, our HyperNodes.
-    assert_eq!(seen["nodes/status"], ["patch"]);
-    assert_eq!(seen["hypernodes"], ["list", "delete"]);
-    assert_eq!(seen.len(), 4, "nothing else cluster-wide: {seen:?}");
+    // Turned-off features' leftovers, removed (or reported) at start-up: our condition, our
+    // HyperNodes, our Kueue Topologies (kept while a ResourceFlavor names one), our KAI
+    // Topologies (reported).
+    assert_eq!(seen["/nodes/status"], ["patch"]);
+    assert_eq!(seen["topology.volcano.sh/hypernodes"], ["list", "delete"]);
+    assert_eq!(seen["kueue.x-k8s.io/topologies"], ["list", "delete"]);
+    assert_eq!(seen["kueue.x-k8s.io/resourceflavors"], ["list"]);
+    assert_eq!(seen["kai.scheduler/topologies"], ["list"]);
+    assert_eq!(seen.len(), 7, "nothing else cluster-wide: {seen:?}");
     let lease_rules = &kind(&docs, "Role")[0]["rules"];
     let verbs: Vec<&str> = lease_rules
         .as_array()

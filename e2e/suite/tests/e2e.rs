@@ -1177,6 +1177,14 @@ fn topology_api(c: &Client) -> Api<kube::api::DynamicObject> {
     Api::all_with(c.clone(), &ar)
 }
 
+fn resource_flavors(c: &Client) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ResourceFlavor"),
+        "resourceflavors",
+    );
+    Api::all_with(c.clone(), &ar)
+}
+
 fn levels(t: &kube::api::DynamicObject) -> Vec<String> {
     t.data["spec"]["levels"]
         .as_array()

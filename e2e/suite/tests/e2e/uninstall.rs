@@ -163,8 +163,15 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
     result
 }
 
-/// Turning `--node-condition` and `--volcano-hypernodes` off removes, at the next start, our
-/// condition from every node and our HyperNodes; the labels and the Kueue Topology stay.
+/// Turning features off retires, at the next start, what they published where that cannot hurt
+/// a running workload, and reports what may still be in use:
+/// - `--node-condition` off: our TopologyLabeled condition goes;
+/// - `--volcano-hypernodes` off: our HyperNodes go;
+/// - `--kueue-topology` off: our Kueue Topologies no ResourceFlavor names go; one a flavor names
+///   is kept, and the leader says so (a WARN line naming it and the flavor);
+/// - `--kai-topology` off: our KAI Topologies are kept and reported (workloads may name them);
+///
+/// and no label changes.
 pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     e2e::env::restart_labeler_with(env, &["--node-condition=true"]).await?;
@@ -181,25 +188,122 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
         Ok(ready.then_some(()))
     })
     .await?;
+    // Two Kueue Topologies of ours an earlier configuration might have left, one of them named by a
+    // ResourceFlavor, and a KAI Topology of ours.
+    let ours_label = serde_json::json!({ "app.kubernetes.io/managed-by": "ec2-topology-labeler" });
+    let levels = serde_json::json!([
+        { "nodeLabel": "topology.k8s.aws/network-node-layer-1" },
+        { "nodeLabel": "kubernetes.io/hostname" }
+    ]);
+    let pp = kube::api::PatchParams::apply("e2e-retire");
+    for name in ["ret-unnamed", "ret-named"] {
+        let t = serde_json::json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+            "metadata": {"name": name, "labels": ours_label}, "spec": {"levels": levels}});
+        crate::topology_api(&c)
+            .patch(name, &pp, &kube::api::Patch::Apply(&t))
+            .await?;
+    }
+    let flavors = crate::resource_flavors(&c);
+    let f = serde_json::json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "ret-flavor"},
+        "spec": {"nodeLabels": {"e2e-retire": "yes"}, "topologyName": "ret-named"}});
+    flavors
+        .patch("ret-flavor", &pp, &kube::api::Patch::Apply(&f))
+        .await?;
+    let k = serde_json::json!({"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
+        "metadata": {"name": "ret-kai", "labels": ours_label}, "spec": {"levels": levels}});
+    crate::kai_topologies(&c)
+        .patch("ret-kai", &pp, &kube::api::Patch::Apply(&k))
+        .await?;
+    // What stays: every Kueue Topology of ours some ResourceFlavor names.
+    let named: std::collections::BTreeSet<String> = flavors
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|f| f.data["spec"]["topologyName"].as_str().map(String::from))
+        .collect();
+    let kueue_kept: Vec<String> = ours(&crate::topology_api(&c))
+        .await?
+        .into_iter()
+        .filter(|t| named.contains(t))
+        .collect();
+    ensure!(kueue_kept.contains(&"ret-named".to_string()));
+
     let labels_before = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
-    let kueue_before = ours(&crate::topology_api(&c)).await?;
+    // As an operator turns them off: the chart upgraded (its RBAC then lets the controller list
+    // what it retires), the controller restarted with the features off.
+    let chart_with = |on: bool| -> anyhow::Result<()> {
+        let chart = e2e::helm::chart();
+        let on = on.to_string();
+        e2e::helm::helm(
+            Some(&env.cluster.admin_kubeconfig),
+            &[
+                "upgrade",
+                "ec2-topology-labeler",
+                chart.to_str().unwrap_or_default(),
+                "--namespace",
+                NAMESPACE,
+                "--reuse-values",
+                "--set",
+                &format!("config.kueueTopology={on}"),
+                "--set",
+                &format!("config.kaiTopology={on}"),
+            ],
+        )?;
+        Ok(())
+    };
+    chart_with(false)?;
     e2e::env::restart_labeler_with(
         env,
-        &["--node-condition=false", "--volcano-hypernodes=false"],
+        &[
+            "--node-condition=false",
+            "--volcano-hypernodes=false",
+            "--kueue-topology=false",
+            "--kai-topology=false",
+        ],
     )
     .await?;
-    let result = eventually("the condition and our HyperNodes gone", WAIT, || async {
+    let result = eventually("retired and reported", WAIT, || async {
+        let kueue = ours(&crate::topology_api(&c)).await?;
         let gone = with_condition(&c).await?.is_empty()
-            && ours(&crate::hypernodes_api(&c)).await?.is_empty();
-        Ok(gone.then_some(()))
+            && ours(&crate::hypernodes_api(&c)).await?.is_empty()
+            && kueue == kueue_kept;
+        let log = env
+            .labeler
+            .lock()
+            .await
+            .as_ref()
+            .map(|l| l.log_text())
+            .unwrap_or_default();
+        let reported = log.lines().any(|l| {
+            l.contains("kept what a feature now turned off published")
+                && l.contains("ret-named")
+                && l.contains("ret-flavor")
+        }) && log.lines().any(|l| {
+            l.contains("kept what a feature now turned off published") && l.contains("ret-kai")
+        });
+        Ok((gone && reported).then_some(()))
     })
     .await;
     let labels_after = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
-    let kueue_after = ours(&crate::topology_api(&c)).await?;
+    let kai_after = ours(&crate::kai_topologies(&c)).await?;
+    // Put back what the later scenarios expect (the controller recreates its own Topologies).
+    let _ = flavors.delete("ret-flavor", &Default::default()).await;
+    let _ = crate::topology_api(&c)
+        .delete("ret-named", &Default::default())
+        .await;
+    let _ = crate::kai_topologies(&c)
+        .delete("ret-kai", &Default::default())
+        .await;
+    chart_with(true)?;
     e2e::env::restart_labeler_with(env, &[]).await?;
     result?;
     ensure!(labels_after == labels_before, "labels changed");
-    ensure!(kueue_after == kueue_before, "the Kueue Topology is kept");
+    ensure!(
+        kai_after.contains(&"ret-kai".to_string()),
+        "the KAI Topology was not kept: {kai_after:?}"
+    );
     kube_util::delete_node(&c, &s.name).await?;
     Ok(())
 }

@@ -52,6 +52,17 @@ fn grouped_by(expr: &str) -> Vec<(String, Vec<String>)> {
     out
 }
 
+/// Labels a Prometheus scrape of a Pod adds to its series (the ServiceMonitor's and Kubernetes
+/// service discovery's target labels).
+const TARGET_LABELS: [&str; 6] = [
+    "namespace",
+    "pod",
+    "instance",
+    "job",
+    "container",
+    "service",
+];
+
 /// The label names of the series of `name` in a text exposition.
 fn label_names<'a>(scrape: &'a str, name: &str) -> std::collections::BTreeSet<&'a str> {
     scrape
@@ -121,7 +132,12 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
                 }
                 for (name, labels) in grouped_by(expr) {
                     let have = label_names(&scrape, &name);
-                    for l in labels {
+                    // Labels Prometheus attaches to every series of a target when it scrapes
+                    // (Kubernetes service discovery), not ones the controller exports.
+                    for l in labels
+                        .into_iter()
+                        .filter(|l| !TARGET_LABELS.contains(&l.as_str()))
+                    {
                         checked_labels += 1;
                         if !have.contains(l.as_str()) {
                             missing

@@ -306,7 +306,13 @@ impl<S: TopologySource> Batcher<S> {
                 Some((batch, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     let Batch { region, ids, throttled } = batch;
                     match result {
-                        Err(e) if e.is_instance_id_error() && ids.len() > 1 => {
+                        // One ID EC2 refuses (terminated, another account or region) is EC2
+                        // answering about that ID, not EC2 failing: its waiters get the refusal
+                        // (and their backoff), nothing is probed, health is untouched.
+                        Err(e) if e.is_instance_id_error() && ids.len() == 1 => {
+                            deliver(&mut waiting, &region, &ids, Err(e));
+                        }
+                        Err(e) if e.is_instance_id_error() => {
                             let (refused, rest) = isolate(&e, ids);
                             warn!(%region, error = %e, refused = refused.len(), resent = rest.iter().map(Vec::len).sum::<usize>(),
                                 "EC2 refused a call for one of its instance IDs; sending the others again without it");

@@ -737,3 +737,33 @@ async fn entries_go_with_their_instances_and_keep_their_backoff() {
     );
     assert_eq!(fake.calls().len(), calls + 1);
 }
+
+/// Issue 26.1: one Node whose instance EC2 refuses (terminated, another account or region), in a
+/// quiet cluster: asked once, answered as refused, and then not asked again within its backoff.
+/// A refused ID is EC2 answering, not EC2 failing: no probe resends it every few seconds, and
+/// no "EC2 answers again" follows.
+#[tokio::test(start_paused = true)]
+async fn a_lone_refused_id_is_not_resent_as_a_probe() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let rx = l.recoveries();
+    let bad = id(2 * 41);
+    fake.poison.lock().unwrap().push(bad.clone());
+    assert!(matches!(
+        l.resolve("r", &bad, Some("b")).await,
+        Ok(Resolved::Rejected { .. })
+    ));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        fake.calls().len(),
+        1,
+        "a refused ID asked once in a quiet minute, not probed: {:?}",
+        fake.calls()
+    );
+    // Another instance is then looked up as usual, and nothing counts as a recovery.
+    assert!(matches!(
+        l.resolve("r", &id(4), None).await,
+        Ok(Resolved::Topology { .. })
+    ));
+    assert!(!rx.has_changed().unwrap(), "no recovery after an answer");
+}

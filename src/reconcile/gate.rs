@@ -255,9 +255,11 @@ impl Gate {
             // An empty providerID may still be filled in by the cloud controller.
             Standing::Skipped(SkipReason::Empty) => false,
             Standing::Skipped(_) => true,
-            // A type EC2 documents as described is given time to appear (eventual consistency).
+            // A type EC2 documents as described is given time to appear (eventual consistency),
+            // and so is a node whose type is not known yet (the cloud controller adds the label
+            // after kubelet registers): only a known type EC2 never describes is released at once.
             Standing::NotDescribed { instance_type } => {
-                !instance_type.as_deref().is_some_and(is_topology_type) || age >= SETTLE
+                instance_type.as_deref().is_some_and(|t| !is_topology_type(t)) || age >= SETTLE
             }
             _ => false,
         };
@@ -532,6 +534,26 @@ mod tests {
         );
     }
 
+    /// Issue 26.3: kubelet set the providerID, the cloud controller has not added the instance
+    /// type yet and EC2 does not describe the fresh instance yet. An unknown type is not an
+    /// unsupported one: under `release` the taint stays while the node settles, like a type EC2
+    /// describes, and goes only after [`SETTLE`].
+    #[test]
+    fn a_node_whose_instance_type_is_not_known_yet_is_given_time_to_settle() {
+        let release = gate(WhenUnsupported::Release, None);
+        let unknown = Standing::NotDescribed {
+            instance_type: None,
+        };
+        assert_eq!(
+            release.taint_action(true, &unknown, secs(1)),
+            TaintAction::Keep(Some(SETTLE - secs(1)))
+        );
+        assert_eq!(
+            release.taint_action(true, &unknown, SETTLE),
+            TaintAction::Release(Release::Unsupported)
+        );
+    }
+
     #[test]
     fn unsupported_nodes_follow_the_policy() {
         let release = gate(WhenUnsupported::Release, None);
@@ -540,13 +562,7 @@ mod tests {
             instance_type: Some("m5.large".into()),
         };
         let fargate = Standing::Skipped(SkipReason::Fargate);
-        for s in [
-            &m5,
-            &fargate,
-            &Standing::NotDescribed {
-                instance_type: None,
-            },
-        ] {
+        for s in [&m5, &fargate] {
             assert_eq!(
                 release.taint_action(true, s, secs(1)),
                 TaintAction::Release(Release::Unsupported),

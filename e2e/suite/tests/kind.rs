@@ -1152,20 +1152,13 @@ async fn signatures_and_sbom_verify(_env: &Env) -> anyhow::Result<()> {
         })
         .context("no attestation envelope printed")?;
     let payload = statement["payload"].as_str().context("payload")?;
+    let envelope = tempdir("attestation")?.join("payload.b64");
+    std::fs::write(&envelope, payload)?;
     let decoded = std::process::Command::new("base64")
         .arg("-d")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .map(|mut i| i.write_all(payload.as_bytes()))
-                .transpose()?;
-            child.wait_with_output()
-        })?;
+        .arg(&envelope)
+        .output()?;
+    ensure!(decoded.status.success(), "the attestation's payload is not base64");
     let intoto: serde_json::Value = serde_json::from_slice(&decoded.stdout)?;
     ensure!(
         intoto["predicateType"] == "https://cyclonedx.org/bom",

@@ -361,7 +361,11 @@ impl<S: TopologySource> Batcher<S> {
             let started = std::time::Instant::now();
             let result = source.describe(region, ids).await;
             metrics.ec2_call(region, ids.len(), started.elapsed(), result.as_ref().err());
-            if result.is_ok() {
+            // A refused instance ID is EC2 answering too (about that ID): it ends an outage.
+            if result
+                .as_ref()
+                .map_or_else(Ec2Error::is_instance_id_error, |_| true)
+            {
                 health.answered();
             }
             match &result {

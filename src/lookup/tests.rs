@@ -767,3 +767,27 @@ async fn a_lone_refused_id_is_not_resent_as_a_probe() {
     ));
     assert!(!rx.has_changed().unwrap(), "no recovery after an answer");
 }
+
+/// An outage whose last failed call was for one instance EC2 then refuses (terminated meanwhile):
+/// the probe's refusal is EC2 answering, so the end of the outage is noticed from it.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_ends_an_outage() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let rx = l.recoveries();
+    let gone = id(2 * 43);
+    *fake.fail_with.lock().unwrap() = Some(Ec2Error::Transport("connection refused".into()));
+    fake.fail_next.store(1, Ordering::SeqCst);
+    assert!(l.resolve("r", &gone, None).await.is_err());
+    // EC2 is back, and the instance was terminated meanwhile.
+    fake.poison.lock().unwrap().push(gone.clone());
+    let back = Instant::now();
+    while !rx.has_changed().unwrap() {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "the end of the outage was not noticed: {:?}",
+            fake.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

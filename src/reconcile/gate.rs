@@ -259,7 +259,10 @@ impl Gate {
             // and so is a node whose type is not known yet (the cloud controller adds the label
             // after kubelet registers): only a known type EC2 never describes is released at once.
             Standing::NotDescribed { instance_type } => {
-                instance_type.as_deref().is_some_and(|t| !is_topology_type(t)) || age >= SETTLE
+                instance_type
+                    .as_deref()
+                    .is_some_and(|t| !t.is_empty() && !is_topology_type(t))
+                    || age >= SETTLE
             }
             _ => false,
         };
@@ -541,17 +544,20 @@ mod tests {
     #[test]
     fn a_node_whose_instance_type_is_not_known_yet_is_given_time_to_settle() {
         let release = gate(WhenUnsupported::Release, None);
-        let unknown = Standing::NotDescribed {
-            instance_type: None,
-        };
-        assert_eq!(
-            release.taint_action(true, &unknown, secs(1)),
-            TaintAction::Keep(Some(SETTLE - secs(1)))
-        );
-        assert_eq!(
-            release.taint_action(true, &unknown, SETTLE),
-            TaintAction::Release(Release::Unsupported)
-        );
+        for unknown in [None, Some(String::new())] {
+            let unknown = Standing::NotDescribed {
+                instance_type: unknown,
+            };
+            assert_eq!(
+                release.taint_action(true, &unknown, secs(1)),
+                TaintAction::Keep(Some(SETTLE - secs(1))),
+                "{unknown:?}"
+            );
+            assert_eq!(
+                release.taint_action(true, &unknown, SETTLE),
+                TaintAction::Release(Release::Unsupported)
+            );
+        }
     }
 
     #[test]

@@ -738,9 +738,6 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
             "--reuse-values",
             "--set",
             "config.resyncPeriod=7s",
-            // The opt-in uninstall hook, which ops::helm_uninstall_leaves_the_labels then runs.
-            "--set",
-            "uninstallHook.enabled=true",
             "--wait",
             "--timeout",
             "180s",
@@ -849,8 +846,9 @@ async fn ec2_denied_is_loud_and_readiness_holds(env: &Env) -> anyhow::Result<()>
 
 /// `helm uninstall` removes the controller and leaves every label where it was (documented in
 /// the README: labels are data the schedulers read, not the controller's state). The uninstall
-/// hook (turned on by the upgrade before) runs `ec2-topology-labeler uninstall` as a post-delete
-/// Job once the controller is gone: the Lease is removed and the Job succeeds (helm waits for it).
+/// hook (turned on first with a `helm upgrade`, as docs/operations.md says) runs
+/// `ec2-topology-labeler uninstall` as a post-delete Job once the controller is gone: the Lease
+/// is removed and the Job succeeds (helm waits for it).
 async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
     let kind = KindEnv::from_env()?;
     let c = env.admin().await?;
@@ -859,6 +857,19 @@ async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
         before.values().filter(|l| !l.is_empty()).count() >= 2,
         "nothing labelled to keep"
     );
+    kind.helm_released(
+        "upgrade",
+        &[
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "uninstallHook.enabled=true",
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )?;
     ensure!(
         incluster::lease_holder(&c).await?.is_some(),
         "no Lease before the uninstall"
@@ -1158,7 +1169,10 @@ async fn signatures_and_sbom_verify(_env: &Env) -> anyhow::Result<()> {
         .arg("-d")
         .arg(&envelope)
         .output()?;
-    ensure!(decoded.status.success(), "the attestation's payload is not base64");
+    ensure!(
+        decoded.status.success(),
+        "the attestation's payload is not base64"
+    );
     let intoto: serde_json::Value = serde_json::from_slice(&decoded.stdout)?;
     ensure!(
         intoto["predicateType"] == "https://cyclonedx.org/bom",

@@ -266,8 +266,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             condition: !args.gate.node_condition,
             hypernodes: (!args.publish.volcano_hypernodes)
                 .then(|| args.publish.volcano_hypernode_prefix.clone()),
-            kueue: !args.publish.kueue_topology,
-            kai: !args.publish.kai_topology,
+            kueue: (!args.publish.kueue_topology).then(|| {
+                vec![
+                    args.publish.kueue_topology_name.clone(),
+                    args.publish.kueue_topology_four_layer_name.clone(),
+                ]
+            }),
+            kai: (!args.publish.kai_topology).then(|| args.publish.kai_topology_name.clone()),
         },
         ctx.clone(),
         synced.clone(),
@@ -362,11 +367,13 @@ struct Retired {
     condition: bool,
     /// `--volcano-hypernodes` is off: the HyperNodes of this prefix go.
     hypernodes: Option<String>,
-    /// `--kueue-topology` is off: our Kueue Topologies no ResourceFlavor names go, the others
+    /// `--kueue-topology` is off: of our Kueue Topologies of these names (the ones this
+    /// configuration would publish; another installation's are not ours to judge), those no
+    /// ResourceFlavor names go, the others are reported and kept.
+    kueue: Option<Vec<String>>,
+    /// `--kai-topology` is off: our KAI Topologies of this name (and its `-N-layer` siblings)
     /// are reported and kept.
-    kueue: bool,
-    /// `--kai-topology` is off: our KAI Topologies are reported and kept.
-    kai: bool,
+    kai: Option<String>,
 }
 
 /// Once leading with a synced cache: remove what a feature now turned off wrote, where that
@@ -384,7 +391,11 @@ async fn retire_features_at_start(
     synced: Arc<AtomicBool>,
 ) {
     let leader = ctx.leader.clone();
-    if !retired.condition && retired.hypernodes.is_none() && !retired.kueue && !retired.kai {
+    if !retired.condition
+        && retired.hypernodes.is_none()
+        && retired.kueue.is_none()
+        && retired.kai.is_none()
+    {
         return;
     }
     while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
@@ -411,17 +422,24 @@ async fn retire_features_at_start(
             }
         }
     }
-    if retired.kueue {
+    if let Some(names) = &retired.kueue {
         match crate::cleanup::kueue_topologies(&client, false).await {
-            Ok(t) => items.extend(t),
+            Ok(t) => items.extend(t.into_iter().filter(|i| names.contains(&i.name))),
             Err(e) => {
                 warn!(error = %e, "cannot list Kueue Topologies to retire ours (--kueue-topology is off); `ec2-topology-labeler uninstall` removes them")
             }
         }
     }
-    if retired.kai {
+    if let Some(name) = &retired.kai {
+        let ours = |n: &str| {
+            n == name
+                || n.strip_prefix(name.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .and_then(|rest| rest.strip_suffix("-layer"))
+                    .is_some_and(|depth| depth.parse::<u8>().is_ok())
+        };
         match crate::cleanup::kai_topologies(&client).await {
-            Ok(t) => items.extend(t.into_iter().map(|i| crate::cleanup::Item {
+            Ok(t) => items.extend(t.into_iter().filter(|i| ours(&i.name)).map(|i| crate::cleanup::Item {
                 kept: Some(
                     "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),
                 ),

@@ -167,9 +167,11 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
 /// a running workload, and reports what may still be in use:
 /// - `--node-condition` off: our TopologyLabeled condition goes;
 /// - `--volcano-hypernodes` off: our HyperNodes go;
-/// - `--kueue-topology` off: our Kueue Topologies no ResourceFlavor names go; one a flavor names
-///   is kept, and the leader says so (a WARN line naming it and the flavor);
-/// - `--kai-topology` off: our KAI Topologies are kept and reported (workloads may name them);
+/// - `--kueue-topology` off: our Kueue Topologies of the configured names that no ResourceFlavor
+///   names go; one a flavor names is kept, and the leader says so (a WARN line naming it and the
+///   flavor); one of another name (another installation's) is left alone;
+/// - `--kai-topology` off: our KAI Topologies of the configured name are kept and reported
+///   (workloads may name them);
 ///
 /// and no label changes.
 pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::Result<()> {
@@ -196,7 +198,7 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
         { "nodeLabel": "kubernetes.io/hostname" }
     ]);
     let pp = kube::api::PatchParams::apply("e2e-retire");
-    for name in ["ret-unnamed", "ret-named"] {
+    for name in ["ret-unnamed", "ret-named", "ret-other"] {
         let t = serde_json::json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
             "metadata": {"name": name, "labels": ours_label}, "spec": {"levels": levels}});
         crate::topology_api(&c)
@@ -215,21 +217,15 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     crate::kai_topologies(&c)
         .patch("ret-kai", &pp, &kube::api::Patch::Apply(&k))
         .await?;
-    // What stays: every Kueue Topology of ours some ResourceFlavor names.
-    let named: std::collections::BTreeSet<String> = flavors
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .filter_map(|f| f.data["spec"]["topologyName"].as_str().map(String::from))
-        .collect();
-    let kueue_kept: Vec<String> = ours(&crate::topology_api(&c))
-        .await?
-        .into_iter()
-        .filter(|t| named.contains(t))
-        .collect();
-    ensure!(kueue_kept.contains(&"ret-named".to_string()));
-
+    // What stays: every Kueue Topology but the one of this configuration's names that no
+    // ResourceFlavor names; `ret-other` (another installation's name, by our label too) is not
+    // this installation's to judge, and stays though no flavor names it.
+    let mut kueue_kept: Vec<String> = ours(&crate::topology_api(&c)).await?;
+    kueue_kept.retain(|t| t != "ret-unnamed");
+    ensure!(
+        kueue_kept.contains(&"ret-named".to_string())
+            && kueue_kept.contains(&"ret-other".to_string())
+    );
     let labels_before = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
     // As an operator turns them off: the chart upgraded (its RBAC then lets the controller list
     // what it retires), the controller restarted with the features off.
@@ -261,6 +257,10 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
             "--volcano-hypernodes=false",
             "--kueue-topology=false",
             "--kai-topology=false",
+            // The names this configuration publishes under.
+            "--kueue-topology-name=ret-named",
+            "--kueue-topology-four-layer-name=ret-unnamed",
+            "--kai-topology-name=ret-kai",
         ],
     )
     .await?;
@@ -290,9 +290,9 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     let kai_after = ours(&crate::kai_topologies(&c)).await?;
     // Put back what the later scenarios expect (the controller recreates its own Topologies).
     let _ = flavors.delete("ret-flavor", &Default::default()).await;
-    let _ = crate::topology_api(&c)
-        .delete("ret-named", &Default::default())
-        .await;
+    for t in ["ret-named", "ret-other"] {
+        let _ = crate::topology_api(&c).delete(t, &Default::default()).await;
+    }
     let _ = crate::kai_topologies(&c)
         .delete("ret-kai", &Default::default())
         .await;

@@ -199,6 +199,20 @@ pub async fn configmaps(client: &Client) -> Result<Vec<Item>, kube::Error> {
         .collect())
 }
 
+/// The Slurm ConfigMap `ns/name`, if it is ours (carries our managed-by label).
+pub async fn configmap(client: &Client, ns: &str, name: &str) -> Result<Vec<Item>, kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .get_opt(name)
+        .await?
+        .filter(|c| {
+            c.labels().get(volcano::MANAGED_BY.0).map(String::as_str) == Some(volcano::MANAGED_BY.1)
+        })
+        .map(|_| Item::remove("configmap", format!("{ns}/{name}")))
+        .into_iter()
+        .collect())
+}
+
 /// Carry out the removals in `items` (kept ones are skipped); returns the failures.
 pub async fn apply(
     client: &Client,
@@ -272,10 +286,16 @@ async fn remove(client: &Client, item: &Item) -> Result<(), kube::Error> {
 
 /// Give up every label and annotation key our field manager owns on node `name`: one
 /// server-side apply of an empty set. Keys only we own go; keys another manager co-owns (EKS's
-/// cloud controller writes the same layer keys) stay, theirs.
+/// cloud controller writes the same layer keys) stay, theirs. The apply names the node's UID: a
+/// node deleted meanwhile (a scale-down) is not created again as an empty Node of that name (the
+/// API server refuses a UID it does not have), and one deleted and recreated is not touched.
 async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
-    let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name } });
+    let Some(meta) = api.get_metadata_opt(name).await? else {
+        return Ok(());
+    };
+    let body = json!({ "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "uid": meta.metadata.uid } });
     match api
         .patch(
             name,
@@ -285,7 +305,8 @@ async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        // Gone, or gone and recreated (the UID no longer matches): nothing of ours to give up.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
 }

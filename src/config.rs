@@ -95,6 +95,11 @@ pub struct UninstallArgs {
     /// The startup taint (as given to `run`): nodes still carrying it are pointed out.
     #[arg(long, env = "LABELER_STARTUP_TAINT")]
     pub startup_taint: Option<StartupTaint>,
+    /// The Slurm ConfigMap to remove (`NAMESPACE/NAME`, as given to `run`; removed only if it
+    /// carries our managed-by label), or `none`. Unset: every ConfigMap with our label, in any
+    /// namespace (needs cluster-wide ConfigMap list; the chart's hook names its one instead).
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP")]
+    pub slurm_topology_configmap: Option<String>,
     /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
     /// post-delete hook waits for the deleted pods' last renewal to expire).
     #[arg(long, env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]

@@ -70,10 +70,20 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         )));
     }
     let mut items: Vec<Item> = Vec::new();
+    // Paginated as the controller's own list is: a whole large fleet is never one response.
     let nodes: Api<LiteNode> = Api::all(client.clone());
-    let list = nodes.list(&Default::default()).await?;
+    let mut all: Vec<LiteNode> = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = nodes.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
     items.extend(
-        cleanup::with_condition(list.items.iter())
+        cleanup::with_condition(all.iter())
             .into_iter()
             .map(|n| Item {
                 kind: "condition",
@@ -82,8 +92,7 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
             }),
     );
     let tainted: Vec<String> = match &args.startup_taint {
-        Some(t) => list
-            .items
+        Some(t) => all
             .iter()
             .filter(|n| t.on(n))
             .map(|n| n.name_any())
@@ -93,7 +102,14 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix).await?);
     items.extend(cleanup::kueue_topologies(&client, args.force).await?);
     items.extend(cleanup::kai_topologies(&client).await?);
-    items.extend(cleanup::configmaps(&client).await?);
+    match args.slurm_topology_configmap.as_deref() {
+        Some("none") => {}
+        Some(at) => {
+            let (ns, name) = crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
+            items.extend(cleanup::configmap(&client, &ns, &name).await?);
+        }
+        None => items.extend(cleanup::configmaps(&client).await?),
+    }
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     if let Some(l) = leases
         .get_opt(&args.leader.leader_election_lease_name)

@@ -535,8 +535,8 @@ fn rbac_is_exactly_what_the_code_uses() {
     assert_eq!(status[0]["verbs"], serde_json::json!(["patch"]));
     assert_eq!(
         rules.len(),
-        4,
-        "nodes, nodes/status, HyperNodes (retired), events: {rules:?}"
+        7,
+        "nodes, nodes/status, HyperNodes, Kueue Topologies and ResourceFlavors, KAI Topologies (retired or reported), events: {rules:?}"
     );
     // With events off, and one replica without leader election, those rules are gone.
     let docs = render(&[
@@ -551,8 +551,8 @@ fn rbac_is_exactly_what_the_code_uses() {
             .as_array()
             .unwrap()
             .len(),
-        3,
-        "nodes, nodes/status and HyperNodes (retired) only"
+        6,
+        "nodes, nodes/status and the retired or reported objects only"
     );
 }
 
@@ -823,6 +823,51 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
     assert!(u.startup_taint.is_some());
     assert!(!u.labels && !u.force && !u.dry_run);
     assert!(u.wait_for_lease.0 >= std::time::Duration::from_secs(30));
+    // No Slurm ConfigMap configured: none looked for, and no ConfigMap permission at all.
+    assert_eq!(u.slurm_topology_configmap.as_deref(), Some("none"));
+    let configmap_rules = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete")
+            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+            .flat_map(|d| {
+                let ns = d["metadata"]["namespace"].clone();
+                d["rules"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|r| r["resources"][0] == "configmaps")
+                    .map(move |r| serde_json::json!({"namespace": ns, "rule": r}))
+            })
+            .collect()
+    };
+    assert!(
+        configmap_rules(&docs).is_empty(),
+        "{:?}",
+        configmap_rules(&docs)
+    );
+    // The configured one: by name, in a Role of its namespace (never every ConfigMap).
+    let docs = render(&[
+        "uninstallHook.enabled=true".into(),
+        "config.slurmTopologyConfigmap=slurm/slurm-topology".into(),
+    ]);
+    assert_eq!(
+        configmap_rules(&docs),
+        vec![serde_json::json!({"namespace": "slurm", "rule": {
+            "apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": ["slurm-topology"], "verbs": ["get", "delete"]}})]
+    );
+    let job = kind(&docs, "Job")[0];
+    let args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .clone();
+    assert!(
+        args.contains(&serde_json::json!(
+            "--slurm-topology-configmap=slurm/slurm-topology"
+        )),
+        "{args:?}"
+    );
 }
 
 /// The admin server listens on every address family by default (the kubelet probes an IPv6

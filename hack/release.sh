@@ -100,7 +100,7 @@ for t in "${targets[@]}"; do
   # Static, and for the architecture it claims to be (readelf reads the header; nothing runs).
   got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
   [[ $got == "${machine[$t]}" ]] || die "$bin is built for '$got', not ${machine[$t]}"
-  if readelf -l "$bin" | grep -q 'INTERP'; then die "$bin is not static (it names an interpreter)"; fi
+  if (( $(readelf -l "$bin" | grep -c 'INTERP') > 0 )); then die "$bin is not static (it names an interpreter)"; fi
 done
 
 # --- 2. image ----------------------------------------------------------------------------------
@@ -129,7 +129,8 @@ bah manifest push --quiet --all --format oci "${tls[@]}" --digestfile "$dist/ima
   "$list" "docker://$image_repo:$VERSION" >&2
 image_digest=$(cat "$dist/image.digest")
 [[ $image_digest =~ ^sha256:[0-9a-f]{64}$ ]] || die "buildah gave no digest ($image_digest)"
-# The size of each platform's image: its layers and config, as the index lists them.
+# The index as pushed, and each platform's binary size (the kind suite reports the pushed,
+# compressed image sizes from the registry).
 bah manifest inspect "$list" >"$dist/index.json"
 sizes=$(for t in "${targets[@]}"; do
   bin="$target_dir/$t/release/ec2-topology-labeler"

@@ -38,8 +38,9 @@ pub struct ServeArgs {
     #[arg(long, env = "LABELER_METRICS_ADDR", default_value = "[::]:8080")]
     pub metrics_addr: SocketAddr,
     /// Address of `/debug/nodes/NAME`, the controller's view of a node that `explain` reads in
-    /// the controller's Pod. Loopback by default: it names instances and errors, and nothing
-    /// outside the Pod (a service mesh's sidecar included) reaches a loopback listener.
+    /// the controller's Pod. Loopback by default: it names instances and errors, and only
+    /// processes in the Pod's own network namespace (its containers, a mesh sidecar among them)
+    /// reach a loopback listener; nothing from outside the Pod does.
     #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
     pub debug_addr: SocketAddr,
 }

@@ -49,8 +49,12 @@ install_guard() {
   for bridge in "${BRIDGES[@]}"; do
     read -ra rule <<<"$(guard_rule "$bridge")"
     iptables -C DOCKER-USER "${rule[@]}" 2>/dev/null || iptables -I DOCKER-USER 1 "${rule[@]}"
-    # dockerd (20.10) manages no IPv6 rules: the IPv6 guard sits in FORWARD itself.
+    # dockerd 20.10 (Debian's) manages no IPv6 rules: the IPv6 guard sits in FORWARD itself;
+    # an engine that does (27 and later) jumps to its own DOCKER-USER first: there too.
     ip6tables -C FORWARD "${rule[@]}" 2>/dev/null || ip6tables -I FORWARD 1 "${rule[@]}"
+    if ip6tables -S DOCKER-USER >/dev/null 2>&1; then
+      ip6tables -C DOCKER-USER "${rule[@]}" 2>/dev/null || ip6tables -I DOCKER-USER 1 "${rule[@]}"
+    fi
   done
   remove_guard "${LEGACY_BRIDGES[@]}"
 }
@@ -65,6 +69,7 @@ remove_guard() {
     read -ra rule <<<"$(guard_rule "$bridge")"
     while iptables -D DOCKER-USER "${rule[@]}" 2>/dev/null; do :; done
     while ip6tables -D FORWARD "${rule[@]}" 2>/dev/null; do :; done
+    while ip6tables -D DOCKER-USER "${rule[@]}" 2>/dev/null; do :; done
   done
 }
 
@@ -90,6 +95,11 @@ if [[ "${1:-}" == "--check" ]]; then
 fi
 
 if [[ "${1:-}" == "--remove" ]]; then
+  if command -v docker >/dev/null && ! timeout 10 docker info >/dev/null 2>&1; then
+    # Its networks (and anything on them) would come back with it, unguarded.
+    log "Docker does not answer: its networks cannot be removed, so the egress guard stays; start dockerd and run this again"
+    exit 1
+  fi
   for n in "${BRIDGES[@]}"; do
     if command -v docker >/dev/null && docker network inspect "$n" >/dev/null 2>&1; then
       docker network rm "$n" >/dev/null || log "network $n is still in use; left in place"
@@ -150,9 +160,12 @@ stop_dockerd() {
   done
 }
 
-docker_up || start_dockerd
+# The rules first: they name bridges, not addresses, so they hold before the networks exist,
+# and a dockerd started here (or by systemd after a reboot, with containers set to restart)
+# never runs a container on our networks without them.
 install_guard
 guard_installed || { log "could not install the egress guard; refusing to go on"; exit 1; }
+docker_up || start_dockerd
 
 # --- the probe image: busybox, imported from Debian's static build (no pull) --------------------
 probe_image=ec2tl-probe:busybox
@@ -204,8 +217,8 @@ if ! probe; then
     "$conf" >"$conf.tmp"
   mv "$conf.tmp" "$conf"
   stop_dockerd
-  start_dockerd
   install_guard
+  start_dockerd
   guard_installed || { log "the egress guard is gone after the restart; refusing to go on"; exit 1; }
   probe || { log "privileged containers still fail:"; cat "$state/probe.err" >&2; exit 1; }
   log "privileged containers work through the runc wrapper"
@@ -228,6 +241,11 @@ fi
 # "Outside" is a network namespace on this machine (veth + TEST-NET-2 and 2001:db8::/32): nothing
 # is sent beyond this host even if the guard were missing. The host itself reaching the listener
 # first shows the listener answers (else "refused" would prove nothing).
+# A namespace made by an earlier version of this script has no IPv6 address: made again.
+if ip netns list | grep -qw "$sink_ns" && ! ip -n "$sink_ns" -6 addr show | grep -q "$sink_ip6"; then
+  ip netns delete "$sink_ns"
+  ip link delete ec2tl-sink-h 2>/dev/null || true
+fi
 if ! ip netns list | grep -qw "$sink_ns"; then
   ip netns add "$sink_ns"
   ip link add ec2tl-sink-h type veth peer name ec2tl-sink-n
@@ -247,31 +265,39 @@ for ip in "$sink_ip" "$sink_ip6"; do
     exit 1
   fi
 done
-# One connection per listener: "reached" or "refused", as seen from $1 (host | NETWORK).
+# One connection per listener, as seen from $1 (host | NETWORK): what nc printed, then REACHED
+# or FAILED.
 attempt() {
   local from=$1 ip=$2 listener verdict
   ip netns exec "$sink_ns" /bin/busybox nc -l -p 8 -e /bin/busybox true >/dev/null 2>&1 &
   listener=$!
   sleep 0.3
   if [[ $from == host ]]; then
-    verdict=$(/bin/busybox nc -w 3 "$ip" 8 </dev/null >/dev/null 2>&1 && echo reached || echo refused)
+    verdict=$(/bin/busybox nc -w 3 "$ip" 8 </dev/null 2>&1 && echo REACHED || echo FAILED)
   else
     verdict=$(docker run --rm --pull=never --network "$from" "$probe_image" \
-      sh -c "nc -w 3 $ip 8 </dev/null && echo reached || echo refused" 2>&1 || true)
+      sh -c "nc -w 3 $ip 8 </dev/null 2>&1 && echo REACHED || echo FAILED" 2>&1 || true)
   fi
   kill "$listener" 2>/dev/null || true
   wait "$listener" 2>/dev/null || true
   echo "$verdict"
 }
 for ip in "$sink_ip" "$sink_ip6"; do
-  [[ $(attempt host "$ip") == *reached* ]] ||
+  [[ $(attempt host "$ip") == *REACHED* ]] ||
     { log "the check's listener at $ip does not answer this host; cannot check the guard"; exit 1; }
 done
+# Refused at once by the guard's REJECT (an ICMP "port unreachable": ECONNREFUSED), not merely
+# unanswered (a timeout would also be what a missing route or forwarding switched off gives,
+# and would prove nothing about the guard).
 for pair in "$NETWORK4 $sink_ip" "$NETWORK6 $sink_ip" "$NETWORK6 $sink_ip6"; do
   read -r network ip <<<"$pair"
   verdict=$(attempt "$network" "$ip")
-  if [[ "$verdict" != *refused* ]]; then
+  if [[ "$verdict" == *REACHED* ]]; then
     log "a container on $network reached $ip, outside its network ($verdict): guard broken"
+    exit 1
+  fi
+  if [[ "$verdict" != *"Connection refused"* ]]; then
+    log "a container on $network failed to reach $ip, but not by the guard's refusal ($verdict): cannot tell the guard works"
     exit 1
   fi
 done

@@ -20,7 +20,8 @@
 #   e2e/kind/run.sh            all of it; the clusters are deleted at the end
 #   e2e/kind/run.sh --prepare  only steps 1-3 (CI runs them in the background, at low priority,
 #                              while the other suites run)
-#   e2e/kind/run.sh --keep     leave the (last) cluster running (its kubeconfig is printed)
+#   e2e/kind/run.sh --keep     leave the (last) cluster and the registry running (the
+#                              kubeconfig is printed)
 #   e2e/kind/run.sh --down     make kind-down: delete the clusters and the registry, and undo
 #                              what host.sh changed on this machine (rules, networks, namespace)
 set -euo pipefail
@@ -227,5 +228,8 @@ step "IPv6 single-stack cluster"
 cluster_up "$cluster6" ipv6
 step "tests: IPv6 (the release from the registry: probes, labels, helm test)"
 cargo test --workspace --locked --test kind -- ipv6::
-[[ $keep == true ]] || cluster_down "$cluster6"
+if [[ $keep == false ]]; then
+  cluster_down "$cluster6"
+  "$here/registry/registry.sh" stop
+fi
 step "done"

@@ -18,8 +18,9 @@
 //! - a switch name defined twice: labels that put a network node under two parents, or at two
 //!   layers, give no valid file ([`Problem`]); publish nothing then;
 //! - no switch at all (`topology.conf` in 26.05, `topology.yaml`), or a switch with neither
-//!   children nor nodes (`topology.conf` in 22.05). An empty fleet gets a `topology.yaml` with
-//!   one switch [`ROOT`] and no `topology.conf`.
+//!   children nor nodes (`topology.conf` in 22.05). [`data`] therefore gives no files for an
+//!   empty fleet ([`Problem::NoSwitch`]: the publisher keeps what it wrote last); only
+//!   [`topology_yaml`] alone makes one for it, with the one switch [`ROOT`], which 26.05 loads.
 //!
 //! Slurm wants every node under some switch, and lets a job span only switches joined by a
 //! common ancestor. So when the fleet has more than one top-level network node, a switch named

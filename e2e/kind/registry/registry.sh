@@ -43,7 +43,7 @@ fi
 running=$(docker inspect -f '{{.State.Running}} {{.Config.Image}}' "$name" 2>/dev/null || true)
 if [[ $running != "true $image" ]]; then
   docker rm -f "$name" >/dev/null 2>&1 || true
-  docker run -d --name "$name" --pull=never --restart=unless-stopped --network "$1" \
+  docker run -d --name "$name" --pull=never --restart=no --network "$1" \
     -p "127.0.0.1:$port:5000" "$image" >/dev/null
 fi
 shift

@@ -52,8 +52,13 @@ use crate::{
 pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     let meta = &mut node.metadata;
     if let Some(labels) = meta.labels.as_mut() {
-        // The instance type tells a type EC2 describes (but has not yet) from one it never will.
-        labels.retain(|k, _| scheme.is_family_label(k) || k == INSTANCE_TYPE_LABEL);
+        // The instance type tells a type EC2 describes (but has not yet) from one it never will;
+        // it and the zone are what coverage counts nodes by.
+        labels.retain(|k, _| {
+            scheme.is_family_label(k)
+                || k == INSTANCE_TYPE_LABEL
+                || k == crate::coverage::ZONE_LABEL
+        });
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| scheme.is_family_annotation(k));
@@ -88,8 +93,10 @@ fn relevant(node: &LiteNode) -> u64 {
 
 /// Build the lookup stack: EC2 client, shared limiter, batching cache.
 pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metrics>) -> Lookup {
-    let source = AwsTopology::from_env(ec2.ec2_timeout.0).await;
     let limiter = Arc::new(Limiter::new(ec2.limiter()));
+    let source = AwsTopology::from_env(ec2.ec2_timeout.0)
+        .await
+        .with_limiter(limiter.clone());
     Lookup::spawn(source, limiter, lookup.lookup(), metrics)
 }
 
@@ -627,5 +634,38 @@ async fn housekeeping(
                 "dropped cached answers of instances no node runs on"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 26.5: the node cache keeps what coverage groups by (instance type and zone) beside
+    /// our label family, and nothing else.
+    #[test]
+    fn the_cache_keeps_the_type_and_zone_coverage_groups_by() {
+        let mut node: LiteNode = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {
+                "node.kubernetes.io/instance-type": "p5.48xlarge",
+                "topology.kubernetes.io/zone": "us-west-2a",
+                "topology.k8s.aws/network-node-layer-1": "nn-1",
+                "kubernetes.io/hostname": "n1",
+                "team": "ml"
+            }}
+        }))
+        .expect("a node");
+        prune(&mut node, &LabelScheme::default());
+        let labels = node.labels();
+        let kept: Vec<&str> = labels.keys().map(String::as_str).collect();
+        assert_eq!(
+            kept,
+            [
+                "node.kubernetes.io/instance-type",
+                "topology.k8s.aws/network-node-layer-1",
+                "topology.kubernetes.io/zone"
+            ]
+        );
     }
 }

@@ -97,6 +97,34 @@ async fn follows_next_token_pages() {
     assert_eq!(mock.stats().calls, 3, "three pages of at most 3");
 }
 
+/// Issue 26.9: every page is a call against the account's EC2 budget: pages after the first
+/// (the batcher already took the first one's token) take a token of the shared limiter each.
+#[tokio::test]
+async fn each_further_page_takes_a_token() {
+    use ec2_topology_labeler::lookup::limiter::{Limiter, LimiterConfig};
+    let instances: Vec<Instance> = (0..7).map(|n| instance(n, &["a", "b", "c"])).collect();
+    let (mock, ec2) = start(instances).await;
+    // Two tokens, refilled so slowly that none comes back during the test.
+    let limiter = Arc::new(Limiter::new(LimiterConfig {
+        rate: 0.001,
+        burst: 2.0,
+        ..LimiterConfig::default()
+    }));
+    let ec2 = ec2.with_limiter(limiter.clone());
+    mock.set_faults(Faults {
+        page_size: Some(3),
+        ..Faults::default()
+    });
+    let ids: Vec<String> = (0..7).map(id).collect();
+    let found = ec2.describe("us-west-2", &ids).await.expect("described");
+    assert_eq!(found.len(), 7);
+    assert_eq!(mock.stats().calls, 3, "three pages");
+    assert!(
+        limiter.try_acquire().is_err(),
+        "pages 2 and 3 took the limiter's two tokens"
+    );
+}
+
 #[tokio::test]
 async fn throttling_is_classified_as_throttled() {
     let (mock, ec2) = start(vec![instance(1, &["a"])]).await;

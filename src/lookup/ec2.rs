@@ -87,6 +87,9 @@ impl Ec2Args {
 pub struct AwsTopology {
     base: aws_config::SdkConfig,
     clients: Mutex<HashMap<String, Client>>,
+    /// The shared EC2 budget: each page after the first takes a token (the batcher takes the
+    /// first's before it calls).
+    limiter: Option<std::sync::Arc<super::limiter::Limiter>>,
 }
 
 impl AwsTopology {
@@ -100,6 +103,15 @@ impl AwsTopology {
         Self {
             base,
             clients: Mutex::new(HashMap::new()),
+            limiter: None,
+        }
+    }
+
+    /// Pace the pages of a paginated answer with the limiter every call shares.
+    pub fn with_limiter(self, limiter: std::sync::Arc<super::limiter::Limiter>) -> Self {
+        Self {
+            limiter: Some(limiter),
+            ..self
         }
     }
 
@@ -154,7 +166,13 @@ impl TopologySource for AwsTopology {
         let client = self.client(region)?;
         let mut out = Vec::with_capacity(instance_ids.len());
         let mut next_token: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        for page_number in 0..MAX_PAGES {
+            // A further page is a further call: it waits for its own token.
+            if page_number > 0
+                && let Some(limiter) = &self.limiter
+            {
+                limiter.acquire().await;
+            }
             // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never
             // an unfiltered scan of the region.
             let page = client

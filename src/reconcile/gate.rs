@@ -150,6 +150,15 @@ impl StartupTaint {
         node.spec.taints.iter().any(|t| self.matches(t))
     }
 
+    /// A taint of our key with another effect (a provisioner given another effect than we
+    /// were): not ours, so never released; worth saying why.
+    pub fn other_effect<'a>(&self, node: &'a LiteNode) -> Option<&'a Taint> {
+        node.spec
+            .taints
+            .iter()
+            .find(|t| t.key == self.key && t.effect != self.effect)
+    }
+
     /// `node`'s taints without this one.
     pub fn others(&self, node: &LiteNode) -> Vec<Taint> {
         node.spec
@@ -534,6 +543,24 @@ mod tests {
         assert_eq!(
             Gate::default().taint_action(true, &Standing::Labelled, secs(1)),
             TaintAction::None
+        );
+    }
+
+    /// Issue 26.10: our key with another effect is told apart (and so can be warned about).
+    #[test]
+    fn our_key_with_another_effect_is_not_ours_but_is_noticed() {
+        let taint: StartupTaint = "ec2-topology-labeler.io/topology-pending:NoSchedule"
+            .parse()
+            .unwrap();
+        let node: LiteNode = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+            "spec": {"taints": [{"key": "ec2-topology-labeler.io/topology-pending", "effect": "NoExecute"}]}
+        }))
+        .unwrap();
+        assert!(!taint.on(&node));
+        assert_eq!(
+            taint.other_effect(&node).map(|t| t.effect.as_str()),
+            Some("NoExecute")
         );
     }
 

@@ -253,6 +253,14 @@ fn grid(retry_in: Duration) -> Option<Duration> {
 async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duration>> {
     ctx.records.pending_if_new(node);
     let held = ctx.gate.taint.as_ref().is_some_and(|t| t.on(node));
+    if !held
+        && let Some(ours) = &ctx.gate.taint
+        && let Some(other) = ours.other_effect(node)
+    {
+        // Each time the node changes, or at its resync: never released, so say why.
+        warn!(node = %node.name_any(), key = %ours.key, configured = %ours.effect, found = %other.effect,
+            "the node carries the startup taint's key with another effect: it is not ours, so it is never released; give the provisioner and --startup-taint the same effect");
+    }
     let lookup = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held);
     let assessment = match ctx.gate.timeout_in(node) {
         // A held node's startup-taint timeout falls due on time, however long EC2 takes to

@@ -1990,8 +1990,9 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Coverage gauges per instance type and zone; a node we label with fewer layers than the Kueue
-/// Topology has gets one `NotInSchedulerTopology` Warning Event.
+/// Coverage gauges per instance type and zone (the zone the nodes' label names, issue 26.5); a node
+/// we label with fewer layers than the Kueue Topology has gets one `NotInSchedulerTopology`
+/// Warning Event.
 async fn coverage_is_counted_and_short_nodes_reported(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     // EC2 is documented to give 3 or 4 layers; an answer of 2 is labelled as it is, and Kueue's
@@ -2006,7 +2007,8 @@ async fn coverage_is_counted_and_short_nodes_reported(env: &Env) -> anyhow::Resu
             .map(|o| (o.clone(), o.instance(&["nn-cov-s", "nn-cov-a", "nn-cov-l"]))),
     );
     label_and_wait(env, &c, &pairs).await?;
-    let cell = r#"instance_type="cov-e2e.48xlarge""#;
+    // The cell is the instance type in the nodes' zone (their topology.kubernetes.io/zone).
+    let cell = r#"instance_type="cov-e2e.48xlarge",zone="us-west-2a""#;
     let counts = eventually("coverage gauges for cov-e2e", WAIT, || async {
         let guard = env.labeler.lock().await;
         let Some(l) = guard.as_ref() else {
@@ -2100,6 +2102,88 @@ async fn controller_is_healthy(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Issue 26.12: `make demo` stopped by SIGTERM (a `timeout`, a process manager) instead of Ctrl-C
+/// stops every process it started: no kube-apiserver, etcd or mock-ec2 is left running.
+async fn demo_stops_everything_on_sigterm(env: &Env) -> anyhow::Result<()> {
+    use std::io::{BufRead, BufReader};
+    let dir = env.dir.join("demo-sigterm");
+    std::fs::create_dir_all(&dir)?;
+    let mut demo = std::process::Command::new(e2e::bin_dir().join("e2e-cluster"))
+        .arg("--dir")
+        .arg(&dir)
+        .arg("demo")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = demo.stdout.take().context("demo stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("press Ctrl-C") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = rx.recv_timeout(Duration::from_secs(180));
+    // Every process whose command line names the demo's directory: what it started.
+    let needle = dir.to_string_lossy().to_string();
+    let demo_pid = demo.id();
+    let theirs = || -> Vec<(u32, String)> {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                (pid != demo_pid && cmd.contains(&needle)).then_some((pid, cmd))
+            })
+            .collect()
+    };
+    let before = theirs();
+    // SAFETY: kill(2) on the demo's own pid, a child of this process.
+    unsafe {
+        libc::kill(demo_pid as i32, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = demo.try_wait()? {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = demo.kill();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let left = theirs();
+    for (pid, _) in &left {
+        // SAFETY: kill(2) on a leftover of the failed check, so it does not outlive the test.
+        unsafe {
+            libc::kill(*pid as i32, libc::SIGKILL);
+        }
+    }
+    started.map_err(|_| anyhow::anyhow!("the demo never said it was running"))?;
+    ensure!(
+        before.len() >= 3,
+        "the demo's processes were not found: {before:?}"
+    );
+    ensure!(status.is_some(), "the demo did not exit on SIGTERM");
+    ensure!(
+        left.is_empty(),
+        "left running after SIGTERM: {:?}",
+        left.iter()
+            .map(|(p, c)| format!("{p}: {}", &c[..c.len().min(80)]))
+            .collect::<Vec<_>>()
+    );
+    eprintln!(
+        "    SIGTERM stopped the demo and its {} processes",
+        before.len()
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
@@ -2145,6 +2229,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(steady_state_is_silent, false),
         scenario!(uninstall_leaves_only_labels, true),
         scenario!(controller_is_healthy, false),
+        scenario!(demo_stops_everything_on_sigterm, false),
         scenario!(irsa_credentials_rotate_while_nodes_join, true),
         scenario!(pod_identity_credentials_rotate_while_nodes_join, true),
         scenario!(

@@ -211,11 +211,26 @@ async fn main() -> anyhow::Result<()> {
         "\nrunning; press Ctrl-C to stop everything (processes are stopped by PID, {} is kept)",
         dir.display()
     );
-    tokio::signal::ctrl_c().await?;
+    stopped().await?;
     drop(labeler);
     drop(mock);
     drop(cp);
     println!("stopped");
+    Ok(())
+}
+
+/// Until Ctrl-C, SIGTERM (`timeout`, a process manager, `kill`) or SIGHUP (the terminal closed):
+/// each lets every process this started be stopped, where the default action of the last two
+/// would end this process alone and orphan them.
+async fn stopped() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
+    }
     Ok(())
 }
 

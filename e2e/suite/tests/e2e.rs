@@ -41,8 +41,8 @@ mod kai;
 mod volcano;
 use kai::kai_places_gangs_on_our_topology;
 use volcano::{
-    volcano_on_a_mixed_fleet_both_ways, volcano_places_gangs_by_its_label_discovery,
-    volcano_places_gangs_on_our_hypernodes,
+    volcano_label_discovery_on_a_mixed_fleet, volcano_on_a_mixed_fleet_both_ways,
+    volcano_places_gangs_by_its_label_discovery, volcano_places_gangs_on_our_hypernodes,
 };
 #[path = "e2e/admission.rs"]
 mod admission;
@@ -2236,6 +2236,8 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
             expired_and_refused_credentials_are_answered_as_aws_does,
             true
         ),
+        // Last: it deletes every Node the others left (see its doc).
+        scenario!(volcano_label_discovery_on_a_mixed_fleet, true),
     ]
 }
 

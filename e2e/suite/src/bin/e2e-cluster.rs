@@ -105,6 +105,22 @@ fn fleet() -> Vec<(NodeSpec, Instance)> {
 async fn main() -> anyhow::Result<()> {
     e2e::init_tls();
     let args = Args::parse();
+    // The handlers first: a signal that comes before them (while starting, or just after the
+    // "running" line) would take its default action and orphan every process started so far.
+    let stop = stopped()?;
+    tokio::select! {
+        r = run(args) => r,
+        r = stop => {
+            // `run` is dropped here, and with it every process it started (each stops by PID).
+            r?;
+            println!("stopped");
+            Ok(())
+        }
+    }
+}
+
+/// Start everything and, unless `--once`, wait for ever: `main` ends this by dropping it.
+async fn run(args: Args) -> anyhow::Result<()> {
     let dir = match args.dir {
         Some(d) => d,
         None => e2e::work_dir("ec2tl-demo")?,
@@ -211,27 +227,30 @@ async fn main() -> anyhow::Result<()> {
         "\nrunning; press Ctrl-C to stop everything (processes are stopped by PID, {} is kept)",
         dir.display()
     );
-    stopped().await?;
-    drop(labeler);
-    drop(mock);
-    drop(cp);
-    println!("stopped");
+    // Held until `main` drops this future on a signal; then the labeler, mock-ec2 and the
+    // control plane stop in that order (a tuple drops its fields first to last).
+    let _running = (labeler, mock, cp);
+    std::future::pending::<()>().await;
     Ok(())
 }
 
-/// Until Ctrl-C, SIGTERM (`timeout`, a process manager, `kill`) or SIGHUP (the terminal closed):
-/// each lets every process this started be stopped, where the default action of the last two
-/// would end this process alone and orphan them.
-async fn stopped() -> anyhow::Result<()> {
+/// Resolves on Ctrl-C, SIGTERM (`timeout`, a process manager, `kill`) or SIGHUP (the terminal
+/// closed). The handlers are installed when this is called, not when it is first polled, so the
+/// default action of the last two (ending this process alone, orphaning what it started) never
+/// applies once `main` has begun.
+fn stopped() -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
-        _ = hup.recv() => {}
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+        Ok(())
+    })
 }
 
 /// Like `kubectl get nodes -L <layers> -L zone-id -L capacity-block`.

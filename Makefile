@@ -80,7 +80,7 @@ lint: tools
 	cargo clippy --workspace --test faults --test kind --locked -- -D warnings  # test = false: not in --all-targets
 	$$(e2e/tools/build.sh)/helm lint --strict $(CHART)
 	$$(e2e/tools/build.sh)/actionlint .github/workflows/*.yaml
-	@command -v shellcheck >/dev/null || { echo "installing shellcheck (apt)"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
+	@command -v shellcheck >/dev/null || { echo "installing shellcheck (apt)"; flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq shellcheck >/dev/null; }
 	shellcheck $(SHELL_SCRIPTS)
 
 ## schema: regenerate the chart's values.schema.json from the binary's flags

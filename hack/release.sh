@@ -78,8 +78,9 @@ if [[ ! -x "$cyclonedx/bin/cargo-cyclonedx" ]]; then
 fi
 if ! command -v buildah >/dev/null; then
   echo "installing buildah (apt)" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah >&2
+  # One apt at a time across this project's scripts (CI runs some side by side).
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  DEBIAN_FRONTEND=noninteractive flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends buildah >&2
 fi
 helm="$(e2e/tools/build.sh)/helm"
 cosign=""

@@ -53,6 +53,15 @@ if [[ -x "$out/kube-apiserver" && -x "$out/etcd" ]]; then
   exit 0
 fi
 
+# One build at a time (CI's kind preparation runs beside `make controlplane`): a second caller
+# waits, then finds the first one's result.
+mkdir -p "$cache/controlplane"
+exec 9>"$cache/controlplane/.lock"
+flock 9
+if [[ -x "$out/kube-apiserver" && -x "$out/etcd" ]]; then
+  echo "$out"
+  exit 0
+fi
 mkdir -p "$out.partial"
 start=$(date +%s)
 echo "building kube-apiserver ${k8s_version} and etcd (cold: ~6-10 min on 2 cores)..." >&2

@@ -29,8 +29,8 @@ done
 
 command -v musl-gcc >/dev/null || {
   echo "installing musl-tools (apt)" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends musl-tools >&2
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  DEBIAN_FRONTEND=noninteractive flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends musl-tools >&2
 }
 [[ $engine == docker ]] || command -v buildah >/dev/null ||
   { echo "buildah is required (apt-get install buildah), or pass --docker" >&2; exit 1; }

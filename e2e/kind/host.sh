@@ -129,8 +129,9 @@ command -v ip >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   log "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  # One apt at a time across this project's scripts (CI runs some side by side).
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 
 # --- dockerd -----------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ if [[ ! -x "$kind_bin/kind" ]]; then
   rm -rf "$kind_bin" && mv "$kind_bin.partial" "$kind_bin"
 fi
 
+# First: its debootstrap is mostly downloading. It needs the control plane `make controlplane`
+# builds (CI runs this beside it: whichever comes first builds it, the other waits for it).
 step "node image (cached by its inputs; cold: debootstrap + Go builds)"
 node_image=$("$here/node-image.sh")
 

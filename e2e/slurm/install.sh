@@ -24,7 +24,7 @@ command -v unshare >/dev/null || need+=(util-linux)
 if ((${#need[@]})); then
   log "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
   # Debian starts munged and slurmctld from their maintainer scripts where it can; the tests
   # start their own. Without a policy of the machine's, deny those starts for this install.
   policy=/usr/sbin/policy-rc.d
@@ -33,7 +33,7 @@ if ((${#need[@]})); then
     chmod +x "$policy"
     trap 'rm -f "$policy"' EXIT
   fi
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  flock /var/lock/ec2tl-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 
 packages=slurmctld,slurm-client,munge

@@ -567,11 +567,12 @@ async fn coverage(
             .filter(|n| provider_id::parse(n.provider_id()).is_ok())
             .map(|n| {
                 let depth = crate::coverage::depth_of(&ctx.scheme, |k| n.label(k));
+                // Labels carried, not path depth: a node padded to --uniform-depth is in.
                 if let Some((_, levels)) = &kueue
-                    && depth > 0
-                    && depth < *levels
+                    && let Some(carried) =
+                        crate::coverage::short_of(&ctx.scheme, *levels, |k| n.label(k))
                 {
-                    short.push((n.clone(), depth));
+                    short.push((n.clone(), carried));
                 }
                 (
                     n.label(crate::coverage::INSTANCE_TYPE_LABEL),

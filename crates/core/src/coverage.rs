@@ -81,6 +81,27 @@ pub fn depth_of(scheme: &LabelScheme, label: impl Fn(&str) -> Option<String>) ->
     path_of(scheme, &labels).map_or(0, |p| p.len())
 }
 
+/// How many layer labels a node carries, from layer 1 on without a gap, padding included: a
+/// scheduler Topology with that many levels (Kueue's, KAI's) takes the node in. Unlike
+/// [`depth_of`], a node padded to `--uniform-depth` carries every level of it.
+pub fn layer_labels_of(scheme: &LabelScheme, label: impl Fn(&str) -> Option<String>) -> usize {
+    (1..=MAX_LAYERS)
+        .take_while(|n| label(&scheme.layer_key(*n)).is_some())
+        .count()
+}
+
+/// The layer labels a node carries when a scheduler Topology of `levels` layer levels leaves it
+/// out: it has some, but fewer (`None`: it carries them all, or none at all — a node not
+/// labelled yet, or one EC2 does not describe, is reported elsewhere).
+pub fn short_of(
+    scheme: &LabelScheme,
+    levels: usize,
+    label: impl Fn(&str) -> Option<String>,
+) -> Option<usize> {
+    let carried = layer_labels_of(scheme, label);
+    (carried > 0 && carried < levels).then_some(carried)
+}
+
 /// Coverage per (instance type, zone) cell, from each node's type, zone and depth; a cell's
 /// `full` counts nodes as deep as the deepest node of their type in any zone.
 pub fn cells(
@@ -119,29 +140,35 @@ pub fn cells(
 impl Coverage {
     pub fn build(scheme: &LabelScheme, nodes: &[NodeView]) -> Self {
         let mut cov = Coverage::default();
-        // (group, depth of each node) first: a group's depth is known only once all are seen.
-        let mut types: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        let mut zones: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        // (group, (type, depth) of each node) first: a type's depth is known only once all its
+        // nodes are seen, and each node is judged against its own type's depth, in a zone too
+        // (a zone of 3- and 4-layer types is not judged against 4 layers throughout).
+        let mut types: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
+        let mut zones: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
         for n in nodes {
             let depth = path_of(scheme, &n.labels).map_or(0, |p| p.len().min(MAX_LAYERS));
             let of = |key: &str| n.labels.get(key).cloned().unwrap_or_else(|| NONE.into());
+            let ty = of(INSTANCE_TYPE_LABEL);
             types
-                .entry(of(INSTANCE_TYPE_LABEL))
+                .entry(ty.clone())
                 .or_default()
-                .push(depth);
-            zones.entry(of(ZONE_LABEL)).or_default().push(depth);
+                .push((ty.clone(), depth));
+            zones.entry(of(ZONE_LABEL)).or_default().push((ty, depth));
         }
-        let fold = |depths: Vec<usize>| {
+        let type_depth: BTreeMap<String, usize> = types
+            .iter()
+            .map(|(t, ds)| (t.clone(), ds.iter().map(|(_, d)| *d).max().unwrap_or(0)))
+            .collect();
+        let fold = |nodes: Vec<(String, usize)>| {
             let mut g = Group::default();
-            for d in &depths {
+            for (_, d) in &nodes {
                 g.add(*d);
             }
-            g.depth = depths.iter().copied().max().unwrap_or(0);
-            g.full = if g.depth == 0 {
-                0
-            } else {
-                depths.iter().filter(|d| **d == g.depth).count()
-            };
+            g.depth = nodes.iter().map(|(_, d)| *d).max().unwrap_or(0);
+            g.full = nodes
+                .iter()
+                .filter(|(t, d)| *d > 0 && type_depth.get(t) == Some(d))
+                .count();
             g.with_layer.resize(g.depth, 0);
             g
         };

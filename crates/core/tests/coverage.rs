@@ -1,7 +1,7 @@
 //! Coverage by instance type and zone, from the nodes' labels.
 
 use ec2_topology_core::{
-    coverage::{Coverage, INSTANCE_TYPE_LABEL, ZONE_LABEL, cells, depth_of},
+    coverage::{Coverage, INSTANCE_TYPE_LABEL, ZONE_LABEL, cells, depth_of, short_of},
     labels::LabelScheme,
     tree::NodeView,
 };
@@ -100,4 +100,45 @@ fn cells_judge_each_zone_against_the_types_depth() {
     let two = NodeView::labelled("g", &s, &["a", "b"]);
     assert_eq!(depth_of(&s, |k| two.labels.get(k).cloned()), 2);
     assert_eq!(depth_of(&s, |_| None), 0);
+}
+
+/// Issue 26.11: a zone of 3- and 4-layer types, every node fully labelled, is 100 % "all"
+/// (`make demo` printed 14 %: each node was judged against the deepest type in the zone).
+#[test]
+fn a_zone_judges_each_node_against_its_own_types_depth() {
+    let nodes = [
+        node("p5-0", "p5.48xlarge", "us-east-1a", &["a", "b", "c"]),
+        node("p5-1", "p5.48xlarge", "us-east-1a", &["a", "b", "d"]),
+        node(
+            "b200-0",
+            "p6-b200.48xlarge",
+            "us-east-1a",
+            &["a", "e", "f", "g"],
+        ),
+        // One short node: counted as not full in its type and its zone alike.
+        node("b200-1", "p6-b200.48xlarge", "us-east-1a", &["a", "e", "f"]),
+    ];
+    let cov = Coverage::build(&LabelScheme::default(), &nodes);
+    let zone = &cov.by_zone["us-east-1a"];
+    assert_eq!((zone.nodes, zone.depth, zone.full), (4, 4, 3));
+    assert!((zone.percent_full() - 75.0).abs() < 1e-9);
+    assert_eq!(cov.by_instance_type["p5.48xlarge"].full, 2);
+    assert_eq!(cov.by_instance_type["p6-b200.48xlarge"].full, 1);
+}
+
+/// Issue 26.4: with `--uniform-depth 4` a 3-layer node padded to four labels is in a 4-level
+/// Kueue Topology: not short of it (its path depth, 3, made a false Warning per padded node).
+#[test]
+fn a_padded_node_is_not_short_of_a_uniform_topology() {
+    let s = LabelScheme {
+        uniform_depth: Some(4),
+        ..LabelScheme::default()
+    };
+    let padded = NodeView::labelled("n", &s, &["a", "b", "c", "c"]);
+    let label = |k: &str| padded.labels.get(k).cloned();
+    assert_eq!(depth_of(&s, label), 3, "its real depth");
+    assert_eq!(short_of(&s, 4, label), None, "but all four levels carried");
+    let two = NodeView::labelled("g", &s, &["a", "b"]);
+    assert_eq!(short_of(&s, 4, |k| two.labels.get(k).cloned()), Some(2));
+    assert_eq!(short_of(&s, 4, |_| None), None, "not labelled: not short");
 }

@@ -274,6 +274,16 @@ impl<S: TopologySource> Batcher<S> {
                     };
                     match waiting.entry((req.region.clone(), req.instance_id.clone())) {
                         Entry::Occupied(mut e) => e.get_mut().push(req.reply),
+                        Entry::Vacant(e) if req.alone => {
+                            // Refused when last asked: a call of its own, sent like the parts
+                            // of a split call (as soon as the limiter allows).
+                            e.insert(vec![req.reply]);
+                            splits.push_back(Batch {
+                                region: req.region,
+                                ids: vec![req.instance_id],
+                                throttled: 0,
+                            });
+                        }
                         Entry::Vacant(e) => {
                             e.insert(vec![req.reply]);
                             let now = Instant::now();

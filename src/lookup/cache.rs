@@ -49,6 +49,17 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// EC2 refused this instance ID when last asked.
+    pub(super) fn refused(&self) -> bool {
+        matches!(
+            self.state,
+            State::NotDescribed {
+                refused: Some(_),
+                ..
+            }
+        )
+    }
+
     fn topology(&self) -> Option<Arc<InstanceTopology>> {
         match &self.state {
             State::Known { topology, .. } => Some(topology.clone()),

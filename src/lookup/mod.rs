@@ -102,6 +102,9 @@ struct Request {
     /// Its node is held back from scheduling until labelled (a startup taint): its call is not
     /// held for long to fill (see `Waiting::due`).
     held: bool,
+    /// EC2 refused this ID when last asked: it goes out in a call of its own, so that the
+    /// calls of the other instances due meanwhile do not fail for it.
+    alone: bool,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -236,11 +239,13 @@ impl Lookup {
         };
         self.metrics.cache_miss();
         let (reply, answer) = oneshot::channel();
+        let alone = stale.as_ref().is_some_and(cache::Entry::refused);
         self.requests
             .send(Request {
                 region: region.to_string(),
                 instance_id: instance_id.to_string(),
                 held,
+                alone,
                 reply,
             })
             .map_err(|_| Ec2Error::Transport("topology batcher has stopped".into()))?;

@@ -791,3 +791,43 @@ async fn a_refusal_ends_an_outage() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 26.6: at its retry, a refused ID is asked about in a call of its own: the call of the
+/// other instances due at the same moment does not carry it, so does not fail for it (and is
+/// not split to find it).
+#[tokio::test(start_paused = true)]
+async fn a_refused_id_is_asked_alone_at_its_retry() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let bad = id(2 * 45);
+    fake.poison.lock().unwrap().push(bad.clone());
+    let Ok(Resolved::Rejected { retry_in, .. }) = l.resolve("r", &bad, None).await else {
+        panic!("the ID is refused");
+    };
+    tokio::time::sleep(retry_in + Duration::from_millis(10)).await;
+    let before = fake.calls().len();
+    let others: Vec<String> = (1..=5).map(|k| id(2 * k)).collect();
+    let (again, answers) = tokio::join!(
+        l.resolve("r", &bad, None),
+        futures::future::join_all(others.iter().map(|i| l.resolve("r", i, None)))
+    );
+    assert!(matches!(again, Ok(Resolved::Rejected { .. })), "{again:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Resolved::Topology { .. }))),
+        "{answers:?}"
+    );
+    let calls = fake.calls()[before..].to_vec();
+    assert!(
+        calls
+            .iter()
+            .all(|(_, ids)| !ids.contains(&bad) || ids.len() == 1),
+        "the refused ID rode in another call: {calls:?}"
+    );
+    assert_eq!(
+        calls.len(),
+        2,
+        "its own call and the others' one: {calls:?}"
+    );
+}

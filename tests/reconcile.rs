@@ -559,6 +559,11 @@ async fn only_an_unavailable_api_server_makes_the_next_write_recheck_every_node(
 const TAINT: &str = "ec2-topology-labeler.io/topology-pending";
 
 fn gated(fake: &Fake, when: WhenUnsupported, timeout: Option<u64>) -> (Arc<Context>, Handle) {
+    let (ctx, handle) = gated_context(fake, when, timeout);
+    (Arc::new(ctx), handle)
+}
+
+fn gated_context(fake: &Fake, when: WhenUnsupported, timeout: Option<u64>) -> (Context, Handle) {
     let (mut ctx, handle) = setup_context(fake);
     ctx.gate = Gate {
         taint: Some(format!("{TAINT}:NoSchedule").parse().unwrap()),
@@ -566,7 +571,7 @@ fn gated(fake: &Fake, when: WhenUnsupported, timeout: Option<u64>) -> (Arc<Conte
         timeout: timeout.map(Duration::from_secs),
         condition: true,
     };
-    (Arc::new(ctx), handle)
+    (ctx, handle)
 }
 
 fn taint(key: &str) -> Value {
@@ -745,6 +750,116 @@ async fn a_taint_edit_in_between_is_read_again_and_kept() {
         json!([taint("other.io/new")]),
         "the concurrent edit survives"
     );
+    assert_no_more_requests(ctx, handle).await;
+}
+
+/// Issue 26.2: our condition write, then the kubelet's write on top of it, then a failed
+/// release (503). The next reconcile reads the kubelet's version: not the one our write returned,
+/// but one that carries our condition. The taint goes then (it used to wait for a version equal
+/// to ours, which never came: the taint stayed until the hourly resync).
+#[tokio::test]
+async fn the_taint_goes_when_another_writer_bumped_the_node_after_our_write() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, None);
+    let labels = [
+        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+        ("topology.k8s.aws/zone-id", "usw2-az1"),
+    ];
+    let n = tainted(&labels, &[TAINT], 2);
+    let steps = async {
+        let condition = answer(
+            &mut handle,
+            node_reply("2", full_labels(), &[TAINT], Some(("True", "Labelled"))),
+        )
+        .await;
+        refuse(&mut handle, 503).await;
+        condition
+    };
+    let (result, condition) = tokio::join!(reconcile(Arc::new(n), ctx.clone()), steps);
+    assert!(result.is_err(), "the release was refused");
+    assert_eq!(
+        condition.body["status"]["conditions"][0]["status"],
+        json!("True")
+    );
+    let mut bumped = tainted(&labels, &[TAINT], 2);
+    bumped.metadata.resource_version = Some("3".into());
+    bumped.status.conditions = serde_json::from_value(
+        node_reply("3", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
+    )
+    .map(|s: LiteStatus| s.conditions)
+    .unwrap();
+    let (result, release) = tokio::join!(
+        reconcile(Arc::new(bumped), ctx.clone()),
+        answer(
+            &mut handle,
+            node_reply("4", full_labels(), &[], Some(("True", "Labelled")))
+        )
+    );
+    result.expect("reconciled");
+    assert_eq!(release.body["metadata"]["resourceVersion"], json!("3"));
+    assert_eq!(release.body["spec"]["taints"], json!([]), "the taint goes");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+/// Issue 26.7: the lease passes to another replica while the taint release retries (a 409,
+/// then the read): no further PATCH from this one.
+#[tokio::test]
+async fn a_lease_lost_between_release_attempts_ends_the_release() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (mut ctx, mut handle) = gated_context(&fake, WhenUnsupported::Keep, None);
+    let leader = ec2_topology_labeler::leader::Leadership::leading_until_stepped_down();
+    ctx.leader = leader.clone();
+    let ctx = Arc::new(ctx);
+    let mut n = tainted(
+        &[
+            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+            ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+            ("topology.k8s.aws/zone-id", "usw2-az1"),
+        ],
+        &[TAINT],
+        2,
+    );
+    n.status.conditions = serde_json::from_value(
+        node_reply("1", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
+    )
+    .map(|s: LiteStatus| s.conditions)
+    .unwrap();
+    let steps = async {
+        refuse(&mut handle, 409).await;
+        // The read after the conflict: the lease is lost while it is under way.
+        let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a request within 5 s")
+            .expect("a request");
+        assert_eq!(request.method(), Method::GET);
+        leader.step_down();
+        send.send_response(
+            Response::builder()
+                .body(Body::from(
+                    serde_json::to_vec(&node_reply(
+                        "7",
+                        full_labels(),
+                        &[TAINT],
+                        Some(("True", "Labelled")),
+                    ))
+                    .unwrap(),
+                ))
+                .unwrap(),
+        );
+    };
+    // Bounded: a PATCH sent after the step-down waits for an answer that never comes; it is
+    // then seen below, as the request too many.
+    let reconciled =
+        tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(n), ctx.clone()));
+    let (result, ()) = tokio::join!(reconciled, steps);
+    if let Ok(result) = result {
+        result.expect("reconciled");
+    }
     assert_no_more_requests(ctx, handle).await;
 }
 

@@ -177,6 +177,21 @@ impl Leadership {
                 .is_some_and(|at| at.elapsed() < self.state.renew_deadline)
     }
 
+    /// Leading until [`Leadership::step_down`]: for tests of a writer whose lease is lost
+    /// while it works.
+    #[doc(hidden)]
+    pub fn leading_until_stepped_down() -> Self {
+        let l = Self::new(false, Duration::MAX);
+        l.renewed(Instant::now());
+        l
+    }
+
+    /// Stop leading (see [`Leadership::leading_until_stepped_down`]).
+    #[doc(hidden)]
+    pub fn step_down(&self) {
+        self.lost();
+    }
+
     fn renewed_at(&self) -> Option<Instant> {
         *self
             .state

@@ -85,6 +85,7 @@ pub struct KaiPublisher {
     reported: BTreeSet<String>,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
+    leader: crate::leader::Leadership,
 }
 
 impl KaiPublisher {
@@ -94,6 +95,7 @@ impl KaiPublisher {
         scheme: &LabelScheme,
         metrics: Arc<Metrics>,
         events: crate::events::Events,
+        leader: crate::leader::Leadership,
     ) -> Self {
         Self {
             client,
@@ -104,6 +106,7 @@ impl KaiPublisher {
             reported: BTreeSet::new(),
             metrics,
             events,
+            leader,
         }
     }
 
@@ -116,7 +119,7 @@ impl KaiPublisher {
         else {
             return Ok((Outcome::NotServed, None));
         };
-        let (outcome, obj) = ensure_in(&self.client, &ar, name, want).await?;
+        let (outcome, obj) = ensure_in(&self.client, &ar, name, want, &self.leader).await?;
         Ok((outcome, obj.map(|o| (o, ar))))
     }
 
@@ -166,6 +169,8 @@ impl KaiPublisher {
                 self.metrics.publish_failed("kai");
                 self.checked.insert(name, (want, std::time::Instant::now()));
             }
+            // Not recorded as checked: looked at afresh when this replica leads again.
+            Ok((Outcome::NotLeading, _)) => {}
             Err(e) => {
                 warn!(topology = %name, error = %e, "cannot check the KAI Topology; trying again later");
                 self.metrics.publish_failed("kai");

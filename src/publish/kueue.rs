@@ -20,6 +20,7 @@ use super::{PublishArgs, Publisher};
 use crate::{
     FIELD_MANAGER,
     labels::{LabelScheme, LayerNumbering},
+    leader::Leadership,
     metrics::Metrics,
     tree::NodeView,
 };
@@ -76,6 +77,8 @@ pub enum Outcome {
     },
     /// The cluster serves no Kueue Topology API.
     NotServed,
+    /// Missing, but this replica no longer leads: not created (the leader will).
+    NotLeading,
 }
 
 /// The Topology API the cluster serves, preferring v1beta2.
@@ -116,11 +119,12 @@ pub async fn ensure(
     client: &Client,
     name: &str,
     levels: &[String],
+    leader: &Leadership,
 ) -> Result<(Outcome, Option<(DynamicObject, ApiResource)>), kube::Error> {
     let Some(ar) = topology_resource(client).await? else {
         return Ok((Outcome::NotServed, None));
     };
-    let (outcome, obj) = ensure_in(client, &ar, name, levels).await?;
+    let (outcome, obj) = ensure_in(client, &ar, name, levels, leader).await?;
     Ok((outcome, obj.map(|o| (o, ar))))
 }
 
@@ -143,12 +147,14 @@ pub fn report_mismatch(
 }
 
 /// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
-/// served as `ar`.
+/// served as `ar`. `leader` is checked right before the write (the reads before it take time,
+/// in which the lease can pass to another replica).
 pub async fn ensure_in(
     client: &Client,
     ar: &ApiResource,
     name: &str,
     levels: &[String],
+    leader: &Leadership,
 ) -> Result<(Outcome, Option<DynamicObject>), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
     if let Some(existing) = api.get_opt(name).await? {
@@ -158,6 +164,9 @@ pub async fn ensure_in(
         } else {
             (Outcome::Mismatch { have }, Some(existing))
         });
+    }
+    if !leader.is_leader() {
+        return Ok((Outcome::NotLeading, None));
     }
     let obj = topology_object(&ar.api_version, name, levels);
     let created = api
@@ -181,6 +190,7 @@ pub struct KueuePublisher {
     reported: Option<Vec<String>>,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
+    leader: Leadership,
 }
 
 impl KueuePublisher {
@@ -190,6 +200,7 @@ impl KueuePublisher {
         scheme: &LabelScheme,
         metrics: Arc<Metrics>,
         events: crate::events::Events,
+        leader: Leadership,
     ) -> Self {
         let hostname = args.kueue_topology_hostname_level;
         // With uniform depth every node carries that many layers: one Topology covers them all.
@@ -217,13 +228,14 @@ impl KueuePublisher {
             reported: None,
             metrics,
             events,
+            leader,
         }
     }
 
     async fn check(&mut self) {
         let mut mismatched = Vec::new();
         for (name, levels) in self.topologies.clone() {
-            match ensure(&self.client, &name, &levels).await {
+            match ensure(&self.client, &name, &levels, &self.leader).await {
                 Ok((Outcome::Created, _)) => {
                     info!(topology = %name, ?levels, "created Kueue Topology");
                     self.metrics.kueue_topology_mismatch(&name, false);
@@ -246,6 +258,11 @@ impl KueuePublisher {
                         );
                     }
                     self.metrics.publish_failed("kueue");
+                }
+                Ok((Outcome::NotLeading, _)) => {
+                    // Checked afresh when this replica leads again (see `reset`).
+                    self.checked = None;
+                    return;
                 }
                 Err(e) => {
                     warn!(topology = %name, error = %e, "cannot check the Kueue Topology; trying again later");

@@ -136,6 +136,7 @@ impl Publishers {
                 scheme,
                 metrics.clone(),
                 events.clone(),
+                leader.clone(),
             )));
         }
         if args.kai_topology {
@@ -145,6 +146,7 @@ impl Publishers {
                 scheme,
                 metrics.clone(),
                 events.clone(),
+                leader.clone(),
             )));
         }
         if let Some(target) = slurm_target {
@@ -156,6 +158,7 @@ impl Publishers {
                 args.publish_interval.0.saturating_mul(12),
                 metrics.clone(),
                 events.clone(),
+                leader.clone(),
             )));
         }
         if args.volcano_hypernodes {

@@ -75,6 +75,8 @@ enum Outcome {
     Unchanged,
     NotOurs,
     TooBig(usize),
+    /// This replica no longer leads: nothing written (the leader will).
+    NotLeading,
 }
 
 pub struct SlurmPublisher {
@@ -93,10 +95,13 @@ pub struct SlurmPublisher {
     problems: Vec<Problem>,
     metrics: Arc<Metrics>,
     events: Events,
+    /// Checked right before the write.
+    leader: crate::leader::Leadership,
 }
 
 impl SlurmPublisher {
     /// `namespace`/`name` come from [`parse_target`] (checked at start-up).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         (namespace, name): (String, String),
@@ -105,8 +110,10 @@ impl SlurmPublisher {
         recheck: std::time::Duration,
         metrics: Arc<Metrics>,
         events: Events,
+        leader: crate::leader::Leadership,
     ) -> Self {
         Self {
+            leader,
             api: Api::namespaced(client, &namespace),
             namespace,
             name,
@@ -197,6 +204,10 @@ impl SlurmPublisher {
             },
             "data": files,
         });
+        // The reads above take time, in which the lease can pass to another replica.
+        if !self.leader.is_leader() {
+            return Ok(Outcome::NotLeading);
+        }
         self.api
             .patch(
                 &self.name,
@@ -249,6 +260,7 @@ impl Publisher for SlurmPublisher {
                     self.last = Some((hash, now));
                 }
                 Ok(Outcome::Unchanged) => self.last = Some((hash, now)),
+                Ok(Outcome::NotLeading) => {}
                 Ok(Outcome::NotOurs) => {
                     if !self.reported {
                         warn!(configmap = %at, "a ConfigMap of that name exists without our app.kubernetes.io/managed-by label; left alone: delete it or choose another --slurm-topology-configmap");
@@ -358,5 +370,52 @@ mod tests {
                 "{got:?}"
             );
         }
+    }
+
+    /// Issue 26.7: the lease passes to another replica while the ConfigMap is read: nothing is
+    /// written by this one (the check at the start of the publish tick came before the read).
+    #[tokio::test]
+    async fn a_lease_lost_during_the_read_writes_nothing() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let leader = crate::leader::Leadership::leading_until_stepped_down();
+        let s = LabelScheme::default();
+        let mut publisher = SlurmPublisher::new(
+            Client::new(service, "default"),
+            ("slurm".into(), "slurm-topology".into()),
+            files(false),
+            &s,
+            std::time::Duration::from_secs(60),
+            Arc::new(Metrics::default()),
+            Events::default(),
+            leader.clone(),
+        );
+        let nodes = [NodeView::labelled("n1", &s, &["nn-a", "nn-b", "nn-c"])];
+        let api = async {
+            let (request, send) = handle.next_request().await.expect("the read");
+            assert_eq!(request.method(), http::Method::GET);
+            leader.step_down();
+            let missing = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "code": 404, "reason": "NotFound", "message": "not found"});
+            send.send_response(
+                Response::builder()
+                    .status(404)
+                    .body(Body::from(serde_json::to_vec(&missing).expect("json")))
+                    .expect("response"),
+            );
+        };
+        // Bounded: a write sent after the step-down waits for an answer that never comes; it is
+        // then seen below, as the request too many.
+        let published =
+            tokio::time::timeout(std::time::Duration::from_secs(5), publisher.publish(&nodes));
+        let _ = tokio::join!(published, api);
+        drop(publisher);
+        let next =
+            tokio::time::timeout(std::time::Duration::from_secs(1), handle.next_request()).await;
+        assert!(
+            matches!(next, Ok(None)),
+            "no write after the lease was lost"
+        );
     }
 }

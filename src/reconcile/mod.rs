@@ -453,7 +453,10 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
                 if ctx.gate.enabled() {
                     // Our newest write: the gate decides from it, and cached versions before it
                     // are stale.
-                    r.gate_written(written.metadata.resource_version.clone());
+                    r.gate_written(
+                        written.metadata.resource_version.clone(),
+                        nodes::GateMark::Labels,
+                    );
                 }
             });
             if first {

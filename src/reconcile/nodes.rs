@@ -38,9 +38,9 @@ pub struct NodeRecord {
     pub conflict: History,
     /// Where the node stands; `None` before its first reconcile.
     state: Option<NodeState>,
-    /// The resourceVersion the API server gave our last startup-gate write (condition, taint),
-    /// until the node cache shows it (see [`NodeRecord::gate_behind`]).
-    gate_write: Option<Box<(String, std::time::Instant)>>,
+    /// Our last startup-gate write (labels, condition, taint), until the node cache shows it
+    /// (see [`NodeRecord::gate_behind`]).
+    gate_write: Option<Box<GateWrite>>,
     /// Hash of what matters to a reconcile, as the watch last delivered the node (see
     /// [`Nodes::changed`]).
     relevant: Option<u64>,
@@ -49,6 +49,30 @@ pub struct NodeRecord {
 /// How long the node cache may lag behind a gate write before we stop waiting for it (a watch
 /// that re-listed may have skipped that version).
 const GATE_ECHO: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How soon a reconcile that found the cache behind our gate write looks again (the watch event
+/// of our write usually comes first and triggers it anyway).
+const GATE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What one of our startup-gate writes left on the node. Another writer (the kubelet, the cloud
+/// controller) can bump the node right after us, and the cache may then never hold the exact
+/// version our write returned: a version that shows this is as good as ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateMark {
+    /// Our labels (the gate decided from the version the write returned).
+    Labels,
+    /// The `TopologyLabeled` condition with this status and reason.
+    Condition { status: bool, reason: &'static str },
+    /// The startup taint, removed.
+    TaintReleased,
+}
+
+#[derive(Debug)]
+struct GateWrite {
+    resource_version: String,
+    at: std::time::Instant,
+    mark: GateMark,
+}
 
 /// What we wrote to a node, until the node cache shows it.
 ///
@@ -154,23 +178,37 @@ impl NodeRecord {
         false
     }
 
-    /// Our last startup-gate write left the node at `resource_version`.
-    pub fn gate_written(&mut self, resource_version: Option<String>) {
-        self.gate_write = resource_version.map(|rv| Box::new((rv, std::time::Instant::now())));
+    /// Our last startup-gate write left the node at `resource_version`, showing `mark`.
+    pub fn gate_written(&mut self, resource_version: Option<String>, mark: GateMark) {
+        self.gate_write = resource_version.map(|resource_version| {
+            Box::new(GateWrite {
+                resource_version,
+                at: std::time::Instant::now(),
+                mark,
+            })
+        });
     }
 
     /// Is `node` (from the cache) older than our last gate write? Then deciding its taint or
-    /// condition from it would repeat that write: wait for the cache to show our write (the
-    /// watch delivers every version in order) or, at most, [`GATE_ECHO`].
-    pub fn gate_behind(&mut self, node: &LiteNode) -> bool {
-        let Some((rv, at)) = self.gate_write.as_deref() else {
-            return false;
-        };
-        if node.metadata.resource_version.as_ref() == Some(rv) || at.elapsed() > GATE_ECHO {
+    /// condition from it would repeat that write. It is not when it is the version our write
+    /// returned, or a later one (another writer's, on top of ours) that `shows` our write's
+    /// mark. While it is, returns how soon to look again; after [`GATE_ECHO`] it no longer is
+    /// (a watch that re-listed may have skipped our version; someone may have undone it).
+    pub fn gate_behind(
+        &mut self,
+        node: &LiteNode,
+        shows: impl FnOnce(GateMark) -> bool,
+    ) -> Option<std::time::Duration> {
+        let w = self.gate_write.as_deref()?;
+        let waited = w.at.elapsed();
+        if node.metadata.resource_version.as_ref() == Some(&w.resource_version)
+            || waited > GATE_ECHO
+            || shows(w.mark)
+        {
             self.gate_write = None;
-            return false;
+            return None;
         }
-        true
+        Some(GATE_RECHECK.min(GATE_ECHO.saturating_sub(waited)))
     }
 
     /// The cache shows the node as it is now: nothing is awaited.
@@ -343,19 +381,59 @@ mod tests {
     fn gate_writes_are_awaited_until_the_cache_shows_them() {
         let nodes = Nodes::new(Arc::new(Metrics::default()));
         let a = node("a", Some("5"));
-        assert!(!nodes.with(&a, |r| r.gate_behind(&a)), "nothing written");
-        nodes.with(&a, |r| r.gate_written(Some("7".into())));
+        let behind = |n: &LiteNode, shows: bool| nodes.with(n, |r| r.gate_behind(n, |_| shows));
+        assert_eq!(behind(&a, false), None, "nothing written");
+        nodes.with(&a, |r| {
+            r.gate_written(Some("7".into()), GateMark::TaintReleased)
+        });
+        let wait = behind(&a, false);
         assert!(
-            nodes.with(&a, |r| r.gate_behind(&a)),
-            "the cache holds version 5"
+            wait.is_some_and(|d| d <= GATE_RECHECK),
+            "the cache holds version 5: look again soon ({wait:?})"
         );
         let between = node("a", Some("6"));
-        assert!(nodes.with(&between, |r| r.gate_behind(&between)), "nor 6");
+        assert!(behind(&between, false).is_some(), "nor 6");
         let caught_up = node("a", Some("7"));
-        assert!(!nodes.with(&caught_up, |r| r.gate_behind(&caught_up)));
-        assert!(
-            !nodes.with(&a, |r| r.gate_behind(&a)),
-            "forgotten once seen"
+        assert_eq!(behind(&caught_up, false), None);
+        assert_eq!(behind(&a, false), None, "forgotten once seen");
+    }
+
+    /// Issue 26.2: the kubelet bumps the node right after our write; the cache then holds a
+    /// later version than ours, which carries our write. It is not behind (on main it was,
+    /// until 30 s had passed, and nothing looked again: the taint stayed up to the resync).
+    #[test]
+    fn a_later_version_that_shows_our_gate_write_is_not_behind() {
+        let nodes = Nodes::new(Arc::new(Metrics::default()));
+        let a = node("a", Some("5"));
+        nodes.with(&a, |r| {
+            r.gate_written(
+                Some("7".into()),
+                GateMark::Condition {
+                    status: true,
+                    reason: "Labelled",
+                },
+            )
+        });
+        let later = node("a", Some("8"));
+        let mut asked = None;
+        let behind = nodes.with(&later, |r| {
+            r.gate_behind(&later, |m| {
+                asked = Some(m);
+                true
+            })
+        });
+        assert_eq!(behind, None, "version 8 carries our condition");
+        assert_eq!(
+            asked,
+            Some(GateMark::Condition {
+                status: true,
+                reason: "Labelled"
+            })
+        );
+        assert_eq!(
+            nodes.with(&a, |r| r.gate_behind(&a, |_| false)),
+            None,
+            "and the write is no longer awaited"
         );
     }
 

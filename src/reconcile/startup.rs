@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::{
     Context, events,
     gate::{self, Release, Standing, TaintAction},
+    nodes::GateMark,
     write::{release_taint, write_condition},
 };
 use crate::{Error, Result, node::LiteNode, topology::Ec2Error};
@@ -43,17 +44,20 @@ pub(super) async fn step(
     if !gate.enabled() {
         return Ok(None);
     }
-    if ctx.records.with(node, |r| r.gate_behind(node)) {
-        // The cache has not caught up with our last gate write: decide from the next version.
-        return Ok(None);
+    if let Some(wait) = ctx.records.with(node, |r| {
+        r.gate_behind(node, |mark| shows(gate, node, labels, mark))
+    }) {
+        // The cache has not caught up with our last gate write: decide from the next version
+        // (its watch event usually comes first; `wait` in case it does not).
+        return Ok(Some(wait));
     }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let age = gate::age(node, &now);
     let mut current = std::borrow::Cow::Borrowed(node);
 
-    if let Some(body) = gate
+    if let Some((wanted, body)) = gate
         .condition(standing)
-        .and_then(|wanted| wanted.patch(node, &now))
+        .and_then(|wanted| Some((wanted, wanted.patch(node, &now)?)))
     {
         let _permit = ctx.writes.acquire().await.ok();
         if !ctx.leader.is_leader() {
@@ -61,7 +65,13 @@ pub(super) async fn step(
         }
         let updated = write_condition(&ctx.api, &node.name_any(), body, &ctx.metrics).await?;
         ctx.records.with(node, |r| {
-            r.gate_written(updated.metadata.resource_version.clone())
+            r.gate_written(
+                updated.metadata.resource_version.clone(),
+                GateMark::Condition {
+                    status: wanted.status,
+                    reason: wanted.reason,
+                },
+            )
         });
         current = std::borrow::Cow::Owned(updated);
     }
@@ -82,18 +92,49 @@ pub(super) async fn step(
             } else {
                 None
             };
-            let Some(updated) =
-                release_taint(&ctx.api, &current, taint, must_carry, &ctx.metrics).await?
+            let Some(updated) = release_taint(
+                &ctx.api,
+                &current,
+                taint,
+                must_carry,
+                &ctx.metrics,
+                &ctx.leader,
+            )
+            .await?
             else {
                 return Ok(None);
             };
             ctx.records.with(node, |r| {
-                r.gate_written(updated.metadata.resource_version.clone())
+                r.gate_written(
+                    updated.metadata.resource_version.clone(),
+                    GateMark::TaintReleased,
+                )
             });
             ctx.metrics.taint_released(why.as_str(), age);
             announce(ctx, node, taint, why, standing, age).await;
             Ok(None)
         }
+    }
+}
+
+/// Does `node`, a version other than the one our gate write returned, show what that write
+/// left (`mark`)? Then it is a later version (or the cache holds ours under another name).
+/// `labels`: the labels the caller wants, when it knows them.
+fn shows(
+    gate: &gate::Gate,
+    node: &LiteNode,
+    labels: Option<&BTreeMap<String, String>>,
+    mark: GateMark,
+) -> bool {
+    match mark {
+        GateMark::Labels => labels.is_none_or(|want| {
+            want.iter()
+                .all(|(k, v)| node.label(k).as_deref() == Some(v.as_str()))
+        }),
+        GateMark::Condition { status, reason } => node.topology_condition().is_some_and(|c| {
+            c.status == if status { "True" } else { "False" } && c.reason.as_deref() == Some(reason)
+        }),
+        GateMark::TaintReleased => gate.taint.as_ref().is_none_or(|t| !t.on(node)),
     }
 }
 

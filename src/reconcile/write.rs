@@ -149,13 +149,16 @@ const TAINT_ATTEMPTS: usize = 5;
 /// and the node is read again and the removal computed anew. When `must_carry` is given, the
 /// taint is removed only from a version that carries those labels (the labels we wrote, as the
 /// API server holds them). Returns the node as the removal left it; `None` when the node no
-/// longer carries the taint (nothing is written) or no longer carries the labels.
+/// longer carries the taint (nothing is written) or no longer carries the labels, or when
+/// `leader` says this replica no longer leads (checked before each attempt: a 409 and the read
+/// after it take time, in which the lease can pass to another replica).
 pub async fn release_taint(
     nodes: &Api<LiteNode>,
     node: &LiteNode,
     taint: &StartupTaint,
     must_carry: Option<&BTreeMap<String, String>>,
     metrics: &Metrics,
+    leader: &crate::leader::Leadership,
 ) -> Result<Option<LiteNode>> {
     let name = node.name_any();
     let mut current = std::borrow::Cow::Borrowed(node);
@@ -170,6 +173,10 @@ pub async fn release_taint(
                 debug!("the node no longer carries our labels; keeping its startup taint");
                 return Ok(None);
             }
+        }
+        if !leader.is_leader() {
+            debug!("no longer leading; leaving the startup taint to the leader");
+            return Ok(None);
         }
         let mut metadata = serde_json::Map::new();
         if let Some(rv) = &current.metadata.resource_version {

@@ -157,7 +157,9 @@ impl<S: TopologySource> Batcher<S> {
         // Waiters per (region, instance): queued or in flight. A second ask for an instance that
         // is already on its way joins the first.
         let mut waiting: HashMap<(String, String), Vec<oneshot::Sender<Answer>>> = HashMap::new();
-        let mut queued: BTreeMap<String, Waiting> = BTreeMap::new();
+        // Per (region, refused): IDs EC2 refused when last asked wait in a queue of their own,
+        // batched like any other, so they can fail only each other's calls.
+        let mut queued: BTreeMap<(String, bool), Waiting> = BTreeMap::new();
         // The shared limiter has no token before this: IDs keep joining the queue meanwhile, so a
         // throttled or rate-limited period produces fuller calls rather than more of them.
         let mut blocked_until: Option<Instant> = None;
@@ -213,12 +215,12 @@ impl<S: TopologySource> Batcher<S> {
                         .filter(|(_, w)| !open || w.due(&self.cfg, max_batch, now) <= now)
                         .min_by_key(|(_, w)| w.first_at)
                         .map(|(region, _)| region.clone());
-                    let Some(region) = next else { break };
+                    let Some(key) = next else { break };
                     if let Err(wait) = self.limiter.try_acquire() {
                         blocked_until = Some(now + wait);
                         break;
                     }
-                    let Some(w) = queued.get_mut(&region) else {
+                    let Some(w) = queued.get_mut(&key) else {
                         break;
                     };
                     let take = w.ids.len().min(max_batch);
@@ -227,11 +229,11 @@ impl<S: TopologySource> Batcher<S> {
                     w.held_at = w.held_at.filter(|_| !w.ids.is_empty()).map(|_| now);
                     // An emptied queue is kept (for its burst) only after a full call.
                     if w.ids.is_empty() && take < max_batch {
-                        queued.remove(&region);
+                        queued.remove(&key);
                     }
                     last_sent = now;
                     in_flight.push(self.call(Batch {
-                        region,
+                        region: key.0,
                         ids: batch,
                         throttled: 0,
                     }));
@@ -274,20 +276,10 @@ impl<S: TopologySource> Batcher<S> {
                     };
                     match waiting.entry((req.region.clone(), req.instance_id.clone())) {
                         Entry::Occupied(mut e) => e.get_mut().push(req.reply),
-                        Entry::Vacant(e) if req.alone => {
-                            // Refused when last asked: a call of its own, sent like the parts
-                            // of a split call (as soon as the limiter allows).
-                            e.insert(vec![req.reply]);
-                            splits.push_back(Batch {
-                                region: req.region,
-                                ids: vec![req.instance_id],
-                                throttled: 0,
-                            });
-                        }
                         Entry::Vacant(e) => {
                             e.insert(vec![req.reply]);
                             let now = Instant::now();
-                            let w = queued.entry(req.region).or_insert_with(|| Waiting {
+                            let w = queued.entry((req.region, req.alone)).or_insert_with(|| Waiting {
                                 ids: Vec::new(),
                                 first_at: now,
                                 last_at: now,

@@ -102,8 +102,8 @@ struct Request {
     /// Its node is held back from scheduling until labelled (a startup taint): its call is not
     /// held for long to fill (see `Waiting::due`).
     held: bool,
-    /// EC2 refused this ID when last asked: it goes out in a call of its own, so that the
-    /// calls of the other instances due meanwhile do not fail for it.
+    /// EC2 refused this ID when last asked: it waits in a queue of its own (with the other IDs
+    /// refused before), so that the calls of the other instances do not fail for it.
     alone: bool,
     reply: oneshot::Sender<Answer>,
 }

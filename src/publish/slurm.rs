@@ -393,7 +393,11 @@ mod tests {
         );
         let nodes = [NodeView::labelled("n1", &s, &["nn-a", "nn-b", "nn-c"])];
         let api = async {
-            let (request, send) = handle.next_request().await.expect("the read");
+            let (request, send) =
+                tokio::time::timeout(std::time::Duration::from_secs(5), handle.next_request())
+                    .await
+                    .expect("the read within 5 s")
+                    .expect("the read");
             assert_eq!(request.method(), http::Method::GET);
             leader.step_down();
             let missing = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",

@@ -127,7 +127,8 @@ fn shows(
     mark: GateMark,
 ) -> bool {
     match mark {
-        GateMark::Labels => labels.is_none_or(|want| {
+        // Without the labels wanted there is no telling: behind, until the version or the cap.
+        GateMark::Labels => labels.is_some_and(|want| {
             want.iter()
                 .all(|(k, v)| node.label(k).as_deref() == Some(v.as_str()))
         }),

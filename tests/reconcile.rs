@@ -616,6 +616,27 @@ fn node_reply(rv: &str, labels: Value, taints: &[&str], condition: Option<(&str,
     n
 }
 
+/// Every label we write, as the cache holds them.
+const FULL: [(&str, &str); 4] = [
+    ("topology.k8s.aws/network-node-layer-1", "nn-a"),
+    ("topology.k8s.aws/network-node-layer-2", "nn-b"),
+    ("topology.k8s.aws/network-node-layer-3", "nn-c"),
+    ("topology.k8s.aws/zone-id", "usw2-az1"),
+];
+
+/// The node at `rv` with its labels and condition already right and the startup taint still
+/// on: only the release is left.
+fn awaiting_release(rv: &str) -> LiteNode {
+    let mut n = tainted(&FULL, &[TAINT], 2);
+    n.metadata.resource_version = Some(rv.into());
+    n.status.conditions = serde_json::from_value(
+        node_reply(rv, json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
+    )
+    .map(|s: LiteStatus| s.conditions)
+    .unwrap();
+    n
+}
+
 #[tokio::test]
 async fn the_startup_taint_goes_only_after_the_labels_and_other_taints_stay() {
     let fake = Fake::default();
@@ -702,21 +723,7 @@ async fn a_taint_edit_in_between_is_read_again_and_kept() {
     fake.set(&["nn-a", "nn-b", "nn-c"]);
     let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, None);
     // Labels and condition already right: only the taint is left.
-    let mut n = tainted(
-        &[
-            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
-            ("topology.k8s.aws/network-node-layer-2", "nn-b"),
-            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
-            ("topology.k8s.aws/zone-id", "usw2-az1"),
-        ],
-        &[TAINT],
-        2,
-    );
-    n.status.conditions = serde_json::from_value(
-        node_reply("1", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
-    )
-    .map(|s: LiteStatus| s.conditions)
-    .unwrap();
+    let n = awaiting_release("1");
     let steps = async {
         refuse(&mut handle, 409).await;
         let get = answer(
@@ -762,13 +769,7 @@ async fn the_taint_goes_when_another_writer_bumped_the_node_after_our_write() {
     let fake = Fake::default();
     fake.set(&["nn-a", "nn-b", "nn-c"]);
     let (ctx, mut handle) = gated(&fake, WhenUnsupported::Keep, None);
-    let labels = [
-        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
-        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
-        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
-        ("topology.k8s.aws/zone-id", "usw2-az1"),
-    ];
-    let n = tainted(&labels, &[TAINT], 2);
+    let n = tainted(&FULL, &[TAINT], 2);
     let steps = async {
         let condition = answer(
             &mut handle,
@@ -784,13 +785,7 @@ async fn the_taint_goes_when_another_writer_bumped_the_node_after_our_write() {
         condition.body["status"]["conditions"][0]["status"],
         json!("True")
     );
-    let mut bumped = tainted(&labels, &[TAINT], 2);
-    bumped.metadata.resource_version = Some("3".into());
-    bumped.status.conditions = serde_json::from_value(
-        node_reply("3", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
-    )
-    .map(|s: LiteStatus| s.conditions)
-    .unwrap();
+    let bumped = awaiting_release("3");
     let (result, release) = tokio::join!(
         reconcile(Arc::new(bumped), ctx.clone()),
         answer(
@@ -814,21 +809,7 @@ async fn a_lease_lost_between_release_attempts_ends_the_release() {
     let leader = ec2_topology_labeler::leader::Leadership::leading_until_stepped_down();
     ctx.leader = leader.clone();
     let ctx = Arc::new(ctx);
-    let mut n = tainted(
-        &[
-            ("topology.k8s.aws/network-node-layer-1", "nn-a"),
-            ("topology.k8s.aws/network-node-layer-2", "nn-b"),
-            ("topology.k8s.aws/network-node-layer-3", "nn-c"),
-            ("topology.k8s.aws/zone-id", "usw2-az1"),
-        ],
-        &[TAINT],
-        2,
-    );
-    n.status.conditions = serde_json::from_value(
-        node_reply("1", json!({}), &[], Some(("True", "Labelled")))["status"].clone(),
-    )
-    .map(|s: LiteStatus| s.conditions)
-    .unwrap();
+    let n = awaiting_release("1");
     let steps = async {
         refuse(&mut handle, 409).await;
         // The read after the conflict: the lease is lost while it is under way.

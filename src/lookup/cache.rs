@@ -30,6 +30,11 @@ enum State {
         refresh_at: Instant,
         /// Answers in a row that lacked a late field (0: complete).
         settling: u32,
+        /// EC2 refused the ID since it described it in this boot (the instance was terminated,
+        /// or EC2 lags), and how many times in a row: the answer stands (labels are never
+        /// stripped on EC2's word alone) and the ID is asked about with the refused ones, on the
+        /// not-described backoff, from `refresh_at`.
+        refused: Option<(Ec2Error, u32)>,
     },
     /// Not described, or refused (`refused`): asked again at `retry_at`.
     NotDescribed {
@@ -56,8 +61,27 @@ impl Entry {
             State::NotDescribed {
                 refused: Some(_),
                 ..
+            } | State::Known {
+                refused: Some(_),
+                ..
             }
         )
+    }
+
+    /// Refusals in a row since EC2 last described the instance.
+    fn refusals(&self) -> u32 {
+        match &self.state {
+            State::Known {
+                refused: Some((_, n)),
+                ..
+            } => *n,
+            State::NotDescribed {
+                refused: Some(_),
+                attempts,
+                ..
+            } => *attempts,
+            _ => 0,
+        }
     }
 
     fn topology(&self) -> Option<Arc<InstanceTopology>> {
@@ -136,10 +160,13 @@ impl Cache {
                 topology,
                 refresh_at,
                 settling,
+                refused,
             } if now < *refresh_at
                 // A complete answer without a capacity block, for a node that has one: ask
-                // again now, then on the settling schedule.
-                && !(*settling == 0 && topology.settling(capacity_block_expected)) =>
+                // again now, then on the settling schedule (not while the ID is refused: then
+                // on the refused ones' backoff).
+                && (refused.is_some()
+                    || !(*settling == 0 && topology.settling(capacity_block_expected))) =>
             {
                 Check::Answered(Resolved::Topology {
                     topology: topology.clone(),
@@ -185,24 +212,46 @@ impl Cache {
         let rejected = stale.as_ref().map_or(0, |e| e.rejected);
         let (state, resolved) = match answer {
             // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
-            // instance's alone): remembered with the not-described backoff, unless EC2 described
-            // it before in this boot (then the earlier answer stands, as for any failed refresh).
-            Err(e) if e.is_instance_id_error() && previous.is_none() => {
-                let attempts = previous_attempts.saturating_add(1);
-                let (retry_at, retry_in) = self.next_ask(now, attempts);
-                (
-                    State::NotDescribed {
-                        retry_at,
-                        attempts,
-                        refused: Some(e.clone()),
-                    },
-                    Resolved::Rejected {
-                        error: e,
-                        retry_in,
-                        attempts,
-                    },
-                )
-            }
+            // instance's alone).
+            Err(e) if e.is_instance_id_error() => match previous {
+                // Described before in this boot (terminated since, or EC2 lagging): the earlier
+                // answer stands, and the ID waits with the refused ones, on their backoff,
+                // instead of riding (and failing) the next ordinary call.
+                Some(topology) => {
+                    let attempts = stale.as_ref().map_or(0, Entry::refusals).saturating_add(1);
+                    let (refresh_at, _) = self.next_ask(now, attempts);
+                    (
+                        State::Known {
+                            topology: topology.clone(),
+                            refresh_at,
+                            settling: 0,
+                            refused: Some((e.clone(), attempts)),
+                        },
+                        Resolved::Topology {
+                            topology,
+                            refresh_error: Some(e),
+                            recheck_in: None,
+                        },
+                    )
+                }
+                // Never described in this boot: remembered with the not-described backoff.
+                None => {
+                    let attempts = previous_attempts.saturating_add(1);
+                    let (retry_at, retry_in) = self.next_ask(now, attempts);
+                    (
+                        State::NotDescribed {
+                            retry_at,
+                            attempts,
+                            refused: Some(e.clone()),
+                        },
+                        Resolved::Rejected {
+                            error: e,
+                            retry_in,
+                            attempts,
+                        },
+                    )
+                }
+            },
             Ok(Some(t)) if !t.network_nodes.is_empty() => {
                 // Within one boot, fields EC2 left out of this answer keep their earlier values.
                 let t = match &previous {
@@ -222,6 +271,7 @@ impl Cache {
                         topology: topology.clone(),
                         refresh_at,
                         settling,
+                        refused: None,
                     },
                     Resolved::Topology {
                         topology,
@@ -238,6 +288,7 @@ impl Cache {
                         topology: topology.clone(),
                         refresh_at: now + self.cfg.cache_ttl,
                         settling: 0,
+                        refused: None,
                     },
                     Resolved::Topology {
                         topology,
@@ -350,13 +401,21 @@ impl Cache {
                 topology,
                 refresh_at,
                 settling,
+                refused,
             } => CacheView {
                 boot_id: e.boot_id.clone(),
-                state: if *settling > 0 { "settling" } else { "known" }.to_string(),
+                state: if refused.is_some() {
+                    "refused"
+                } else if *settling > 0 {
+                    "settling"
+                } else {
+                    "known"
+                }
+                .to_string(),
                 topology: Some((**topology).clone()),
                 // A complete answer is kept for the cache TTL: its age follows from when it is
                 // due again.
-                age_s: (*settling == 0).then(|| {
+                age_s: (*settling == 0 && refused.is_none()).then(|| {
                     secs(
                         self.cfg
                             .cache_ttl
@@ -364,8 +423,8 @@ impl Cache {
                     )
                 }),
                 ask_again_in_s: secs(refresh_at.saturating_duration_since(now)),
-                attempts: *settling,
-                refused: None,
+                attempts: refused.as_ref().map_or(*settling, |(_, n)| *n),
+                refused: refused.as_ref().map(|(e, _)| e.to_string()),
             },
             State::NotDescribed {
                 retry_at,

@@ -846,3 +846,58 @@ async fn a_refused_id_is_asked_alone_at_its_retry() {
         "one call for the refused IDs together, one for the others: {calls:?}"
     );
 }
+
+/// Issue 26.6: an instance EC2 described and later refuses (terminated since, or EC2 lagging)
+/// keeps its answer — the labels stand — and is then asked about with the refused IDs, on their
+/// backoff: not in the next ordinary call, which it would fail, and not at every reconcile.
+#[tokio::test(start_paused = true)]
+async fn an_id_described_then_refused_keeps_its_answer_and_is_asked_alone() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let gone = id(2 * 47);
+    assert!(matches!(
+        l.resolve("r", &gone, Some("b")).await,
+        Ok(Resolved::Topology { .. })
+    ));
+    tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
+    fake.poison.lock().unwrap().push(gone.clone());
+    fake.name_poison.store(true, Ordering::SeqCst);
+    let refreshed = l.resolve("r", &gone, Some("b")).await;
+    assert!(
+        matches!(&refreshed, Ok(Resolved::Topology { refresh_error: Some(e), topology, .. })
+            if e.is_instance_id_error() && topology.network_nodes.len() == 3),
+        "the earlier answer stands: {refreshed:?}"
+    );
+    let asked = fake.calls().len();
+    // Reconciled again at once (an event on the node): the cache answers; EC2 is not asked.
+    assert!(matches!(
+        l.resolve("r", &gone, Some("b")).await,
+        Ok(Resolved::Topology { .. })
+    ));
+    assert_eq!(fake.calls().len(), asked, "asked again within its backoff");
+    let view = l.inspect(&gone).expect("an entry");
+    assert_eq!(view.state, "refused");
+    assert!(view.topology.is_some(), "{view:?}");
+    // At its retry it does not ride in the call of the other instances due then.
+    tokio::time::advance(Duration::from_secs(view.ask_again_in_s + 1)).await;
+    let others: Vec<String> = (1..=3).map(|k| id(2 * k)).collect();
+    let (again, answers) = tokio::join!(
+        l.resolve("r", &gone, Some("b")),
+        futures::future::join_all(others.iter().map(|i| l.resolve("r", i, None)))
+    );
+    assert!(matches!(again, Ok(Resolved::Topology { .. })), "{again:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Resolved::Topology { .. }))),
+        "{answers:?}"
+    );
+    let calls = fake.calls()[asked..].to_vec();
+    assert!(
+        calls
+            .iter()
+            .all(|(_, ids)| !ids.contains(&gone) || ids.len() == 1),
+        "the refused ID rode in another call: {calls:?}"
+    );
+    assert_eq!(calls.len(), 2, "{calls:?}");
+}

@@ -107,14 +107,21 @@ pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::E
     }
 }
 
-/// Our HyperNodes (this installation's prefix).
-pub async fn hypernodes(client: &Client, prefix: &str) -> Result<Vec<Item>, kube::Error> {
+/// Our HyperNodes: this installation's prefix, and not another installation's by the owner
+/// annotation (an unannotated one, written before the annotation existed, is ours).
+pub async fn hypernodes(
+    client: &Client,
+    prefix: &str,
+    installation: &str,
+) -> Result<Vec<Item>, kube::Error> {
     Ok(ours(client, &volcano::api_resource())
         .await?
         .into_iter()
-        .map(|o| o.name_any())
-        .filter(|n| volcano::owned_by(prefix, n))
-        .map(|n| Item::remove("hypernode", n))
+        .filter(|o| {
+            volcano::owned_by(prefix, &o.name_any())
+                && !matches!(volcano::claim(o, installation), volcano::Claim::Other(_))
+        })
+        .map(|o| Item::remove("hypernode", o.name_any()))
         .collect())
 }
 

@@ -64,10 +64,11 @@ pub enum Reason {
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
     PublishedObjectKept,
+    HyperNodeOwnedByAnother,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -83,6 +84,7 @@ impl Reason {
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
         Reason::PublishedObjectKept,
+        Reason::HyperNodeOwnedByAnother,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +104,7 @@ impl Reason {
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
             Reason::PublishedObjectKept => "PublishedObjectKept",
+            Reason::HyperNodeOwnedByAnother => "HyperNodeOwnedByAnother",
         }
     }
 
@@ -121,7 +124,8 @@ impl Reason {
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
             | Reason::SlurmTopologyInvalid
-            | Reason::PublishedObjectKept => EventType::Warning,
+            | Reason::PublishedObjectKept
+            | Reason::HyperNodeOwnedByAnother => EventType::Warning,
         }
     }
 
@@ -139,6 +143,7 @@ impl Reason {
             Reason::TopologyLevelsChanged => "KAI Topology",
             Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
             Reason::PublishedObjectKept => "the leader's Pod",
+            Reason::HyperNodeOwnedByAnother => "the other installation's HyperNode",
             _ => "Node",
         }
     }
@@ -190,6 +195,9 @@ impl Reason {
             }
             Reason::PublishedObjectKept => {
                 "at the leader's start-up, a Kueue or KAI Topology of ours is still there although its feature is off, and may be in use (a ResourceFlavor names the Kueue one; workloads may name a KAI one): kept, with what to do (a Kueue Topology no ResourceFlavor names is removed instead)"
+            }
+            Reason::HyperNodeOwnedByAnother => {
+                "a HyperNode we would publish belongs to another installation using the same `--volcano-hypernode-prefix` (its `ec2-topology-labeler.io/owner` annotation names that installation's Lease): we write no HyperNode until each installation has its own prefix, and never touch the other's"
             }
         }
     }

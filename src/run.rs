@@ -239,9 +239,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         info!("EC2 answers again; re-checking every node");
         Some(((), rx))
     });
+    let installation = crate::leader::installation(&args.leader, &client);
     if let Some(publishers) = crate::publish::Publishers::new(
         &client,
         &args.publish,
+        &installation,
         &scheme,
         crate::publish::slurm::Files {
             tree_topology: args.labels.slurm_topology_name.clone(),
@@ -271,8 +273,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reader.clone(),
         Retired {
             condition: !args.gate.node_condition,
-            hypernodes: (!args.publish.volcano_hypernodes)
-                .then(|| args.publish.volcano_hypernode_prefix.clone()),
+            hypernodes: (!args.publish.volcano_hypernodes).then(|| {
+                (
+                    args.publish.volcano_hypernode_prefix.clone(),
+                    installation.clone(),
+                )
+            }),
             kueue: (!args.publish.kueue_topology).then(|| {
                 vec![
                     args.publish.kueue_topology_name.clone(),
@@ -372,8 +378,8 @@ fn default_identity() -> String {
 struct Retired {
     /// `--node-condition` is off: our `TopologyLabeled` condition goes.
     condition: bool,
-    /// `--volcano-hypernodes` is off: the HyperNodes of this prefix go.
-    hypernodes: Option<String>,
+    /// `--volcano-hypernodes` is off: the HyperNodes of this prefix and installation go.
+    hypernodes: Option<(String, String)>,
     /// `--kueue-topology` is off: of our Kueue Topologies of these names (the ones this
     /// configuration would publish; another installation's are not ours to judge), those no
     /// ResourceFlavor names go, the others are reported and kept.
@@ -421,8 +427,8 @@ async fn retire_features_at_start(
                 }),
         );
     }
-    if let Some(prefix) = &retired.hypernodes {
-        match crate::cleanup::hypernodes(&client, prefix).await {
+    if let Some((prefix, installation)) = &retired.hypernodes {
+        match crate::cleanup::hypernodes(&client, prefix, installation).await {
             Ok(h) => items.extend(h),
             Err(e) => {
                 warn!(error = %e, "cannot list HyperNodes to remove ours (--volcano-hypernodes is off); `ec2-topology-labeler uninstall` removes them")

@@ -49,11 +49,7 @@ async fn held_by(client: &Client, ns: &str, args: &UninstallArgs) -> Result<Opti
 
 pub async fn run(args: UninstallArgs) -> Result<()> {
     let client = Client::try_default().await?;
-    let ns = args
-        .leader
-        .leader_election_namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_string());
+    let ns = crate::leader::lease_namespace(&args.leader, &client);
     let deadline = std::time::Instant::now() + args.wait_for_lease.0;
     let mut holder = None;
     if !args.dry_run && !args.force {
@@ -99,7 +95,14 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
             .collect(),
         None => Vec::new(),
     };
-    items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix).await?);
+    items.extend(
+        cleanup::hypernodes(
+            &client,
+            &args.volcano_hypernode_prefix,
+            &format!("{ns}/{}", args.leader.leader_election_lease_name),
+        )
+        .await?,
+    );
     items.extend(cleanup::kueue_topologies(&client, args.force).await?);
     items.extend(cleanup::kai_topologies(&client).await?);
     match args.slurm_topology_configmap.as_deref() {

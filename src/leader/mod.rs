@@ -77,6 +77,24 @@ pub struct LeaderArgs {
     pub identity: Option<String>,
 }
 
+/// The namespace of the Lease: `--leader-election-namespace`, else the client's (the Pod's).
+pub fn lease_namespace(args: &LeaderArgs, client: &Client) -> String {
+    args.leader_election_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// This installation's identity, `<namespace>/<name>` of its Lease: two installations in one
+/// cluster never share one (they would be one election). Marked on published objects that two
+/// installations could both name.
+pub fn installation(args: &LeaderArgs, client: &Client) -> String {
+    format!(
+        "{}/{}",
+        lease_namespace(args, client),
+        args.leader_election_lease_name
+    )
+}
+
 /// The lease duration and renew grace, refused at start-up unless 1 s ≤ grace < duration in
 /// whole seconds (the Lease records whole seconds).
 pub fn lease_seconds(args: &LeaderArgs) -> Result<(u64, u64)> {
@@ -232,10 +250,7 @@ impl Election {
         alive: crate::http::TaskGuard,
     ) -> Result<(Self, Leadership)> {
         let timings = Timings::from_args(args)?;
-        let namespace = args
-            .leader_election_namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_string());
+        let namespace = lease_namespace(args, &client);
         let leadership = Leadership::new(false, timings.renew_deadline);
         metrics.set_leader(false);
         let candidate = Candidate {

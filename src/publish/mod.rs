@@ -112,11 +112,14 @@ pub struct Publishers {
 
 impl Publishers {
     /// The publishers `args` turn on (`None` when none is); `slurm_files` says how to draw
-    /// Slurm's files. A malformed `--slurm-topology-configmap` is an error.
+    /// Slurm's files; `owner` is this installation's Lease (`<namespace>/<name>`), marked on
+    /// what is ours where two installations may share names. A malformed
+    /// `--slurm-topology-configmap` is an error.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: &Client,
         args: &PublishArgs,
+        owner: &str,
         scheme: &LabelScheme,
         slurm_files: slurm::Files,
         metrics: &Arc<Metrics>,
@@ -165,8 +168,10 @@ impl Publishers {
             list.push(Box::new(volcano::VolcanoPublisher::new(
                 client.clone(),
                 &args.volcano_hypernode_prefix,
+                owner,
                 scheme.clone(),
                 metrics.clone(),
+                events.clone(),
                 leader.clone(),
             )));
         }

@@ -6,7 +6,8 @@
 //! tier 4, on 3-layer types tier 3: `highestTierAllowed: N` always means "within N hops of the
 //! nodes". [`desired`] is pure; [`HyperNodeSync`] applies the difference.
 //!
-//! Owns: HyperNodes ours by label and name prefix. Never touches any other.
+//! Owns: HyperNodes ours by label, name prefix and owner annotation (an unannotated one of our
+//! label and prefix, written before the annotation existed, is adopted). Never touches any other.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -35,6 +36,71 @@ use crate::{
 /// Volcano's label discovery deletes HyperNodes carrying that label that it did not find.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
 
+/// Annotation naming the installation that wrote a HyperNode: its Lease, `<namespace>/<name>`
+/// (two installations in one cluster cannot share one, or they would be one installation).
+/// Our label and name prefix alone do not tell two installations apart when they share a prefix.
+pub const OWNER: &str = "ec2-topology-labeler.io/owner";
+
+/// Whose a HyperNode of our label and name prefix is, to the installation `me`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Annotated with `me`.
+    Ours,
+    /// Not annotated (written before the annotation existed): adopted.
+    Unclaimed,
+    /// Annotated with another installation's Lease: never written or deleted.
+    Other(String),
+}
+
+/// The claim on `object` of the installation `me`.
+pub fn claim(object: &DynamicObject, me: &str) -> Claim {
+    match object.annotations().get(OWNER).map(String::as_str) {
+        None | Some("") => Claim::Unclaimed,
+        Some(o) if o == me => Claim::Ours,
+        Some(o) => Claim::Other(o.to_string()),
+    }
+}
+
+/// A HyperNode this installation would publish that another installation holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub name: String,
+    pub owner: String,
+}
+
+/// Why a sync wrote nothing, or stopped.
+#[derive(Debug)]
+pub enum SyncError {
+    Api(kube::Error),
+    /// HyperNodes we would publish are another installation's (both use one name prefix):
+    /// nothing is written, since a part of the tree would be wrong for Volcano.
+    Taken(Vec<Taken>),
+}
+
+impl From<kube::Error> for SyncError {
+    fn from(e: kube::Error) -> Self {
+        SyncError::Api(e)
+    }
+}
+
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SyncError::Api(e) => e.fmt(f),
+            SyncError::Taken(t) => {
+                let owners: BTreeSet<&str> = t.iter().map(|t| t.owner.as_str()).collect();
+                write!(
+                    f,
+                    "{} HyperNodes this installation would publish (such as {}) belong to another installation ({}) using the same name prefix; give each installation its own --volcano-hypernode-prefix",
+                    t.len(),
+                    t.first().map(|t| t.name.as_str()).unwrap_or(""),
+                    owners.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            }
+        }
+    }
+}
+
 /// One HyperNode to publish.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HyperNode {
@@ -56,8 +122,8 @@ pub enum Member {
 }
 
 impl HyperNode {
-    /// The object to server-side apply.
-    pub fn to_object(&self) -> Value {
+    /// The object to server-side apply, annotated as the installation `owner`'s.
+    pub fn to_object(&self, owner: &str) -> Value {
         let members: Vec<Value> = self
             .members
             .iter()
@@ -80,7 +146,11 @@ impl HyperNode {
         json!({
             "apiVersion": "topology.volcano.sh/v1alpha1",
             "kind": "HyperNode",
-            "metadata": { "name": self.name, "labels": { MANAGED_BY.0: MANAGED_BY.1 } },
+            "metadata": {
+                "name": self.name,
+                "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+                "annotations": { OWNER: owner },
+            },
             "spec": { "tier": self.tier, "tierName": self.tier_name, "members": members }
         })
     }
@@ -241,6 +311,7 @@ pub fn owned_by(prefix: &str, name: &str) -> bool {
 pub struct HyperNodeSync {
     api: Api<DynamicObject>,
     prefix: String,
+    owner: String,
     leader: crate::leader::Leadership,
     last: Option<u64>,
 }
@@ -253,20 +324,28 @@ pub fn api_resource() -> ApiResource {
 }
 
 impl HyperNodeSync {
-    /// `prefix`: this installation's HyperNode name prefix; `leader`: checked again right
-    /// before every write and delete.
-    pub fn new(client: Client, prefix: &str, leader: crate::leader::Leadership) -> Self {
+    /// `prefix`: this installation's HyperNode name prefix; `owner`: its Lease
+    /// (`<namespace>/<name>`, see [`OWNER`]); `leader`: checked again right before every write
+    /// and delete.
+    pub fn new(
+        client: Client,
+        prefix: &str,
+        owner: &str,
+        leader: crate::leader::Leadership,
+    ) -> Self {
         Self {
             api: Api::all_with(client, &api_resource()),
             prefix: prefix.to_string(),
+            owner: owner.to_string(),
             leader,
             last: None,
         }
     }
 
     /// Bring the cluster's HyperNodes to `desired`. Nothing is sent when `desired` is what the
-    /// last successful sync applied.
-    pub async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, kube::Error> {
+    /// last successful sync applied. Another installation's HyperNodes are never written or
+    /// deleted; when one of them has a name we would publish, nothing is written.
+    pub async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, SyncError> {
         let mut h = DefaultHasher::new();
         desired.hash(&mut h);
         let hash = h.finish();
@@ -274,22 +353,48 @@ impl HyperNodeSync {
             return Ok(SyncStats::default());
         }
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-        let existing: BTreeMap<String, DynamicObject> = self
+        let mut existing: BTreeMap<String, DynamicObject> = BTreeMap::new();
+        let mut others: BTreeMap<String, String> = BTreeMap::new();
+        for o in self
             .api
             .list(&ListParams::default().labels(&selector))
             .await?
             .items
-            .into_iter()
-            .map(|o| (o.name_any(), o))
-            .filter(|(name, _)| owned_by(&self.prefix, name))
+        {
+            let name = o.name_any();
+            if !owned_by(&self.prefix, &name) {
+                continue;
+            }
+            match claim(&o, &self.owner) {
+                Claim::Other(owner) => {
+                    others.insert(name, owner);
+                }
+                Claim::Ours | Claim::Unclaimed => {
+                    existing.insert(name, o);
+                }
+            }
+        }
+        let taken: Vec<Taken> = desired
+            .iter()
+            .filter_map(|h| {
+                others.get(&h.name).map(|owner| Taken {
+                    name: h.name.clone(),
+                    owner: owner.clone(),
+                })
+            })
             .collect();
+        if !taken.is_empty() {
+            return Err(SyncError::Taken(taken));
+        }
         let mut stats = SyncStats::default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for hn in desired {
-            let object = hn.to_object();
-            let same = existing
-                .get(&hn.name)
-                .is_some_and(|live| live.data.get("spec") == Some(&object["spec"]));
+            let object = hn.to_object(&self.owner);
+            // An unclaimed one is applied once more, to carry our annotation.
+            let same = existing.get(&hn.name).is_some_and(|live| {
+                live.data.get("spec") == Some(&object["spec"])
+                    && claim(live, &self.owner) == Claim::Ours
+            });
             if same {
                 stats.unchanged += 1;
                 continue;
@@ -312,7 +417,7 @@ impl HyperNodeSync {
             match self.api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => stats.deleted += 1,
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         if stats.applied + stats.deleted > 0 {
@@ -353,24 +458,29 @@ pub struct VolcanoPublisher {
     prefix: String,
     scheme: LabelScheme,
     metrics: Arc<Metrics>,
+    events: crate::events::Events,
     last_conflicts: Vec<Conflict>,
     /// The last error logged (each distinct one is logged once).
     last_error: Option<String>,
 }
 
 impl VolcanoPublisher {
+    /// `owner`: this installation's Lease, `<namespace>/<name>` (see [`OWNER`]).
     pub fn new(
         client: Client,
         prefix: &str,
+        owner: &str,
         scheme: LabelScheme,
         metrics: Arc<Metrics>,
+        events: crate::events::Events,
         leader: crate::leader::Leadership,
     ) -> Self {
         Self {
-            sync: HyperNodeSync::new(client, prefix, leader),
+            sync: HyperNodeSync::new(client, prefix, owner, leader),
             prefix: prefix.to_string(),
             scheme,
             metrics,
+            events,
             last_conflicts: Vec::new(),
             last_error: None,
         }
@@ -394,6 +504,9 @@ impl VolcanoPublisher {
                         let text = e.to_string();
                         if self.last_error.replace(text.clone()) != Some(text) {
                             warn!(error = %e, "cannot sync Volcano HyperNodes; trying again every interval");
+                            if let SyncError::Taken(taken) = &e {
+                                self.report_taken(taken);
+                            }
                         }
                     }
                 }
@@ -405,6 +518,28 @@ impl VolcanoPublisher {
                     self.last_conflicts = conflicts;
                 }
             }
+        }
+    }
+}
+
+impl VolcanoPublisher {
+    /// A Warning Event on each of the first HyperNodes another installation holds.
+    fn report_taken(&self, taken: &[Taken]) {
+        for t in taken.iter().take(10) {
+            self.events.publish(
+                crate::events::Reason::HyperNodeOwnedByAnother,
+                "PublishHyperNodes",
+                &format!(
+                    "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix",
+                    t.owner
+                ),
+                k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("topology.volcano.sh/v1alpha1".into()),
+                    kind: Some("HyperNode".into()),
+                    name: Some(t.name.clone()),
+                    ..Default::default()
+                },
+            );
         }
     }
 }
@@ -495,7 +630,7 @@ mod tests {
             hns[3].members,
             vec![Member::HyperNode("ec2tl-t2-nn-a1".into())]
         );
-        let obj = leaf.to_object();
+        let obj = leaf.to_object("ns/lease");
         assert_eq!(
             obj["metadata"]["labels"]["app.kubernetes.io/managed-by"],
             "ec2-topology-labeler"
@@ -596,5 +731,182 @@ mod tests {
         let mut v = view("n", &[]);
         v.labels.insert("other".into(), "x".into());
         assert_eq!(desired(&LabelScheme::default(), &[v], "ec2tl"), Ok(vec![]));
+    }
+}
+
+/// The sync against a fake API server: what it sends when HyperNodes of our label and prefix
+/// already exist, some written by another installation with the same prefix.
+#[cfg(test)]
+mod sync_tests {
+    use std::time::Duration;
+
+    use http::{Method, Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const ME: &str = "ec2tl-a/ec2-topology-labeler";
+    const OTHER: &str = "ec2tl-b/ec2-topology-labeler";
+
+    /// A HyperNode as the API server lists it: our label, and `owner` in the annotation.
+    fn live(name: &str, owner: Option<&str>, spec: Value) -> Value {
+        let mut meta = json!({ "name": name, "labels": { MANAGED_BY.0: MANAGED_BY.1 } });
+        if let Some(o) = owner {
+            meta["annotations"] = json!({ OWNER: o });
+        }
+        json!({ "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": meta, "spec": spec })
+    }
+
+    fn ok(body: &Value) -> Response<Body> {
+        Response::builder()
+            .status(200)
+            .body(Body::from(serde_json::to_vec(body).expect("json")))
+            .expect("response")
+    }
+
+    /// Run one sync of `desired` against a server listing `existing`; every request after the
+    /// list is answered 200. Returns the sync's result and the (method, name, body) of each
+    /// write and delete.
+    async fn sync_against(
+        desired: &[HyperNode],
+        existing: Vec<Value>,
+    ) -> (Result<SyncStats, SyncError>, Vec<(Method, String, Value)>) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut sync = HyperNodeSync::new(
+            Client::new(service, "default"),
+            "ec2tl",
+            ME,
+            crate::leader::Leadership::leading_until_stepped_down(),
+        );
+        let api = async move {
+            let mut seen = Vec::new();
+            let (list, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                .await
+                .expect("the list within 5 s")
+                .expect("the list");
+            assert_eq!(list.method(), Method::GET);
+            send.send_response(ok(&json!({
+                "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
+                "metadata": {}, "items": existing })));
+            // Bounded: the sync is done when no request comes for a second.
+            while let Ok(Some((req, send))) =
+                tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await
+            {
+                let method = req.method().clone();
+                let name = req
+                    .uri()
+                    .path()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let bytes = req
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("the request body");
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let answer = if method == Method::DELETE {
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Success"})
+                } else {
+                    body.clone()
+                };
+                send.send_response(ok(&answer));
+                seen.push((method, name, body));
+            }
+            seen
+        };
+        let (result, seen) = tokio::join!(sync.sync(desired), api);
+        (result, seen)
+    }
+
+    fn tree() -> Vec<HyperNode> {
+        let s = LabelScheme::default();
+        desired(
+            &s,
+            &[NodeView::labelled("n1", &s, &["s", "a", "m"])],
+            "ec2tl",
+        )
+        .expect("a tree")
+    }
+
+    /// Two installations with the default prefix: ours deletes none of the other's HyperNodes
+    /// (not even those it would not publish), and marks its own as its.
+    #[tokio::test]
+    async fn another_installations_hypernodes_are_never_deleted() {
+        let (result, seen) = sync_against(
+            &tree(),
+            vec![live("ec2tl-t1-theirs", Some(OTHER), json!({"tier": 1}))],
+        )
+        .await;
+        assert!(result.is_ok(), "{:?}", result.err().map(|e| e.to_string()));
+        assert!(
+            seen.iter().all(|(m, _, _)| m == Method::PATCH),
+            "only our three applies, no delete: {seen:?}"
+        );
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        for (_, name, body) in &seen {
+            assert_eq!(body["metadata"]["annotations"][OWNER], ME, "{name}");
+        }
+    }
+
+    /// A HyperNode we would publish is the other installation's: we write nothing (neither it,
+    /// nor the rest of a tree it belongs to), and say whose it is.
+    #[tokio::test]
+    async fn a_name_another_installation_holds_stops_our_writes() {
+        let (result, seen) = sync_against(
+            &tree(),
+            vec![live("ec2tl-t1-m", Some(OTHER), json!({"tier": 1}))],
+        )
+        .await;
+        assert!(seen.is_empty(), "no write: {seen:?}");
+        match result {
+            Err(e @ SyncError::Taken(_)) => {
+                let SyncError::Taken(taken) = &e else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    taken,
+                    &vec![Taken {
+                        name: "ec2tl-t1-m".into(),
+                        owner: OTHER.into()
+                    }]
+                );
+                assert!(e.to_string().contains(OTHER), "{e}");
+            }
+            other => panic!("expected Taken, got {:?}", other.map_err(|e| e.to_string())),
+        }
+    }
+
+    /// HyperNodes written before the owner annotation are adopted: one we still publish is
+    /// applied once more to carry our annotation (same spec), one we no longer do is deleted.
+    #[tokio::test]
+    async fn unannotated_hypernodes_of_our_prefix_are_adopted() {
+        let want = tree();
+        let top = want
+            .iter()
+            .find(|h| h.name == "ec2tl-t3-s")
+            .expect("the top")
+            .to_object(ME);
+        let (result, seen) = sync_against(
+            &want,
+            vec![
+                live("ec2tl-t3-s", None, top["spec"].clone()),
+                live("ec2tl-t1-gone", None, json!({"tier": 1})),
+            ],
+        )
+        .await;
+        assert!(result.is_ok(), "{:?}", result.err().map(|e| e.to_string()));
+        let writes: Vec<(&Method, &str)> = seen.iter().map(|(m, n, _)| (m, n.as_str())).collect();
+        assert!(
+            writes.contains(&(&Method::PATCH, "ec2tl-t3-s")),
+            "re-applied with our annotation: {writes:?}"
+        );
+        assert!(
+            writes.contains(&(&Method::DELETE, "ec2tl-t1-gone")),
+            "deleted: {writes:?}"
+        );
     }
 }

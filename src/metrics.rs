@@ -26,6 +26,12 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ManagerLabels {
+    /// The other field manager, as the Node's managed fields name it (`unknown` when none did).
+    pub manager: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `apply` (server-side apply of our labels) or `remove` (explicit removal of stale keys
     /// another manager also owned).
@@ -156,6 +162,7 @@ pub struct Metrics {
     coverage_full: Family<CellLabels, Gauge>,
     coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
+    label_conflict_writers: Family<ManagerLabels, Counter>,
     events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<ReasonLabels, Counter>,
     first_label_latency: Histogram,
@@ -349,6 +356,18 @@ impl Metrics {
             "Times another writer kept changing our labels on a node and writes were held",
             label_conflicts.clone(),
         );
+        let label_conflict_writers = Family::<ManagerLabels, Counter>::default();
+        registry.register(
+            "label_conflict_writers",
+            "Label conflicts by the other field manager that kept changing our labels (the cloud controller, a script): one per manager per hold",
+            label_conflict_writers.clone(),
+        );
+        // Exported from the start (at 0), so a query on it matches something.
+        label_conflict_writers
+            .get_or_create(&ManagerLabels {
+                manager: "unknown".into(),
+            })
+            .get();
         let taint_releases = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "startup_taint_releases",
@@ -462,6 +481,7 @@ impl Metrics {
             coverage_full,
             coverage_layer,
             label_conflicts,
+            label_conflict_writers,
             events,
             taint_releases,
             first_label_latency,
@@ -628,8 +648,21 @@ impl Metrics {
         }
     }
 
-    pub fn label_conflict(&self) {
+    /// A hold began because `managers` (the other field managers of the keys; none known:
+    /// `unknown`) kept changing our labels.
+    pub fn label_conflict(&self, managers: &[String]) {
         self.label_conflicts.inc();
+        let unknown = ["unknown".to_string()];
+        let named = if managers.is_empty() {
+            &unknown[..]
+        } else {
+            managers
+        };
+        for m in named {
+            self.label_conflict_writers
+                .get_or_create(&ManagerLabels { manager: m.clone() })
+                .inc();
+        }
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -869,7 +902,7 @@ mod tests {
             )]
             .into(),
         );
-        m.label_conflict();
+        m.label_conflict(&["cloud-controller-manager".to_string()]);
         m.event("sent");
         m.taint_released("labelled", Duration::from_secs(1));
         m.first_labelled(Duration::from_secs(1));

@@ -51,6 +51,6 @@ pub async fn report_conflict(
         keys
     );
     warn!(owners = ?owners, keys = ?keys, pause_s = pause, "label conflict: {note}");
-    ctx.metrics.label_conflict();
+    ctx.metrics.label_conflict(&owners);
     record(ctx, node, Reason::TopologyLabelConflict, note).await;
 }

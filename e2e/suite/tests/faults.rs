@@ -618,6 +618,165 @@ async fn label_fight(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The field manager of EKS's cloud controller (its node controller writes as the binary).
+const CCM: &str = "aws-cloud-controller-manager";
+
+/// Kubernetes' proposed `CloudNodeAdditionalLabelsReconciliation` (kubernetes#141616), as
+/// documented: the cloud node controller re-applies its additional labels (our layer keys and
+/// `zone-id`) periodically, as its own field manager, add-only (it sets its keys, never removes
+/// one), from its own per-node `DescribeInstanceTopology` cached for up to 24 h. Here its period
+/// is 2 s and its cache is the fleet at registration.
+///
+/// While it agrees with EC2 it costs us no write. After a stop/start moves one instance, its cache
+/// is stale: it puts the old values back every period, and we correct them only until the
+/// conflict guard holds (writes bounded, an Event and a metric naming it); the nodes it agrees on
+/// are never touched. Once its cache is refreshed, the moved node carries the new values again.
+async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let pairs = fleet(0x213, 4);
+    label_and_wait(env, &c, &pairs).await?;
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    // The cloud controller's per-node cache, filled at registration.
+    let cache = std::sync::Arc::new(Mutex::new(
+        pairs
+            .iter()
+            .map(|(s, i)| (s.name.clone(), expected_of(i)))
+            .collect::<BTreeMap<_, _>>(),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ccm = {
+        let (api, cache, stop) = (api.clone(), cache.clone(), stop.clone());
+        tokio::spawn(async move {
+            let params = PatchParams {
+                field_manager: Some(CCM.into()),
+                ..PatchParams::default()
+            };
+            let mut rounds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let view = cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                for (name, labels) in view {
+                    // Add-only: its keys with its values; nothing removed.
+                    let patch = json!({"metadata": {"labels": labels}});
+                    let _ = api.patch(&name, &params, &Patch::Merge(&patch)).await;
+                }
+                rounds += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            rounds
+        })
+    };
+    let writes = |m: &str| metric_sum(m, "ec2_topology_labeler_label_writes_total", &[]);
+    let scrape = || async {
+        let guard = env.labeler.lock().await;
+        guard.as_ref().context("local controller")?.metrics().await
+    };
+    // Agreeing with EC2, the cloud controller's periodic writes cost us nothing.
+    let w0 = writes(&scrape().await?);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let agreeing = writes(&scrape().await?) - w0;
+    // A stop/start: EC2 now places the first instance elsewhere, and it boots anew.
+    let (s0, i0) = &pairs[0];
+    let mut moved = i0.clone();
+    moved.network_nodes[2] = format!("{}-moved", moved.network_nodes[2]);
+    env.mock_admin
+        .upsert_all(std::slice::from_ref(&moved))
+        .await?;
+    kube_util::set_boot_id(&c, &s0.name, &e2e::fixtures::boot_id(9_213)).await?;
+    let holds = |m: &str| metric_sum(m, "ec2_topology_labeler_label_conflicts_total", &[]);
+    let m1 = scrape().await?;
+    let (w1, h1) = (writes(&m1), holds(&m1));
+    let stale_for = Duration::from_secs(24);
+    let started = Instant::now();
+    let mut others_changed = Vec::new();
+    while started.elapsed() < stale_for {
+        for (s, i) in &pairs[1..] {
+            let have = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
+            if have != expected_of(i) {
+                others_changed.push(s.name.clone());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let m = scrape().await?;
+    let fighting = writes(&m) - w1;
+    let held = holds(&m) - h1;
+    let named = metric_sum(
+        &m,
+        "ec2_topology_labeler_label_conflict_writers_total",
+        &[&format!("manager=\"{CCM}\"")],
+    );
+    let log = {
+        let guard = env.labeler.lock().await;
+        guard.as_ref().context("local controller")?.log_text()
+    };
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
+    let event = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("TopologyLabelConflict")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(s0.name.as_str())
+                && e.note.as_deref().is_some_and(|n| n.contains(CCM))
+        });
+    // Its cache is refreshed (it describes the instance again): it now agrees with EC2.
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(s0.name.clone(), expected_of(&moved));
+    let refreshed = Instant::now();
+    let converged =
+        wait_for_topology(&c, &s0.name, &expected_of(&moved), Duration::from_secs(90)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rounds = ccm.await.unwrap_or(0);
+    converged?;
+    let took = refreshed.elapsed();
+    ensure!(
+        agreeing == 0.0,
+        "{agreeing} writes of ours while the cloud controller agreed with EC2"
+    );
+    ensure!(
+        others_changed.is_empty(),
+        "nodes the cloud controller agrees on changed: {others_changed:?}"
+    );
+    // The guard's bound: the relabel after the move, then at most 3 corrections before each
+    // hold and after the last; holds of 10 s doubling (the suite's --conflict-backoff) start at
+    // most twice in 24 s.
+    ensure!(
+        (1.0..=2.0).contains(&held),
+        "{held} holds in {}s (10 s, then 20 s)",
+        stale_for.as_secs()
+    );
+    ensure!(
+        fighting >= 1.0 && fighting <= 1.0 + 3.0 * (held + 1.0),
+        "{fighting} writes of ours in {}s against a stale cloud controller, {held} holds: beyond the guard's bound",
+        stale_for.as_secs()
+    );
+    ensure!(
+        named >= 1.0,
+        "no label_conflict_writers_total{{manager=\"{CCM}\"}}"
+    );
+    ensure!(
+        log.contains("label conflict") && log.contains(CCM),
+        "the conflict is logged naming the cloud controller"
+    );
+    ensure!(
+        event.is_some(),
+        "no TopologyLabelConflict Event on {} naming {CCM}",
+        s0.name
+    );
+    report(
+        "cloud_controller_reconciles_labels",
+        "the cloud controller re-applies its additional labels every 2 s (kubernetes#141616), stale for one node after a stop/start for 24 s",
+        &format!(
+            "0 writes of ours while it agreed; {fighting} while stale in {held} holds (bounded), Event and metric name `{CCM}`; the other nodes untouched; {rounds} rounds of its writes"
+        ),
+        Some(took),
+    );
+    Ok(())
+}
+
 async fn hand_edited_label(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let pairs = fleet(0x212, 1);
@@ -1217,6 +1376,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(outage_during_a_join_wave_with_startup_taint, true),
         scenario!(hand_edited_label, true),
         scenario!(label_fight, true),
+        scenario!(cloud_controller_reconciles_labels, true),
         scenario!(node_deleted_mid_lookup, true),
         scenario!(apiserver_restarted, true),
         scenario!(killed_mid_batch, true),

@@ -171,6 +171,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     ctx.writes = tokio::sync::Semaphore::new(usize::from(args.controller.write_concurrency.max(1)));
     ctx.conflict = GuardConfig {
         backoff: args.controller.conflict_backoff.0,
+        window: args.controller.conflict_window.0,
         ..GuardConfig::default()
     };
     ctx.gate = Gate::from(&args.gate);

@@ -27,7 +27,7 @@ impl Default for GuardConfig {
     fn default() -> Self {
         Self {
             max_corrections: 3,
-            window: Duration::from_secs(600),
+            window: Duration::from_secs(3600),
             backoff: Duration::from_secs(300),
             backoff_max: Duration::from_secs(3600),
         }
@@ -232,6 +232,29 @@ mod tests {
             }
         }
         assert_eq!(pauses, vec![60, 120, 240, 240]);
+    }
+
+    /// Issue 26 (the cloud controller's label reconciliation): a writer that puts its stale
+    /// value back every 5 minutes, its node status period, is held after its 4th revert with
+    /// the default window, rather than corrected every period for as long as it is stale.
+    #[test]
+    fn a_writer_reverting_every_five_minutes_is_held() {
+        let mut g = Guard(GuardConfig::default(), Default::default());
+        let t = Instant::now();
+        g.before_write("n", Some("b"), t);
+        g.written("n");
+        let mut held_at = None;
+        for k in 1..=12u64 {
+            match g.before_write("n", Some("b"), t + Duration::from_secs(300 * k)) {
+                Verdict::Write => g.written("n"),
+                Verdict::Hold { first: true, .. } => {
+                    held_at = Some(k);
+                    break;
+                }
+                Verdict::Hold { .. } => {}
+            }
+        }
+        assert_eq!(held_at, Some(4), "held at the 4th revert, 20 minutes in");
     }
 
     #[test]

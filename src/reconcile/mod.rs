@@ -66,10 +66,16 @@ pub struct ControllerArgs {
     /// the load on the API server during a burst.
     #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
     pub write_concurrency: u16,
-    /// When another writer keeps changing our labels on a node (more than 3 corrections in 10
-    /// minutes), stop correcting it for this long (doubling, up to 1h) and report the conflict.
+    /// When another writer keeps changing our labels on a node (more than 3 corrections within
+    /// `--conflict-window`), stop correcting it for this long (doubling, up to 1h) and report the
+    /// conflict.
     #[arg(long, env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]
     pub conflict_backoff: HumanDuration,
+    /// The window in which more than 3 corrections of our labels on one node count as a
+    /// conflict. Long enough to catch a writer that reverts them every few minutes (a cloud
+    /// controller re-applying its labels at its node status period).
+    #[arg(long, env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
+    pub conflict_window: HumanDuration,
 }
 
 /// Everything a reconcile needs. Built once, shared by every reconcile.

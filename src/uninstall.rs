@@ -99,7 +99,7 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         cleanup::hypernodes(
             &client,
             &args.volcano_hypernode_prefix,
-            &format!("{ns}/{}", args.leader.leader_election_lease_name),
+            &crate::leader::installation(&args.leader, &client),
         )
         .await?,
     );

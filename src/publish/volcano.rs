@@ -530,7 +530,7 @@ impl VolcanoPublisher {
                 crate::events::Reason::HyperNodeOwnedByAnother,
                 "PublishHyperNodes",
                 &format!(
-                    "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix",
+                    "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix (if that Lease was this installation's own before a rename, remove the annotation to adopt it)",
                     t.owner
                 ),
                 k8s_openapi::api::core::v1::ObjectReference {

@@ -644,6 +644,14 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
             .collect::<BTreeMap<_, _>>(),
     ));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// Stops the fake cloud controller however the scenario ends (a failed step included), so
+    /// it never writes into the scenarios after this one.
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
     let ccm = {
         let (api, cache, stop) = (api.clone(), cache.clone(), stop.clone());
         tokio::spawn(async move {
@@ -665,6 +673,7 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
             rounds
         })
     };
+    let _stop_ccm = AbortOnDrop(ccm.abort_handle());
     let writes = |m: &str| metric_sum(m, "ec2_topology_labeler_label_writes_total", &[]);
     let scrape = || async {
         let guard = env.labeler.lock().await;
@@ -725,13 +734,11 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(s0.name.clone(), expected_of(&moved));
-    let refreshed = Instant::now();
     let converged =
         wait_for_topology(&c, &s0.name, &expected_of(&moved), Duration::from_secs(90)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let rounds = ccm.await.unwrap_or(0);
     converged?;
-    let took = refreshed.elapsed();
     ensure!(
         agreeing == 0.0,
         "{agreeing} writes of ours while the cloud controller agreed with EC2"
@@ -749,7 +756,8 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
         stale_for.as_secs()
     );
     ensure!(
-        fighting >= 1.0 && fighting <= 1.0 + 3.0 * (held + 1.0),
+        // (+1: a removal patch beside an apply.)
+        fighting >= 1.0 && fighting <= 2.0 + 3.0 * (held + 1.0),
         "{fighting} writes of ours in {}s against a stale cloud controller, {held} holds: beyond the guard's bound",
         stale_for.as_secs()
     );
@@ -770,9 +778,9 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
         "cloud_controller_reconciles_labels",
         "the cloud controller re-applies its additional labels every 2 s (kubernetes#141616), stale for one node after a stop/start for 24 s",
         &format!(
-            "0 writes of ours while it agreed; {fighting} while stale in {held} holds (bounded), Event and metric name `{CCM}`; the other nodes untouched; {rounds} rounds of its writes"
+            "0 writes of ours while it agreed; {fighting} while stale in {held} holds (bounded), Event and metric name `{CCM}`; the other nodes untouched; {rounds} rounds of its writes; the moved node carries the new values once its cache is refreshed"
         ),
-        Some(took),
+        None,
     );
     Ok(())
 }

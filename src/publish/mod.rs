@@ -169,6 +169,7 @@ impl Publishers {
                 client.clone(),
                 &args.volcano_hypernode_prefix,
                 owner,
+                args.publish_interval.0.saturating_mul(12),
                 scheme.clone(),
                 metrics.clone(),
                 events.clone(),

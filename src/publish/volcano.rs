@@ -313,7 +313,11 @@ pub struct HyperNodeSync {
     prefix: String,
     owner: String,
     leader: crate::leader::Leadership,
-    last: Option<u64>,
+    /// What the last successful sync applied, and when it listed.
+    last: Option<(u64, tokio::time::Instant)>,
+    /// A tree that stays the same is listed again this often (a HyperNode deleted by hand, or
+    /// taken by another installation, is seen then).
+    recheck: std::time::Duration,
 }
 
 pub fn api_resource() -> ApiResource {
@@ -325,12 +329,13 @@ pub fn api_resource() -> ApiResource {
 
 impl HyperNodeSync {
     /// `prefix`: this installation's HyperNode name prefix; `owner`: its Lease
-    /// (`<namespace>/<name>`, see [`OWNER`]); `leader`: checked again right before every write
-    /// and delete.
+    /// (`<namespace>/<name>`, see [`OWNER`]); `recheck`: how often an unchanged tree is compared
+    /// with the cluster again; `leader`: checked again right before every write and delete.
     pub fn new(
         client: Client,
         prefix: &str,
         owner: &str,
+        recheck: std::time::Duration,
         leader: crate::leader::Leadership,
     ) -> Self {
         Self {
@@ -339,19 +344,24 @@ impl HyperNodeSync {
             owner: owner.to_string(),
             leader,
             last: None,
+            recheck,
         }
     }
 
     /// Bring the cluster's HyperNodes to `desired`. Nothing is sent when `desired` is what the
-    /// last successful sync applied. Another installation's HyperNodes are never written or
+    /// last successful sync applied, less than `recheck` ago. Another installation's HyperNodes are never written or
     /// deleted; when one of them has a name we would publish, nothing is written.
     pub async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, SyncError> {
         let mut h = DefaultHasher::new();
         desired.hash(&mut h);
         let hash = h.finish();
-        if self.last == Some(hash) {
+        if self
+            .last
+            .is_some_and(|(h, at)| h == hash && at.elapsed() < self.recheck)
+        {
             return Ok(SyncStats::default());
         }
+        let listed = tokio::time::Instant::now();
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let mut existing: BTreeMap<String, DynamicObject> = BTreeMap::new();
         let mut others: BTreeMap<String, String> = BTreeMap::new();
@@ -428,7 +438,7 @@ impl HyperNodeSync {
                 "HyperNodes updated"
             );
         }
-        self.last = Some(hash);
+        self.last = Some((hash, listed));
         Ok(stats)
     }
 
@@ -465,18 +475,21 @@ pub struct VolcanoPublisher {
 }
 
 impl VolcanoPublisher {
-    /// `owner`: this installation's Lease, `<namespace>/<name>` (see [`OWNER`]).
+    /// `owner`: this installation's Lease, `<namespace>/<name>` (see [`OWNER`]); `recheck`: how
+    /// often an unchanged tree is compared with the cluster again.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         prefix: &str,
         owner: &str,
+        recheck: std::time::Duration,
         scheme: LabelScheme,
         metrics: Arc<Metrics>,
         events: crate::events::Events,
         leader: crate::leader::Leadership,
     ) -> Self {
         Self {
-            sync: HyperNodeSync::new(client, prefix, owner, leader),
+            sync: HyperNodeSync::new(client, prefix, owner, recheck, leader),
             prefix: prefix.to_string(),
             scheme,
             metrics,
@@ -778,6 +791,7 @@ mod sync_tests {
             Client::new(service, "default"),
             "ec2tl",
             ME,
+            Duration::from_secs(60),
             crate::leader::Leadership::leading_until_stepped_down(),
         );
         let api = async move {
@@ -907,6 +921,57 @@ mod sync_tests {
         assert!(
             writes.contains(&(&Method::DELETE, "ec2tl-t1-gone")),
             "deleted: {writes:?}"
+        );
+    }
+
+    /// An unchanged tree sends nothing at the next interval, but is listed again at the recheck:
+    /// a HyperNode deleted by hand meanwhile is put back.
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_tree_is_compared_again_at_the_recheck() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut sync = HyperNodeSync::new(
+            Client::new(service, "default"),
+            "ec2tl",
+            ME,
+            Duration::from_secs(60),
+            crate::leader::Leadership::leading_until_stepped_down(),
+        );
+        let want = tree();
+        let empty = json!({ "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
+            "metadata": {}, "items": [] });
+        // Answer every request: the list empty, each apply with its body. Returns the methods.
+        async fn serve(
+            handle: &mut tower_test::mock::Handle<Request<Body>, Response<Body>>,
+            list: &Value,
+        ) -> Vec<Method> {
+            let mut seen = Vec::new();
+            while let Ok(Some((req, send))) =
+                tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await
+            {
+                seen.push(req.method().clone());
+                let body = if req.method() == Method::GET {
+                    list.clone()
+                } else {
+                    let bytes = req.into_body().collect_bytes().await.expect("the body");
+                    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+                };
+                send.send_response(ok(&body));
+            }
+            seen
+        }
+        let (first, seen) = tokio::join!(sync.sync(&want), serve(&mut handle, &empty));
+        assert!(first.is_ok());
+        assert_eq!(seen.len(), 4, "a list and three applies: {seen:?}");
+        let (second, seen) = tokio::join!(sync.sync(&want), serve(&mut handle, &empty));
+        assert!(second.is_ok());
+        assert!(seen.is_empty(), "nothing sent within the recheck: {seen:?}");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let (third, seen) = tokio::join!(sync.sync(&want), serve(&mut handle, &empty));
+        assert!(third.is_ok());
+        assert_eq!(
+            seen,
+            vec![Method::GET, Method::PATCH, Method::PATCH, Method::PATCH],
+            "listed again, and the missing HyperNodes applied"
         );
     }
 }

@@ -108,7 +108,8 @@ pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::E
 }
 
 /// Our HyperNodes: this installation's prefix, and not another installation's by the owner
-/// annotation (an unannotated one, written before the annotation existed, is ours).
+/// annotation (an unannotated one, written before the annotation existed, is ours). Another
+/// installation's of the same prefix are listed as kept, with whose they are.
 pub async fn hypernodes(
     client: &Client,
     prefix: &str,
@@ -117,11 +118,15 @@ pub async fn hypernodes(
     Ok(ours(client, &volcano::api_resource())
         .await?
         .into_iter()
-        .filter(|o| {
-            volcano::owned_by(prefix, &o.name_any())
-                && !matches!(volcano::claim(o, installation), volcano::Claim::Other(_))
+        .filter(|o| volcano::owned_by(prefix, &o.name_any()))
+        .map(|o| match volcano::claim(&o, installation) {
+            volcano::Claim::Other(owner) => Item::keep(
+                "hypernode",
+                o.name_any(),
+                format!("another installation's ({owner}, annotation {}): if it is this one under an older Lease name or namespace, pass those", volcano::OWNER),
+            ),
+            volcano::Claim::Ours | volcano::Claim::Unclaimed => Item::remove("hypernode", o.name_any()),
         })
-        .map(|o| Item::remove("hypernode", o.name_any()))
         .collect())
 }
 

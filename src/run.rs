@@ -430,7 +430,8 @@ async fn retire_features_at_start(
     }
     if let Some((prefix, installation)) = &retired.hypernodes {
         match crate::cleanup::hypernodes(&client, prefix, installation).await {
-            Ok(h) => items.extend(h),
+            // Another installation's are not ours to report.
+            Ok(h) => items.extend(h.into_iter().filter(|i| i.kept.is_none())),
             Err(e) => {
                 warn!(error = %e, "cannot list HyperNodes to remove ours (--volcano-hypernodes is off); `ec2-topology-labeler uninstall` removes them")
             }

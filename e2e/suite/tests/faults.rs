@@ -633,7 +633,7 @@ const CCM: &str = "aws-cloud-controller-manager";
 /// are never touched. Once its cache is refreshed, the moved node carries the new values again.
 async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
-    let pairs = fleet(0x213, 4);
+    let pairs = fleet(0x216, 4);
     label_and_wait(env, &c, &pairs).await?;
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
     // The cloud controller's per-node cache, filled at registration.
@@ -690,7 +690,7 @@ async fn cloud_controller_reconciles_labels(env: &Env) -> anyhow::Result<()> {
     env.mock_admin
         .upsert_all(std::slice::from_ref(&moved))
         .await?;
-    kube_util::set_boot_id(&c, &s0.name, &e2e::fixtures::boot_id(9_213)).await?;
+    kube_util::set_boot_id(&c, &s0.name, &e2e::fixtures::boot_id(9_216)).await?;
     let holds = |m: &str| metric_sum(m, "ec2_topology_labeler_label_conflicts_total", &[]);
     let m1 = scrape().await?;
     let (w1, h1) = (writes(&m1), holds(&m1));

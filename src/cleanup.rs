@@ -123,7 +123,7 @@ pub async fn hypernodes(
             volcano::Claim::Other(owner) => Item::keep(
                 "hypernode",
                 o.name_any(),
-                format!("another installation's ({owner}, annotation {}): if it is this one under an older Lease name or namespace, pass those", volcano::OWNER),
+                format!("another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace", volcano::OWNER),
             ),
             volcano::Claim::Ours | volcano::Claim::Unclaimed => Item::remove("hypernode", o.name_any()),
         })

@@ -171,7 +171,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     ctx.writes = tokio::sync::Semaphore::new(usize::from(args.controller.write_concurrency.max(1)));
     ctx.conflict = GuardConfig {
         backoff: args.controller.conflict_backoff.0,
-        window: args.controller.conflict_window.0,
+        // A zero window would never count a second correction: the guard would be off.
+        window: args
+            .controller
+            .conflict_window
+            .0
+            .max(Duration::from_secs(1)),
         ..GuardConfig::default()
     };
     ctx.gate = Gate::from(&args.gate);

@@ -169,7 +169,10 @@ impl Publishers {
                 client.clone(),
                 &args.volcano_hypernode_prefix,
                 owner,
-                args.publish_interval.0.saturating_mul(12),
+                args.publish_interval
+                    .0
+                    .max(Duration::from_millis(100))
+                    .saturating_mul(12),
                 scheme.clone(),
                 metrics.clone(),
                 events.clone(),

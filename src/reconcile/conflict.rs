@@ -4,7 +4,9 @@
 //! would turn two controllers into a write loop on the API server. After a few corrections in a
 //! short window the guard holds further writes to that node for a growing pause, so the writes
 //! stay bounded; the reconciler reports the conflict (naming the other field managers) once per
-//! hold. A new boot of the node starts afresh. Pure: time is passed in.
+//! hold. A new boot of the node starts afresh. Pure: time is passed in. Every write after the
+//! first in a boot counts as a correction (a late EC2 field too): more than 3 within the window
+//! (1 h by default) is a hold, which such fields alone do not reach.
 //!
 //! Owns: the hold decision, per node (kept in its record). Never does I/O.
 

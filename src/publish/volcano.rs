@@ -779,6 +779,22 @@ mod sync_tests {
             .expect("response")
     }
 
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// This installation's sync (prefix `ec2tl`, owner [`ME`], recheck 60 s, leading) against a
+    /// fake API server.
+    fn mock_sync() -> (HyperNodeSync, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let sync = HyperNodeSync::new(
+            Client::new(service, "default"),
+            "ec2tl",
+            ME,
+            Duration::from_secs(60),
+            crate::leader::Leadership::leading_until_stepped_down(),
+        );
+        (sync, handle)
+    }
+
     /// Run one sync of `desired` against a server listing `existing`; every request after the
     /// list is answered 200. Returns the sync's result and the (method, name, body) of each
     /// write and delete.
@@ -786,14 +802,7 @@ mod sync_tests {
         desired: &[HyperNode],
         existing: Vec<Value>,
     ) -> (Result<SyncStats, SyncError>, Vec<(Method, String, Value)>) {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut sync = HyperNodeSync::new(
-            Client::new(service, "default"),
-            "ec2tl",
-            ME,
-            Duration::from_secs(60),
-            crate::leader::Leadership::leading_until_stepped_down(),
-        );
+        let (mut sync, mut handle) = mock_sync();
         let api = async move {
             let mut seen = Vec::new();
             let (list, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
@@ -928,14 +937,7 @@ mod sync_tests {
     /// a HyperNode deleted by hand meanwhile is put back.
     #[tokio::test(start_paused = true)]
     async fn an_unchanged_tree_is_compared_again_at_the_recheck() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut sync = HyperNodeSync::new(
-            Client::new(service, "default"),
-            "ec2tl",
-            ME,
-            Duration::from_secs(60),
-            crate::leader::Leadership::leading_until_stepped_down(),
-        );
+        let (mut sync, mut handle) = mock_sync();
         let want = tree();
         let empty = json!({ "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
             "metadata": {}, "items": [] });

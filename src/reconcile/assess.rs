@@ -48,6 +48,19 @@ pub enum Assessment {
     },
 }
 
+impl Assessment {
+    /// The instance it is about (`None` for a node that is not one we can look up).
+    pub fn instance_id(&self) -> Option<&str> {
+        match self {
+            Assessment::Skipped(_) => None,
+            Assessment::NotDescribed { instance_id, .. }
+            | Assessment::Rejected { instance_id, .. }
+            | Assessment::Invalid { instance_id, .. }
+            | Assessment::Ready { instance_id, .. } => Some(instance_id),
+        }
+    }
+}
+
 pub(super) fn labels_of(node: &LiteNode) -> BTreeMap<String, String> {
     node.labels().into_owned()
 }

@@ -225,6 +225,38 @@ pub enum TaintAction {
     Release(Release),
 }
 
+/// The gate's step on one node: what to write, decided from the node and where it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GatePlan {
+    /// No startup taint and no condition configured.
+    Off,
+    /// The node cache has not caught up with our last gate write: deciding from this version
+    /// would repeat it. Decide from the next one (its watch event usually comes first; look
+    /// again within this long in case it does not).
+    Behind(Duration),
+    Step {
+        /// The condition to write (`None`: the node's says this already, or there is nothing
+        /// to say).
+        condition: Option<Wanted>,
+        taint: TaintAction,
+    },
+}
+
+impl GatePlan {
+    /// How soon to look at the node again for the gate's sake, if the plan is carried out
+    /// (a timeout, a settling type, a cache behind our write).
+    pub fn recheck(&self) -> Option<Duration> {
+        match self {
+            GatePlan::Behind(wait) => Some(*wait),
+            GatePlan::Step {
+                taint: TaintAction::Keep(recheck),
+                ..
+            } => *recheck,
+            _ => None,
+        }
+    }
+}
+
 /// The gate's settings, resolved.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gate {
@@ -298,6 +330,31 @@ impl Gate {
             }
             _ => TaintAction::Keep(None),
         }
+    }
+
+    /// The step for `node`, standing where `standing` says, at `now`; `behind`: the node cache
+    /// has not caught up with our last gate write (see [`GatePlan::Behind`]).
+    pub fn plan(
+        &self,
+        node: &LiteNode,
+        standing: &Standing,
+        behind: Option<Duration>,
+        now: &Time,
+    ) -> GatePlan {
+        if !self.enabled() {
+            return GatePlan::Off;
+        }
+        if let Some(wait) = behind {
+            return GatePlan::Behind(wait);
+        }
+        let condition = self
+            .condition(standing)
+            .filter(|wanted| wanted.patch(node, now).is_some());
+        let taint = match &self.taint {
+            Some(t) => self.taint_action(t.on(node), standing, age(node, now)),
+            None => TaintAction::None,
+        };
+        GatePlan::Step { condition, taint }
     }
 
     /// How long until the startup-taint timeout falls due for `node`, if it carries the taint

@@ -1,16 +1,20 @@
 //! The reconciler: one Node at a time, idempotent and cheap.
 //!
-//! [`assess`] reads (providerID → instance → cached or batched topology → desired labels →
-//! diff) and is shared with `plan`; [`reconcile`] decides and, only when the diff is not empty,
-//! writes ([`mod@write`]: one server-side apply of the full managed set, plus an explicit removal
-//! when a stale key is also owned by another field manager) and records an Event (`events`).
-//! What it remembers about each node is in one record ([`nodes`]).
+//! Three steps. [`assess`] reads (providerID → instance → cached or batched topology → desired
+//! labels → diff) and is shared with `plan`. [`decide`](mod@decide) turns the node, what its
+//! record says and that answer into one decision (where the node stands, what to say, the labels
+//! to write, the startup gate's standing, when to look again), without I/O. [`reconcile`]
+//! gathers the facts and carries the decision out: the write ([`mod@write`]: one server-side
+//! apply of the full managed set, plus an explicit removal when a stale key is also owned by
+//! another field manager), the node's record ([`nodes`]), an Event (`events`) and the gate's
+//! step ([`startup`], as [`gate::Gate::plan`] decides it).
 //!
-//! Owns: the decision for one node and its writes. Never calls EC2 itself (the lookup does);
+//! Owns: carrying out the decision for one node. Never calls EC2 itself (the lookup does);
 //! never writes unless this replica leads, checked again right before the write.
 
 mod assess;
 pub mod conflict;
+mod decide;
 mod events;
 pub mod gate;
 pub mod nodes;
@@ -35,20 +39,15 @@ use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 pub use assess::{Assessment, Target, assess, boot_id, provider_id_of, target};
-use conflict::{GuardConfig, Verdict};
-use gate::{Gate, Standing};
+use conflict::GuardConfig;
+use decide::{Answer, Decision, Facts, GateStep, Say, decide, next_look};
+use gate::Gate;
 use nodes::Nodes;
 pub use write::{apply_body, write_labels};
 
 use crate::{
-    Error, Result,
-    duration::HumanDuration,
-    labels::LabelScheme,
-    leader::Leadership,
-    lookup::Lookup,
-    metrics::{Metrics, NodeState, NotDescribed},
-    node::LiteNode,
-    provider_id,
+    Error, Result, duration::HumanDuration, labels::LabelScheme, leader::Leadership,
+    lookup::Lookup, metrics::Metrics, node::LiteNode,
 };
 
 /// The controller's own behaviour.
@@ -198,38 +197,16 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
         }
         Err(e) => {
             ctx.metrics.reconcile_failed(e.category());
-            if let Some(standing) = startup::standing_of_error(&e)
-                && let Err(gate_error) = startup::step(&ctx, &node, &standing, None)
-                    .instrument(span.clone())
-                    .await
-            {
+            let mut facts = Facts::new(&node, Answer::Failed(&e), Instant::now());
+            facts.previous = ctx.records.with(&node, |r| r.state().cloned());
+            // The error is what the controller retries on; the gate's own trouble is logged.
+            if let Err(gate_error) = carry_out(&ctx, &node, decide(facts)).instrument(span).await {
                 warn!(node = %name, error = %gate_error, "cannot update the node's startup taint or condition");
             }
-            let denied = matches!(
+            if matches!(
                 &e,
                 Error::Ec2(crate::topology::Ec2Error::Unauthorized { .. })
-            );
-            if ctx.records.enter(&node, NodeState::Failing(e.category())) {
-                let (reason, note) = if denied {
-                    (
-                        Reason::Ec2AccessDenied,
-                        format!(
-                            "EC2 refuses the controller's credentials, so this node's topology cannot be looked up; its labels are left as they are: {e}"
-                        ),
-                    )
-                } else {
-                    (
-                        Reason::TopologyLabelingFailed,
-                        format!(
-                            "cannot look up or write this node's topology labels; they are left as they are: {e}"
-                        ),
-                    )
-                };
-                events::record(&ctx, &node, reason, note)
-                    .instrument(span)
-                    .await;
-            }
-            if denied {
+            ) {
                 ctx.report_denied(&e);
             }
             ctx.records.with(&node, |r| r.failed(&e));
@@ -238,24 +215,8 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
     }
 }
 
-/// Look again after `usual` (`None`: when the node changes), or sooner if the gate asks.
-fn next_look(usual: Option<Duration>, gate: Option<Duration>) -> Option<Duration> {
-    let gate = gate.map(|d| d + Duration::from_millis(100));
-    match (usual, gate) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (Some(d), None) | (None, Some(d)) => Some(d),
-        (None, None) => None,
-    }
-}
-
-/// Requeue exactly when the lookup says the instance is due again: those times sit on a grid
-/// shared by every instance, so the nodes due in one round are asked about in one call.
-fn grid(retry_in: Duration) -> Option<Duration> {
-    Some(retry_in + Duration::from_millis(5))
-}
-
-/// One node's reconcile; returns when to look again (`None`: when it changes, or at its resync
-/// slot).
+/// One node's reconcile: gather the facts, [`decide`], carry the decision out. Returns when to
+/// look again (`None`: when it changes, or at its resync slot).
 async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duration>> {
     ctx.records.pending_if_new(node);
     let held = ctx.gate.taint.as_ref().is_some_and(|t| t.on(node));
@@ -268,219 +229,167 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
             "the node carries the startup taint's key with another effect: it is not ours, so it is never released; give the provisioner and --startup-taint the same effect");
     }
     let lookup = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held);
-    let assessment = match ctx.gate.timeout_in(node) {
+    let answer = match ctx.gate.timeout_in(node) {
         // A held node's startup-taint timeout falls due on time, however long EC2 takes to
         // answer (a hung or slowly failing call must not hold the node past it). The call goes
         // on in the batcher; this node looks again shortly, untainted by then.
         Some(due) => match tokio::time::timeout(due + Duration::from_millis(100), lookup).await {
-            Ok(assessment) => assessment?,
+            Ok(assessment) => Answer::Assessed(assessment?),
             Err(_) => {
                 debug!("EC2 did not answer before the startup-taint timeout");
-                let gate = startup::step(ctx, node, &Standing::Ec2Unavailable, None).await?;
-                return Ok(next_look(Some(Duration::from_secs(1)), gate));
+                Answer::TimedOut
             }
         },
-        None => lookup.await?,
+        None => Answer::Assessed(lookup.await?),
     };
-    match assessment {
-        Assessment::Skipped(reason) => {
-            if ctx.records.enter(node, NodeState::Skipped(reason.as_str())) {
-                let provider_id = provider_id::for_log(provider_id_of(node));
-                info!(
-                    %provider_id,
-                    %reason,
-                    "not an EC2 instance we can look up; skipping until its providerID changes"
-                );
-                let note = format!(
-                    "not labelled: {} (providerID {provider_id:?}); looked at again when its providerID changes",
-                    reason.explain()
-                );
-                events::record(ctx, node, Reason::TopologySkipped, note).await;
-            }
-            // The watch brings the node back when its providerID changes.
-            let gate = startup::step(ctx, node, &Standing::Skipped(reason), None).await?;
-            Ok(next_look(None, gate))
+    let mut unusable_retry_in = Duration::ZERO;
+    if let Answer::Assessed(a) = &answer {
+        if let Some(instance_id) = a.instance_id() {
+            tracing::Span::current().record("instance", instance_id);
         }
-        Assessment::NotDescribed {
-            instance_id,
-            retry_in,
-        } => {
-            tracing::Span::current().record("instance", instance_id.as_str());
-            let instance_type = node.label(gate::INSTANCE_TYPE_LABEL);
-            let why = NotDescribed::of(instance_type.as_deref());
-            if ctx.records.enter(node, NodeState::NotDescribed(why)) {
-                let what = match why {
-                    NotDescribed::UnsupportedType => format!(
-                        "its instance type {} is not one EC2 describes network topology for",
-                        instance_type.as_deref().unwrap_or_default()
-                    ),
-                    NotDescribed::NotYet => {
-                        "the instance is not running, is too new, or EC2's answer has not caught up"
-                            .to_string()
-                    }
-                };
-                info!(
-                    retry_in_s = retry_in.as_secs(),
-                    reason = why.as_str(),
-                    "EC2 does not describe this instance; leaving its labels alone"
-                );
-                let note = format!(
-                    "EC2 does not describe instance {instance_id}: {what}; its labels are left as they are and EC2 is asked again in {}s (backoff up to --not-described-ttl)",
-                    retry_in.as_secs()
-                );
-                events::record(ctx, node, Reason::TopologyNotDescribed, note).await;
+        match a {
+            Assessment::Invalid { instance_id, .. } => {
+                ctx.metrics.reconcile_failed(decide::INVALID_TOPOLOGY);
+                // Not an answer to keep (see `decide`): the lookup forgets it.
+                unusable_retry_in = ctx.lookup.reject(instance_id);
             }
-            let standing = Standing::NotDescribed { instance_type };
-            let gate = startup::step(ctx, node, &standing, None).await?;
-            Ok(next_look(grid(retry_in), gate))
+            Assessment::Ready {
+                refresh_error: Some(e),
+                ..
+            } => warn!(error = %e, "refreshing the topology failed; using the earlier answer"),
+            _ => {}
         }
-        Assessment::Rejected {
-            instance_id,
-            error,
-            retry_in,
-        } => {
-            tracing::Span::current().record("instance", instance_id.as_str());
-            if ctx.records.enter(node, NodeState::Rejected) {
-                warn!(%error, retry_in_s = retry_in.as_secs(), provider_id = %provider_id::for_log(provider_id_of(node)),
-                    "EC2 refuses this node's instance ID; leaving its labels alone and keeping it out of other nodes' calls");
-                let note = format!(
-                    "EC2 refuses instance ID {instance_id} from this node's providerID ({error}); its labels are left as they are and it is asked about again in {}s",
-                    retry_in.as_secs()
-                );
-                events::record(ctx, node, Reason::InstanceIdRejected, note).await;
-            }
-            let gate = startup::step(ctx, node, &Standing::Rejected, None).await?;
-            Ok(next_look(grid(retry_in), gate))
-        }
-        Assessment::Invalid { instance_id, error } => {
-            tracing::Span::current().record("instance", instance_id.as_str());
-            ctx.metrics.reconcile_failed("invalid_topology");
-            // Not an answer to keep: ask EC2 again later, with the backoff of an instance it
-            // did not describe, rather than trusting it until the cache TTL.
-            let retry_in = ctx.lookup.reject(&instance_id);
-            if ctx
-                .records
-                .enter(node, NodeState::Failing("invalid_topology"))
-            {
-                warn!(%error, retry_in_s = retry_in.as_secs(), "cannot label from EC2's answer; leaving the node's labels alone");
-                let note = format!(
-                    "EC2's topology answer cannot be turned into labels; they are left as they are: {error}"
-                );
-                events::record(ctx, node, Reason::TopologyInvalid, note).await;
-            }
-            let gate = startup::step(ctx, node, &Standing::Ec2Unavailable, None).await?;
-            Ok(next_look(grid(retry_in), gate))
-        }
-        Assessment::Ready {
-            instance_id,
-            desired,
-            diff,
-            refresh_error,
-            recheck_in,
-        } => {
-            tracing::Span::current().record("instance", instance_id.as_str());
-            // Next look: sooner while EC2's answer is still settling; otherwise when the node
-            // changes or its resync slot comes up (see `resync`: no timer per node).
-            let usual = recheck_in.map(|d| d + Duration::from_millis(5));
-            if let Some(e) = refresh_error {
-                warn!(error = %e, "refreshing the topology failed; using the earlier answer");
-            }
-            if diff.is_empty() {
-                ctx.records.with(node, |r| r.seen());
-                ctx.records.set_state(node, NodeState::Labelled);
-                let gate =
-                    startup::step(ctx, node, &Standing::Labelled, Some(&desired.labels)).await?;
-                return Ok(next_look(usual, gate));
-            }
-            if ctx.records.with(node, |r| r.awaiting(node, &desired)) {
-                debug!("our last write is not in the node cache yet; not writing it again");
-                ctx.records.set_state(node, NodeState::Labelled);
-                return Ok(next_look(usual, None));
-            }
+    }
+    let now = Instant::now();
+    let mut facts = Facts::new(node, answer, now);
+    facts.unusable_retry_in = unusable_retry_in;
+    facts.previous = ctx.records.with(node, |r| r.state().cloned());
+    // The record is asked only about a write that is due, and the guard only when ours is not
+    // awaited: asking the guard counts a correction.
+    if let Some(desired) = facts.write_due() {
+        let awaiting = ctx.records.with(node, |r| r.awaiting(node, desired));
+        if awaiting {
+            debug!("our last write is not in the node cache yet; not writing it again");
+        } else {
             if !ctx.leader.is_leader() {
                 // Leadership was lost while we looked EC2 up.
                 return Ok(None);
             }
-            let verdict = ctx.records.with(node, |r| {
-                r.conflict
-                    .before_write(&ctx.conflict, boot_id(node), std::time::Instant::now())
+            facts.verdict = ctx.records.with(node, |r| {
+                r.conflict.before_write(&ctx.conflict, boot_id(node), now)
             });
-            if let Verdict::Hold { until, first } = verdict {
-                ctx.records.set_state(node, NodeState::Conflict);
-                if first {
-                    events::report_conflict(ctx, node, &diff, until).await;
-                }
-                let wait = until.saturating_duration_since(std::time::Instant::now());
-                debug!(
-                    wait_ms = wait.as_millis() as u64,
-                    "label conflict: holding writes to this node"
-                );
-                let gate = startup::step(ctx, node, &Standing::Held, None).await?;
-                return Ok(next_look(Some(wait + Duration::from_millis(100)), gate));
-            }
-            let first = !desired.labels.keys().any(|k| node.has_label(k));
-            let written = {
-                // A closed semaphore cannot happen (it is never closed); write regardless.
-                let _permit = ctx.writes.acquire().await.ok();
-                // The wait for a permit can be long under load: leadership may have lapsed.
-                if !ctx.leader.is_leader() {
-                    return Ok(None);
-                }
-                match write_labels(
-                    &ctx.api,
-                    node,
-                    &desired,
-                    &diff,
-                    &ctx.metrics,
-                    ctx.gate.enabled(),
-                )
-                .await
-                {
-                    Ok(written) => written,
-                    Err(e) => {
-                        if e.is_api_unavailable() {
-                            ctx.api_failing.store(true, Ordering::SeqCst);
-                        }
-                        return Err(e);
-                    }
-                }
-            };
-            if ctx.api_failing.swap(false, Ordering::SeqCst)
-                && let Some(kicks) = &ctx.kicks
-            {
-                // Writes work again (after an API server restart, say): nodes waiting out a
-                // per-node backoff are re-checked now.
-                info!("the API server accepts writes again; re-checking every node");
-                let _ = kicks.unbounded_send(());
-            }
-            ctx.records.with(node, |r| {
-                r.conflict.written();
-                r.written(node, &desired);
-                if ctx.gate.enabled() {
-                    // Our newest write: the gate decides from it, and cached versions before it
-                    // are stale.
-                    r.gate_written(
-                        written.metadata.resource_version.clone(),
-                        nodes::GateMark::Labels,
-                    );
-                }
-            });
-            if first {
-                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                );
-                ctx.metrics.first_labelled(gate::age(node, &now));
-            }
-            let summary = diff.summary();
-            info!(changes = %summary, "node labels updated");
-            ctx.records.set_state(node, NodeState::Labelled);
-            events::record(ctx, node, Reason::TopologyLabelsUpdated, summary).await;
-            // The gate decides from the node as the API server returned it after our write.
-            let gate =
-                startup::step(ctx, &written, &Standing::Labelled, Some(&desired.labels)).await?;
-            Ok(next_look(usual, gate))
         }
+        facts.awaiting = awaiting;
     }
+    carry_out(ctx, node, decide(facts)).await
+}
+
+/// Carries out `decision` for `node`, in order: the label write, where the node stands, what
+/// is said about it, the startup gate's step. Returns when to look again.
+async fn carry_out(ctx: &Context, node: &LiteNode, decision: Decision) -> Result<Option<Duration>> {
+    let Decision {
+        state,
+        say,
+        write,
+        seen,
+        gate,
+        next,
+    } = decision;
+    if seen {
+        ctx.records.with(node, |r| r.seen());
+    }
+    // The gate decides from the node as the API server returned it after our write.
+    let written = match &write {
+        Some(w) => match write_node(ctx, node, w).await? {
+            Some(written) => Some(written),
+            // Leadership lapsed while waiting to write.
+            None => return Ok(None),
+        },
+        None => None,
+    };
+    if let Some(state) = state {
+        ctx.records.set_state(node, state);
+    }
+    match &say {
+        Some(Say::Conflict { diff, until }) => {
+            debug!(
+                wait_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                "label conflict: holding writes to this node"
+            );
+            events::report_conflict(ctx, node, diff, *until).await;
+        }
+        Some(say) => {
+            say.log();
+            events::record(ctx, node, say.reason(), say.note()).await;
+        }
+        None => {}
+    }
+    let recheck = match &gate {
+        Some(GateStep { standing, labels }) => {
+            let on = written.as_ref().unwrap_or(node);
+            startup::step(ctx, on, standing, labels.as_ref()).await?
+        }
+        None => None,
+    };
+    Ok(next_look(next, recheck))
+}
+
+/// The label write, under a write permit and by the leader only; what it leaves in the node's
+/// record. `None`: leadership lapsed while waiting for the permit.
+async fn write_node(ctx: &Context, node: &LiteNode, w: &decide::Write) -> Result<Option<LiteNode>> {
+    let written = {
+        // A closed semaphore cannot happen (it is never closed); write regardless.
+        let _permit = ctx.writes.acquire().await.ok();
+        // The wait for a permit can be long under load: leadership may have lapsed.
+        if !ctx.leader.is_leader() {
+            return Ok(None);
+        }
+        match write_labels(
+            &ctx.api,
+            node,
+            &w.desired,
+            &w.diff,
+            &ctx.metrics,
+            ctx.gate.enabled(),
+        )
+        .await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                if e.is_api_unavailable() {
+                    ctx.api_failing.store(true, Ordering::SeqCst);
+                }
+                return Err(e);
+            }
+        }
+    };
+    if ctx.api_failing.swap(false, Ordering::SeqCst)
+        && let Some(kicks) = &ctx.kicks
+    {
+        // Writes work again (after an API server restart, say): nodes waiting out a per-node
+        // backoff are re-checked now.
+        info!("the API server accepts writes again; re-checking every node");
+        let _ = kicks.unbounded_send(());
+    }
+    ctx.records.with(node, |r| {
+        r.conflict.written();
+        r.written(node, &w.desired);
+        if ctx.gate.enabled() {
+            // Our newest write: the gate decides from it, and cached versions before it are
+            // stale.
+            r.gate_written(
+                written.metadata.resource_version.clone(),
+                nodes::GateMark::Labels,
+            );
+        }
+    });
+    if w.first {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        ctx.metrics.first_labelled(gate::age(node, &now));
+    }
+    Ok(Some(written))
 }
 
 pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Action {

@@ -211,9 +211,28 @@ impl NodeRecord {
         Some(GATE_RECHECK.min(GATE_ECHO.saturating_sub(waited)))
     }
 
+    /// Where the node stands (`None` before its first reconcile).
+    pub fn state(&self) -> Option<&NodeState> {
+        self.state.as_ref()
+    }
+
     /// The cache shows the node as it is now: nothing is awaited.
     pub fn seen(&mut self) {
         self.echo = None;
+    }
+}
+
+/// Has a node that stood at `previous` just fallen into `state` *and reason*? (Callers then say
+/// so once, in an Event and a log line.) A failing node changing from one error to another has
+/// not: one Event per spell of failing, except that refused credentials are told apart.
+pub fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
+    let denied = |s: &NodeState| matches!(s, NodeState::Failing("ec2_unauthorized"));
+    match previous {
+        Some(p @ NodeState::Failing(_)) if matches!(state, NodeState::Failing(_)) => {
+            denied(p) != denied(state)
+        }
+        Some(p) => p != state,
+        None => true,
     }
 }
 
@@ -254,21 +273,6 @@ impl Nodes {
         self.metrics
             .node_state_changed(previous.as_ref(), Some(&state));
         previous
-    }
-
-    /// Record where `node` stands; true when it has just fallen into this state *and reason*
-    /// (callers then say so once, in an Event and a log line). A failing node changing from one
-    /// error to another has not: one Event per spell of failing, except that refused
-    /// credentials are told apart.
-    pub fn enter(&self, node: &LiteNode, state: NodeState) -> bool {
-        let denied = |s: &NodeState| matches!(s, NodeState::Failing("ec2_unauthorized"));
-        match self.set_state(node, state.clone()) {
-            Some(p @ NodeState::Failing(_)) if matches!(state, NodeState::Failing(_)) => {
-                denied(&p) != denied(&state)
-            }
-            Some(p) => p != state,
-            None => true,
-        }
     }
 
     /// A node seen for the first time is pending until its first reconcile settles.

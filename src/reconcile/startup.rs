@@ -14,26 +14,16 @@ use tracing::{info, warn};
 
 use super::{
     Context, events,
-    gate::{self, Release, Standing, TaintAction},
+    gate::{self, GatePlan, Release, Standing, TaintAction},
     nodes::GateMark,
     write::{release_taint, write_condition},
 };
-use crate::{Error, Result, node::LiteNode, topology::Ec2Error};
+use crate::{Result, node::LiteNode};
 
-/// Where a node whose reconcile failed with `e` stands, if the gate has something to say.
-pub(super) fn standing_of_error(e: &Error) -> Option<Standing> {
-    match e {
-        Error::Ec2(Ec2Error::Unauthorized { .. }) => Some(Standing::Unauthorized),
-        Error::Ec2(_) => Some(Standing::Ec2Unavailable),
-        // The API server's trouble: nothing could be written anyway.
-        _ => None,
-    }
-}
-
-/// Applies the gate to `node` (for [`Standing::Labelled`]: the version the API server returned
-/// for our label write, or a cached version that already carries `labels`). Returns how soon
-/// to look at the node again for the gate's sake (a timeout or a settling type), if sooner than
-/// usual.
+/// Takes the gate's step on `node` (for [`Standing::Labelled`]: the version the API server
+/// returned for our label write, or a cached version that already carries `labels`): decided by
+/// [`gate::Gate::plan`], carried out here. Returns how soon to look at the node again for the
+/// gate's sake (a timeout, a settling type, a cache behind our write), if sooner than usual.
 pub(super) async fn step(
     ctx: &Context,
     node: &LiteNode,
@@ -44,77 +34,71 @@ pub(super) async fn step(
     if !gate.enabled() {
         return Ok(None);
     }
-    if let Some(wait) = ctx.records.with(node, |r| {
+    let behind = ctx.records.with(node, |r| {
         r.gate_behind(node, |mark| shows(gate, node, labels, mark))
-    }) {
-        // The cache has not caught up with our last gate write: decide from the next version
-        // (its watch event usually comes first; `wait` in case it does not).
-        return Ok(Some(wait));
-    }
+    });
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let age = gate::age(node, &now);
+    let plan = gate.plan(node, standing, behind, &now);
+    let recheck = plan.recheck();
+    let GatePlan::Step { condition, taint } = plan else {
+        return Ok(recheck);
+    };
     let mut current = std::borrow::Cow::Borrowed(node);
-
-    if let Some((wanted, body)) = gate
-        .condition(standing)
-        .and_then(|wanted| Some((wanted, wanted.patch(node, &now)?)))
-    {
+    if let Some(wanted) = condition {
         let _permit = ctx.writes.acquire().await.ok();
         if !ctx.leader.is_leader() {
             return Ok(None);
         }
-        let updated = write_condition(&ctx.api, &node.name_any(), body, &ctx.metrics).await?;
-        ctx.records.with(node, |r| {
-            r.gate_written(
-                updated.metadata.resource_version.clone(),
-                GateMark::Condition {
-                    status: wanted.status,
-                    reason: wanted.reason,
-                },
-            )
-        });
-        current = std::borrow::Cow::Owned(updated);
-    }
-
-    let Some(taint) = &gate.taint else {
-        return Ok(None);
-    };
-    match gate.taint_action(taint.on(&current), standing, age) {
-        TaintAction::None => Ok(None),
-        TaintAction::Keep(recheck) => Ok(recheck),
-        TaintAction::Release(why) => {
-            let _permit = ctx.writes.acquire().await.ok();
-            if !ctx.leader.is_leader() {
-                return Ok(None);
-            }
-            let must_carry = if why == Release::Labelled {
-                labels
-            } else {
-                None
-            };
-            let Some(updated) = release_taint(
-                &ctx.api,
-                &current,
-                taint,
-                must_carry,
-                &ctx.metrics,
-                &ctx.leader,
-            )
-            .await?
-            else {
-                return Ok(None);
-            };
+        // `plan` kept it because the node's condition says something else: there is a body.
+        if let Some(body) = wanted.patch(node, &now) {
+            let updated = write_condition(&ctx.api, &node.name_any(), body, &ctx.metrics).await?;
             ctx.records.with(node, |r| {
                 r.gate_written(
                     updated.metadata.resource_version.clone(),
-                    GateMark::TaintReleased,
+                    GateMark::Condition {
+                        status: wanted.status,
+                        reason: wanted.reason,
+                    },
                 )
             });
-            ctx.metrics.taint_released(why.as_str(), age);
-            announce(ctx, node, taint, why, standing, age).await;
-            Ok(None)
+            current = std::borrow::Cow::Owned(updated);
         }
     }
+    let (TaintAction::Release(why), Some(startup_taint)) = (taint, &gate.taint) else {
+        return Ok(recheck);
+    };
+    let _permit = ctx.writes.acquire().await.ok();
+    if !ctx.leader.is_leader() {
+        return Ok(None);
+    }
+    let must_carry = if why == Release::Labelled {
+        labels
+    } else {
+        None
+    };
+    // `release_taint` looks at the version it writes to: a taint gone meanwhile is left gone.
+    let Some(updated) = release_taint(
+        &ctx.api,
+        &current,
+        startup_taint,
+        must_carry,
+        &ctx.metrics,
+        &ctx.leader,
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    ctx.records.with(node, |r| {
+        r.gate_written(
+            updated.metadata.resource_version.clone(),
+            GateMark::TaintReleased,
+        )
+    });
+    let age = gate::age(node, &now);
+    ctx.metrics.taint_released(why.as_str(), age);
+    announce(ctx, node, startup_taint, why, standing, age).await;
+    Ok(None)
 }
 
 /// Does `node`, a version other than the one our gate write returned, show what that write

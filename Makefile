@@ -8,7 +8,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: release kind-down image all build build-release bench-scale controlplane schedulers slurm tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
+.PHONY: release kind-down image all build build-release bench-scale controlplane schedulers slurm pictures tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -33,6 +33,11 @@ schedulers:
 slurm:
 	@e2e/slurm/install.sh
 
+## pictures: what judges `tree -o dot|mermaid`: Graphviz (apt) and the real Mermaid parser (npm, cached)
+pictures:
+	@e2e/tools/graphviz.sh
+	@e2e/tools/mermaid.sh >/dev/null
+
 ## tools: build the pinned Helm from the Go module proxy (cached)
 tools:
 	@e2e/tools/build.sh >/dev/null
@@ -43,7 +48,7 @@ demo: build controlplane
 	$(BIN)/e2e-cluster demo
 
 ## test: unit + integration tests, then e2e against a real kube-apiserver (README command 2)
-test: build controlplane schedulers slurm check-manifests
+test: build controlplane schedulers slurm pictures check-manifests
 	cargo test --workspace --locked
 
 # Single targets are selected with --workspace, not -p: -p resolves features for one package

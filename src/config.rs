@@ -167,8 +167,9 @@ pub struct TreeArgs {
         default_value = "ec2-topology-labeler.io/topology-pending:NoSchedule"
     )]
     pub startup_taint: Option<StartupTaint>,
-    /// Output format: the tree, JSON, or Slurm's topology file (`slurm`: `topology.conf` for the
-    /// tree plugin; `slurm-yaml`: `topology.yaml`, Slurm 25.05 and later).
+    /// Output format: the tree, JSON, a picture (`dot`: Graphviz, `dot -Tsvg`; `mermaid`: a
+    /// Mermaid flowchart, drawn where Markdown is), or Slurm's topology file (`slurm`:
+    /// `topology.conf` for the tree plugin; `slurm-yaml`: `topology.yaml`, Slurm 25.05 and later).
     #[arg(
         short = 'o',
         long = "output",
@@ -189,6 +190,8 @@ pub enum TreeFormat {
     #[default]
     Table,
     Json,
+    Dot,
+    Mermaid,
     Slurm,
     SlurmYaml,
 }

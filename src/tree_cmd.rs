@@ -12,6 +12,7 @@ use crate::{
     config::{TreeArgs, TreeFormat},
     coverage::Coverage,
     node::LiteNode,
+    picture,
     reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
 };
@@ -26,13 +27,14 @@ fn ready(node: &Node) -> Option<bool> {
         .map(|c| c.status == "True")
 }
 
-/// The node's startup taint and `TopologyLabeled` condition, in words.
-fn note(taint: Option<&StartupTaint>, node: &Node) -> Option<String> {
+/// The node's startup taint and `TopologyLabeled` condition, in words, and whether it carries
+/// the taint.
+fn note(taint: Option<&StartupTaint>, node: &Node) -> (Option<String>, bool) {
     // Read as the controller reads it (taints, our condition only).
-    let lite: LiteNode = serde_json::to_value(node)
-        .and_then(serde_json::from_value)
-        .ok()?;
-    gate::note(taint, &lite)
+    let Ok(lite) = serde_json::to_value(node).and_then(serde_json::from_value::<LiteNode>) else {
+        return (None, false);
+    };
+    (gate::note(taint, &lite), taint.is_some_and(|t| t.on(&lite)))
 }
 
 pub async fn run(args: TreeArgs) -> Result<()> {
@@ -42,11 +44,15 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list(&params).await?;
-        views.extend(page.items.iter().map(|n| NodeView {
-            name: n.name_any(),
-            ready: ready(n),
-            labels: n.labels().clone(),
-            note: note(args.startup_taint.as_ref(), n),
+        views.extend(page.items.iter().map(|n| {
+            let (note, tainted) = note(args.startup_taint.as_ref(), n);
+            NodeView {
+                name: n.name_any(),
+                ready: ready(n),
+                labels: n.labels().clone(),
+                note,
+                tainted,
+            }
         }));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -57,6 +63,8 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let coverage = Coverage::build(&scheme, &views);
     let text = match args.output {
         TreeFormat::Table => format!("{}\n{}", forest.render(), coverage.render()),
+        TreeFormat::Dot => picture::dot(&forest),
+        TreeFormat::Mermaid => picture::mermaid(&forest),
         TreeFormat::Slurm | TreeFormat::SlurmYaml => {
             let files = crate::publish::slurm::Files {
                 tree_topology: args.labels.slurm_topology_name.clone(),

@@ -217,6 +217,7 @@ impl Publishers {
                         ready: None,
                         labels: n.labels().into_owned(),
                         note: None,
+                        tainted: false,
                     })
                     .collect()
             } else {

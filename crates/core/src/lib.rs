@@ -4,6 +4,7 @@
 
 pub mod coverage;
 pub mod labels;
+pub mod picture;
 pub mod provider_id;
 pub mod slurm;
 pub mod topology;

@@ -16,6 +16,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// What else to say about the node (its startup taint, its `TopologyLabeled` condition).
     pub note: Option<String>,
+    /// It carries the startup taint (schedulers keep pods off it until it is released).
+    pub tainted: bool,
 }
 
 impl NodeView {
@@ -38,6 +40,7 @@ impl NodeView {
             ready: Some(true),
             labels,
             note: None,
+            tainted: false,
         }
     }
 }
@@ -89,6 +92,8 @@ pub struct TreeNode {
     pub ready: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tainted: bool,
 }
 
 /// The whole cluster's topology as its labels describe it.
@@ -101,6 +106,9 @@ pub struct Forest {
     /// Notes on those nodes (a startup taint still on, the condition's reason).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub missing_notes: BTreeMap<String, String>,
+    /// Those of them still carrying the startup taint.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub missing_tainted: BTreeSet<String>,
     /// A network node seen under two different parents: the labels are inconsistent.
     pub conflicts: Vec<Conflict>,
 }
@@ -128,6 +136,9 @@ impl Forest {
                 if let Some(note) = &node.note {
                     forest.missing_notes.insert(node.name.clone(), note.clone());
                 }
+                if node.tainted {
+                    forest.missing_tainted.insert(node.name.clone());
+                }
                 continue;
             };
             for (i, id) in path.iter().enumerate() {
@@ -151,6 +162,7 @@ impl Forest {
                         name: node.name.clone(),
                         ready: node.ready,
                         note: node.note.clone(),
+                        tainted: node.tainted,
                     });
                 }
                 level = &mut d.children;
@@ -300,6 +312,7 @@ mod tests {
                 ready: Some(true),
                 labels: BTreeMap::new(),
                 note: Some("startup taint".into()),
+                tainted: true,
             },
         ];
         let f = Forest::build(&LabelScheme::default(), &nodes);

@@ -210,6 +210,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .env("RUST_LOG", "warn")
             .output()?;
         print!("{}", String::from_utf8_lossy(&tree.stdout));
+        // The same as pictures (`tree -o dot`, `tree -o mermaid`), and an SVG where Graphviz is.
+        for (format, file) in [("dot", "topology.dot"), ("mermaid", "topology.mmd")] {
+            let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+                .args(["tree", "-o", format])
+                .env("KUBECONFIG", &cp.admin_kubeconfig)
+                .env("RUST_LOG", "warn")
+                .output()?;
+            std::fs::write(dir.join(file), &out.stdout)?;
+        }
+        let svg = std::process::Command::new("dot")
+            .arg("-Tsvg")
+            .arg(dir.join("topology.dot"))
+            .arg("-o")
+            .arg(dir.join("topology.svg"))
+            .status()
+            .is_ok_and(|s| s.success());
+        println!(
+            "\nas a picture: {} (`tree -o mermaid`), {}{}",
+            dir.join("topology.mmd").display(),
+            dir.join("topology.dot").display(),
+            if svg {
+                format!(" and {}", dir.join("topology.svg").display())
+            } else {
+                " (`dot -Tsvg` draws it)".to_string()
+            }
+        );
         println!("\ncontroller log: {}", l.log.display());
         println!("plan (what the controller would still change; nothing, now):");
         println!(

@@ -93,6 +93,7 @@ pub async fn tree_min_labelled_checks_the_labels(env: &Env) -> anyhow::Result<()
     let c = env.admin().await?;
     let s = NodeSpec::ec2(0x1a1, 1, "p5.48xlarge");
     let inst = s.instance(&["nn-tree-spine", "nn-tree-agg", "nn-tree-leaf"]);
+    let name = s.name.clone();
     label_and_wait(env, &c, &[(s, inst)]).await?;
     let tree = |min: &str| {
         std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
@@ -109,6 +110,27 @@ pub async fn tree_min_labelled_checks_the_labels(env: &Env) -> anyhow::Result<()
         ok.status,
         String::from_utf8_lossy(&ok.stderr)
     );
+    // The pictures, from the same cluster: the network nodes nested, the node inside.
+    for (format, opening) in [("dot", "digraph topology {"), ("mermaid", "flowchart TB")] {
+        let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+            .args(["tree", "-o", format])
+            .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
+            .env("RUST_LOG", "error")
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let at = |needle: &str| text.find(needle);
+        ensure!(
+            out.status.success()
+                && text.contains(opening)
+                && at("nn-tree-spine") < at("nn-tree-agg")
+                && at("nn-tree-agg") < at("nn-tree-leaf")
+                && at("nn-tree-leaf") < at(&name)
+                && at("nn-tree-spine").is_some(),
+            "tree -o {format}: {:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let short = tree("1000000")?;
     let said = String::from_utf8_lossy(&short.stderr);
     ensure!(

@@ -4,8 +4,9 @@
 //! [`super::assess`], or why there is none) it gives one [`Decision`]: where the node stands,
 //! what to say about it (an Event and a log line, once, on entering that), the labels to write,
 //! where the startup gate stands (its condition and taint follow from that: [`Gate::plan`]) and
-//! when to look again. [`super::reconcile_node`] gathers the facts and carries the decision out;
-//! it decides nothing itself.
+//! when to look again. [`super::reconcile_node`] gathers the facts (and stops early when
+//! leadership is lost while it does) and `carry_out` carries the decision out; neither decides
+//! where a node stands.
 //!
 //! Owns: the decision for one node. Never does I/O, never reads a clock (the time is a fact).
 
@@ -114,11 +115,15 @@ pub(super) struct GateStep {
 pub(super) struct Decision {
     /// Where the node stands now (`None`: as it stood). With a write, once it succeeded.
     pub state: Option<NodeState>,
-    /// Said once (an Event and a log line): on entering `state`, on a write, on a hold.
+    /// Said once (an Event, and a log line where [`Say::log`] has one): on entering `state`, on
+    /// a write, when a hold starts.
     pub say: Option<Say>,
     pub write: Option<Write>,
     /// The node cache shows the node as it is: our last write is no longer awaited.
     pub seen: bool,
+    /// The startup gate's step comes before the state and what is said (as on a failed
+    /// reconcile, whose Event follows the gate's).
+    pub gate_first: bool,
     /// The startup gate's step (`None`: none this time, as while our write is awaited). With a
     /// write, taken on the node the API server returned.
     pub gate: Option<GateStep>,
@@ -179,7 +184,8 @@ impl Say {
         }
     }
 
-    /// The Event's note (a conflict's is written where its other writer is known).
+    /// The Event's note. A conflict's Event is written by `events::report_conflict`, which
+    /// names the other writer; this note is only its gist.
     pub fn note(&self) -> String {
         match self {
             Say::Skipped {
@@ -304,12 +310,13 @@ fn step(standing: Standing) -> Option<GateStep> {
 /// The decision for one node.
 pub(super) fn decide(facts: Facts<'_>) -> Decision {
     let node = facts.node;
-    let provider_id = || provider_id::for_log(provider_id_of(node)).to_string();
+    let provider_id = || provider_id::for_log(provider_id_of(node));
     let mut d = Decision {
         state: None,
         say: None,
         write: None,
         seen: false,
+        gate_first: false,
         gate: None,
         next: None,
     };
@@ -327,6 +334,7 @@ pub(super) fn decide(facts: Facts<'_>) -> Decision {
                 error: e.to_string(),
             });
             d.state = Some(state);
+            d.gate_first = true;
             d.gate = match e {
                 Error::Ec2(Ec2Error::Unauthorized { .. }) => step(Standing::Unauthorized),
                 Error::Ec2(_) => step(Standing::Ec2Unavailable),
@@ -552,10 +560,23 @@ mod tests {
             .say
             .as_ref()
             .map_or("-".to_string(), |s| format!("{:?}", s.reason()));
-        let write = d
-            .write
+        let write = match (&d.write, d.seen) {
+            (Some(w), _) => {
+                if w.first {
+                    "first"
+                } else {
+                    "write"
+                }
+            }
+            (None, true) => "seen",
+            (None, false) => "-",
+        };
+        // The labels a release after labelling requires the node to carry.
+        let carry = d
+            .gate
             .as_ref()
-            .map_or("-", |w| if w.first { "first" } else { "write" });
+            .and_then(|g| g.labels.as_ref())
+            .map_or("-".to_string(), |l| l.len().to_string());
         let (condition, taint, recheck) = match &d.gate {
             None => ("-".to_string(), "-".to_string(), None),
             Some(step) => {
@@ -565,9 +586,15 @@ mod tests {
                     GatePlan::Off => ("off".into(), "off".into(), recheck),
                     GatePlan::Behind(_) => ("behind".into(), "behind".into(), recheck),
                     GatePlan::Step { condition, taint } => (
-                        condition.map_or("=".to_string(), |w| {
-                            format!("{}/{}", if w.status { "True" } else { "False" }, w.reason)
-                        }),
+                        match (condition, gate.condition(&step.standing)) {
+                            (Some(w), _) => {
+                                format!("{}/{}", if w.status { "True" } else { "False" }, w.reason)
+                            }
+                            // The node's condition says it already.
+                            (None, Some(_)) => "=".to_string(),
+                            // Nothing to say (a hold), or conditions off.
+                            (None, None) => "n/a".to_string(),
+                        },
                         match taint {
                             TaintAction::None => "none".to_string(),
                             TaintAction::Keep(None) => "keep".to_string(),
@@ -581,7 +608,7 @@ mod tests {
         };
         let next = next_look(d.next, recheck)
             .map_or("change".to_string(), |n| format!("{}ms", n.as_millis()));
-        format!("{state} | {say} | {write} | {condition} | {taint} | {next}")
+        format!("{state} | {say} | {write} | {carry} | {condition} | {taint} | {next}")
     }
 
     #[test]
@@ -633,6 +660,28 @@ mod tests {
         let empty = node(&now, 10, "", true, &[]);
         let other_cloud = node(&now, 10, "kind://docker/kind/n1", true, &[]);
         let (unsupported, unknown) = (young(&m5), young(&[]));
+        let fargate = node(
+            &now,
+            10,
+            "aws:///us-west-2a/0123456789abcdef0123456789abcdef/fargate-ip-10-0-13-1.us-west-2.compute.internal",
+            true,
+            &[],
+        );
+        let hybrid = node(
+            &now,
+            10,
+            "eks-hybrid:///us-west-2/my-cluster/mi-0123456789abcdef0",
+            true,
+            &[],
+        );
+        let malformed = node(&now, 10, "aws:///us-east-1a/not-an-instance", true, &[]);
+        let mut said_not_described = node(&now, 10, aws, false, &p5);
+        said_not_described.status.conditions.push(LiteCondition {
+            type_: CONDITION_TYPE.into(),
+            status: "False".into(),
+            reason: Some("NotDescribed".into()),
+            ..LiteCondition::default()
+        });
         let settling_too_long = node(&now, 200, aws, true, &p5);
         let past_timeout = node(&now, 700, aws, true, &p5);
 
@@ -652,6 +701,17 @@ mod tests {
             leak(unknown),
         );
         let (settling_too_long, past_timeout) = (leak(settling_too_long), leak(past_timeout));
+        let (fargate, hybrid, malformed, said_not_described) = (
+            leak(fargate),
+            leak(hybrid),
+            leak(malformed),
+            leak(said_not_described),
+        );
+        let condition_only = Gate {
+            taint: None,
+            ..gate(WhenUnsupported::Release, None)
+        };
+        let skipped = |n, why| facts(n, Answer::Assessed(Assessment::Skipped(why)));
         let throttled: &'static Error = Box::leak(Box::new(throttled));
         let denied: &'static Error = Box::leak(Box::new(denied));
         let api: &'static Error = Box::leak(Box::new(api));
@@ -663,6 +723,71 @@ mod tests {
         let rows: Vec<(&str, Facts<'static>, &Gate, Option<Duration>, &str)> = vec![
             // Skipped: each reason a providerID is not looked up.
             (
+                "skipped, a Fargate pod-node",
+                skipped(fargate, SkipReason::Fargate),
+                &release,
+                None,
+                "skipped/fargate | TopologySkipped | - | - | False/Skipped | release unsupported | change",
+            ),
+            (
+                "skipped, a Hybrid node",
+                skipped(hybrid, SkipReason::Hybrid),
+                &release,
+                None,
+                "skipped/hybrid | TopologySkipped | - | - | False/Skipped | release unsupported | change",
+            ),
+            (
+                "skipped, a malformed providerID",
+                skipped(malformed, SkipReason::Malformed),
+                &release,
+                None,
+                "skipped/malformed_provider_id | TopologySkipped | - | - | False/Skipped | release unsupported | change",
+            ),
+            (
+                "a first reconcile says where the node stands",
+                after(facts(bare, not_described(60)), NodeState::Pending),
+                &release,
+                None,
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | keep 110s | 60005ms",
+            ),
+            (
+                "not described, the condition says so already",
+                after(
+                    facts(said_not_described, not_described(60)),
+                    NodeState::NotDescribed(NotDescribed::NotYet),
+                ),
+                &release,
+                None,
+                "not_described/not_described_yet | - | - | - | = | none | 60005ms",
+            ),
+            (
+                "EC2 refuses our credentials still: said once",
+                after(
+                    facts(bare, Answer::Failed(denied)),
+                    NodeState::Failing("ec2_unauthorized"),
+                ),
+                &release,
+                None,
+                "failing/ec2_unauthorized | - | - | - | False/Unauthorized | keep | change",
+            ),
+            (
+                "credentials refused, then EC2 throttles: said",
+                after(
+                    facts(bare, Answer::Failed(throttled)),
+                    NodeState::Failing("ec2_unauthorized"),
+                ),
+                &release,
+                None,
+                "failing/ec2_throttled | TopologyLabelingFailed | - | - | False/Ec2Unavailable | keep | change",
+            ),
+            (
+                "the condition without a taint",
+                facts(bare, Answer::Assessed(ready(bare, "nn-3", None))),
+                &condition_only,
+                None,
+                "labelled/ | TopologyLabelsUpdated | first | 1 | True/Labelled | none | change",
+            ),
+            (
                 "skipped, no providerID yet",
                 facts(
                     empty,
@@ -670,7 +795,7 @@ mod tests {
                 ),
                 &release,
                 None,
-                "skipped/empty_provider_id | TopologySkipped | - | False/Skipped | keep | change",
+                "skipped/empty_provider_id | TopologySkipped | - | - | False/Skipped | keep | change",
             ),
             (
                 "skipped, another cloud",
@@ -680,7 +805,7 @@ mod tests {
                 ),
                 &release,
                 None,
-                "skipped/other_cloud | TopologySkipped | - | False/Skipped | release unsupported | change",
+                "skipped/other_cloud | TopologySkipped | - | - | False/Skipped | release unsupported | change",
             ),
             (
                 "skipped, another cloud, kept by policy",
@@ -690,7 +815,7 @@ mod tests {
                 ),
                 &keep,
                 None,
-                "skipped/other_cloud | TopologySkipped | - | False/Skipped | keep 590s | 590100ms",
+                "skipped/other_cloud | TopologySkipped | - | - | False/Skipped | keep 590s | 590100ms",
             ),
             (
                 "skipped again: said once",
@@ -703,7 +828,7 @@ mod tests {
                 ),
                 &release,
                 None,
-                "skipped/other_cloud | - | - | False/Skipped | release unsupported | change",
+                "skipped/other_cloud | - | - | - | False/Skipped | release unsupported | change",
             ),
             // Not described: an unsupported type, a type still settling, a type not known yet.
             (
@@ -711,49 +836,49 @@ mod tests {
                 facts(unsupported, not_described(60)),
                 &release,
                 None,
-                "not_described/unsupported_instance_type | TopologyNotDescribed | - | False/NotDescribed | release unsupported | 60005ms",
+                "not_described/unsupported_instance_type | TopologyNotDescribed | - | - | False/NotDescribed | release unsupported | 60005ms",
             ),
             (
                 "not described, a described type settling",
                 facts(bare, not_described(60)),
                 &release,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | keep 110s | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | keep 110s | 60005ms",
             ),
             (
                 "not described, type not known yet",
                 facts(unknown, not_described(300)),
                 &release,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | keep 110s | 110100ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | keep 110s | 110100ms",
             ),
             (
                 "not described past the settling time",
                 facts(settling_too_long, not_described(60)),
                 &release,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | release unsupported | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | release unsupported | 60005ms",
             ),
             (
                 "not described, kept by policy until the timeout",
                 facts(bare, not_described(60)),
                 &keep,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | keep 590s | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | keep 590s | 60005ms",
             ),
             (
                 "not described past the timeout",
                 facts(past_timeout, not_described(60)),
                 &keep,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | release timeout | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | release timeout | 60005ms",
             ),
             (
                 "not described, untainted",
                 facts(untainted, not_described(60)),
                 &release,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | False/NotDescribed | none | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | False/NotDescribed | none | 60005ms",
             ),
             // Refused, unusable.
             (
@@ -761,7 +886,7 @@ mod tests {
                 facts(bare, rejected),
                 &release,
                 None,
-                "rejected/invalid_instance_id | InstanceIdRejected | - | False/NotDescribed | keep | 30005ms",
+                "rejected/invalid_instance_id | InstanceIdRejected | - | - | False/NotDescribed | keep | 30005ms",
             ),
             (
                 "EC2's answer unusable",
@@ -771,7 +896,7 @@ mod tests {
                 },
                 &release,
                 None,
-                "failing/invalid_topology | TopologyInvalid | - | False/Ec2Unavailable | keep | 45005ms",
+                "failing/invalid_topology | TopologyInvalid | - | - | False/Ec2Unavailable | keep | 45005ms",
             ),
             // Ready: written, already right, awaited, held, settling.
             (
@@ -779,35 +904,35 @@ mod tests {
                 facts(bare, Answer::Assessed(ready(bare, "nn-3", None))),
                 &release,
                 None,
-                "labelled/ | TopologyLabelsUpdated | first | True/Labelled | release labelled | change",
+                "labelled/ | TopologyLabelsUpdated | first | 1 | True/Labelled | release labelled | change",
             ),
             (
                 "labels to correct",
                 facts(labelled, Answer::Assessed(ready(labelled, "nn-9", None))),
                 &release,
                 None,
-                "labelled/ | TopologyLabelsUpdated | write | True/Labelled | release labelled | change",
+                "labelled/ | TopologyLabelsUpdated | write | 1 | True/Labelled | release labelled | change",
             ),
             (
                 "labels right, taint still up",
                 facts(labelled, Answer::Assessed(ready(labelled, "nn-3", None))),
                 &release,
                 None,
-                "labelled/ | - | - | True/Labelled | release labelled | change",
+                "labelled/ | - | seen | 1 | True/Labelled | release labelled | change",
             ),
             (
                 "labels right, condition says so, untainted",
                 facts(settled, Answer::Assessed(ready(settled, "nn-3", None))),
                 &release,
                 None,
-                "labelled/ | - | - | = | none | change",
+                "labelled/ | - | seen | 1 | = | none | change",
             ),
             (
                 "labels right, the cache behind our gate write",
                 facts(labelled, Answer::Assessed(ready(labelled, "nn-3", None))),
                 &release,
                 Some(Duration::from_secs(1)),
-                "labelled/ | - | - | behind | behind | 1100ms",
+                "labelled/ | - | seen | 1 | behind | behind | 1100ms",
             ),
             (
                 "labels right, EC2's answer settling",
@@ -817,7 +942,7 @@ mod tests {
                 ),
                 &release,
                 None,
-                "labelled/ | - | - | = | none | 20005ms",
+                "labelled/ | - | seen | 1 | = | none | 20005ms",
             ),
             (
                 "our write awaited",
@@ -827,7 +952,7 @@ mod tests {
                 },
                 &release,
                 None,
-                "labelled/ | - | - | - | - | change",
+                "labelled/ | - | - | - | - | - | change",
             ),
             (
                 "another writer: the hold starts",
@@ -837,7 +962,7 @@ mod tests {
                 },
                 &release,
                 None,
-                "conflict/other_writer | TopologyLabelConflict | - | = | keep | 300100ms",
+                "conflict/other_writer | TopologyLabelConflict | - | - | n/a | keep | 300100ms",
             ),
             (
                 "another writer: held still",
@@ -847,7 +972,7 @@ mod tests {
                 },
                 &release,
                 None,
-                "conflict/other_writer | - | - | = | keep | 300100ms",
+                "conflict/other_writer | - | - | - | n/a | keep | 300100ms",
             ),
             // No answer.
             (
@@ -855,14 +980,14 @@ mod tests {
                 facts(past_timeout, Answer::TimedOut),
                 &keep,
                 None,
-                "- | - | - | False/Ec2Unavailable | release timeout | 1000ms",
+                "- | - | - | - | False/Ec2Unavailable | release timeout | 1000ms",
             ),
             (
                 "EC2 throttles",
                 facts(bare, Answer::Failed(throttled)),
                 &release,
                 None,
-                "failing/ec2_throttled | TopologyLabelingFailed | - | False/Ec2Unavailable | keep | change",
+                "failing/ec2_throttled | TopologyLabelingFailed | - | - | False/Ec2Unavailable | keep | change",
             ),
             (
                 "EC2 throttles still: said once",
@@ -872,7 +997,7 @@ mod tests {
                 ),
                 &release,
                 None,
-                "failing/ec2_throttled | - | - | False/Ec2Unavailable | keep | change",
+                "failing/ec2_throttled | - | - | - | False/Ec2Unavailable | keep | change",
             ),
             (
                 "EC2 refuses our credentials",
@@ -882,21 +1007,21 @@ mod tests {
                 ),
                 &release,
                 None,
-                "failing/ec2_unauthorized | Ec2AccessDenied | - | False/Unauthorized | keep | change",
+                "failing/ec2_unauthorized | Ec2AccessDenied | - | - | False/Unauthorized | keep | change",
             ),
             (
                 "the API server fails the write",
                 facts(bare, Answer::Failed(api)),
                 &release,
                 None,
-                "failing/kube | TopologyLabelingFailed | - | - | - | change",
+                "failing/kube | TopologyLabelingFailed | - | - | - | - | change",
             ),
             (
                 "the gate off",
                 facts(bare, not_described(60)),
                 &off,
                 None,
-                "not_described/not_described_yet | TopologyNotDescribed | - | off | off | 60005ms",
+                "not_described/not_described_yet | TopologyNotDescribed | - | - | off | off | 60005ms",
             ),
         ];
         let mut wrong = Vec::new();

@@ -46,8 +46,13 @@ use nodes::Nodes;
 pub use write::{apply_body, write_labels};
 
 use crate::{
-    Error, Result, duration::HumanDuration, labels::LabelScheme, leader::Leadership,
-    lookup::Lookup, metrics::Metrics, node::LiteNode,
+    Error, Result,
+    duration::HumanDuration,
+    labels::LabelScheme,
+    leader::Leadership,
+    lookup::Lookup,
+    metrics::{Metrics, NodeState},
+    node::LiteNode,
 };
 
 /// The controller's own behaviour.
@@ -292,11 +297,22 @@ async fn carry_out(ctx: &Context, node: &LiteNode, decision: Decision) -> Result
         say,
         write,
         seen,
+        gate_first,
         gate,
-        next,
+        mut next,
     } = decision;
     if seen {
         ctx.records.with(node, |r| r.seen());
+    }
+    let step = async |on: &LiteNode| match &gate {
+        Some(GateStep { standing, labels }) => {
+            startup::step(ctx, on, standing, labels.as_ref()).await
+        }
+        None => Ok(None),
+    };
+    let mut recheck = None;
+    if gate_first {
+        recheck = step(node).await?;
     }
     // The gate decides from the node as the API server returned it after our write.
     let written = match &write {
@@ -307,16 +323,21 @@ async fn carry_out(ctx: &Context, node: &LiteNode, decision: Decision) -> Result
         },
         None => None,
     };
+    if state == Some(NodeState::Conflict) {
+        debug!(
+            wait_ms = next.map_or(0, |n| n.as_millis() as u64),
+            "label conflict: holding writes to this node"
+        );
+    }
     if let Some(state) = state {
         ctx.records.set_state(node, state);
     }
     match &say {
         Some(Say::Conflict { diff, until }) => {
-            debug!(
-                wait_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
-                "label conflict: holding writes to this node"
-            );
             events::report_conflict(ctx, node, diff, *until).await;
+            // Asking who the other writer is took time: the hold ends when it ends.
+            next =
+                Some(until.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
         }
         Some(say) => {
             say.log();
@@ -324,13 +345,9 @@ async fn carry_out(ctx: &Context, node: &LiteNode, decision: Decision) -> Result
         }
         None => {}
     }
-    let recheck = match &gate {
-        Some(GateStep { standing, labels }) => {
-            let on = written.as_ref().unwrap_or(node);
-            startup::step(ctx, on, standing, labels.as_ref()).await?
-        }
-        None => None,
-    };
+    if !gate_first {
+        recheck = step(written.as_ref().unwrap_or(node)).await?;
+    }
     Ok(next_look(next, recheck))
 }
 

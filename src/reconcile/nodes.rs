@@ -267,12 +267,11 @@ impl Nodes {
         f(records.entry(name.to_owned()).or_default())
     }
 
-    /// Record where `node` stands; returns where it stood (so callers log transitions once).
-    pub fn set_state(&self, node: &LiteNode, state: NodeState) -> Option<NodeState> {
+    /// Record where `node` stands (and move it between the state gauges).
+    pub fn set_state(&self, node: &LiteNode, state: NodeState) {
         let previous = self.with(node, |r| r.state.replace(state.clone()));
         self.metrics
             .node_state_changed(previous.as_ref(), Some(&state));
-        previous
     }
 
     /// A node seen for the first time is pending until its first reconcile settles.

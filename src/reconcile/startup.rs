@@ -39,9 +39,8 @@ pub(super) async fn step(
     });
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let plan = gate.plan(node, standing, behind, &now);
-    let recheck = plan.recheck();
     let GatePlan::Step { condition, taint } = plan else {
-        return Ok(recheck);
+        return Ok(plan.recheck());
     };
     let mut current = std::borrow::Cow::Borrowed(node);
     if let Some(wanted) = condition {
@@ -64,6 +63,18 @@ pub(super) async fn step(
             current = std::borrow::Cow::Owned(updated);
         }
     }
+    // The taint is judged on the version the condition write returned, when there is one: a
+    // taint added meanwhile (a provisioner syncing its startup taints) is acted on now.
+    let taint = match (&current, &gate.taint) {
+        (std::borrow::Cow::Owned(updated), Some(t)) => {
+            gate.taint_action(t.on(updated), standing, gate::age(node, &now))
+        }
+        _ => taint,
+    };
+    let recheck = match taint {
+        TaintAction::Keep(recheck) => recheck,
+        _ => None,
+    };
     let (TaintAction::Release(why), Some(startup_taint)) = (taint, &gate.taint) else {
         return Ok(recheck);
     };

@@ -21,6 +21,14 @@ pub const SLINKY_SPEC_KEY: &str = "topology.slinky.slurm.net/spec";
 /// The name Slinky's docs give the tree topology (and `tree -o slurm-yaml` its default).
 pub const SLURM_TREE_TOPOLOGY: &str = "topo-switch";
 
+/// SageMaker HyperPod's UltraServer key (`--label-preset hyperpod` writes the capacity block
+/// there).
+pub const HYPERPOD_ULTRASERVER_KEY: &str = "topology.k8s.aws/ultraserver-id";
+/// NVIDIA topograph's tier keys: `…tier-0` is the switch above the instance, counting upwards.
+pub const TOPOGRAPH_TIER_PREFIX: &str = "fabric.topograph.run/tier-";
+/// NVIDIA topograph's accelerator (NVLink) domain key: the capacity block on AWS.
+pub const TOPOGRAPH_DOMAIN_KEY: &str = "accelerator.topograph.run/domain";
+
 /// Deepest hierarchy we label (Kueue allows at most 16 levels).
 pub const MAX_LAYERS: usize = 16;
 
@@ -42,6 +50,8 @@ pub enum LayerNumbering {
 pub struct LabelScheme {
     pub layer_prefix: String,
     pub numbering: LayerNumbering,
+    /// The number the first layer key carries: 1 (EKS), or 0 (topograph's `tier-0`).
+    pub first_layer: usize,
     pub zone_id_key: Option<String>,
     pub capacity_block_key: Option<String>,
     /// Used both as a label (sanitised value) and an annotation (raw name).
@@ -66,6 +76,7 @@ impl Default for LabelScheme {
         Self {
             layer_prefix: EKS_LAYER_PREFIX.into(),
             numbering: LayerNumbering::TopFirst,
+            first_layer: 1,
             zone_id_key: Some(EKS_ZONE_ID_KEY.into()),
             capacity_block_key: Some(CAPACITY_BLOCK_KEY.into()),
             placement_group_key: Some(PLACEMENT_GROUP_KEY.into()),
@@ -78,6 +89,12 @@ impl Default for LabelScheme {
 impl LabelScheme {
     /// Check every key this scheme can produce is a valid Kubernetes label key.
     pub fn validate(&self) -> Result<(), String> {
+        if self.first_layer > 1 {
+            return Err(format!(
+                "the first layer key is numbered 0 or 1, not {}",
+                self.first_layer
+            ));
+        }
         let widest_layer = self.layer_key(MAX_LAYERS);
         for key in std::iter::once(&widest_layer)
             .chain(self.zone_id_key.iter())
@@ -127,15 +144,21 @@ impl LabelScheme {
 
     /// The key of layer `n` (1-based, in this scheme's numbering).
     pub fn layer_key(&self, n: usize) -> String {
-        format!("{}{}", self.layer_prefix, n)
+        format!(
+            "{}{}",
+            self.layer_prefix,
+            (n + self.first_layer).saturating_sub(1)
+        )
     }
 
-    /// `Some(n)` when `key` is one of our layer keys.
+    /// `Some(n)` (1-based, as [`LabelScheme::layer_key`] takes it) when `key` is one of our
+    /// layer keys.
     pub fn layer_index(&self, key: &str) -> Option<usize> {
         let n = key.strip_prefix(&self.layer_prefix)?;
         let parsed: usize = n.parse().ok()?;
+        let index = (parsed + 1).checked_sub(self.first_layer)?;
         // Only canonical spellings (`3`, not `03` or `+3`) belong to the family.
-        ((1..=MAX_LAYERS).contains(&parsed) && parsed.to_string() == n).then_some(parsed)
+        ((1..=MAX_LAYERS).contains(&index) && parsed.to_string() == n).then_some(index)
     }
 
     /// Whether we manage this label key.

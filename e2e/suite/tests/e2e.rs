@@ -1542,6 +1542,110 @@ async fn kueue_one_topology_for_a_mixed_fleet(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--label-preset`: topograph's keys (tiers from the leaf at 0, the domain), then HyperPod's
+/// (EKS's layers and `ultraserver-id`), each written by the controller against the real API
+/// server, the previous preset's keys retired, and the Kueue Topology on the preset's keys; then
+/// back to the default.
+async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
+    let c = env.admin().await?;
+    let s = NodeSpec::ec2(0x11c, 1, "p6e-gb200.36xlarge");
+    let mut i = s.instance(&["nn-ps", "nn-pa", "nn-pl"]);
+    i.capacity_block_id = Some("cr-0c0ffee0c0ffee012".into());
+    label_and_wait(env, &c, &[(s.clone(), i)]).await?;
+    let labels_now = |want: Vec<(&'static str, &'static str)>, gone: Vec<&'static str>| {
+        let c = c.clone();
+        let name = s.name.clone();
+        async move {
+            eventually("the preset's labels", WAIT, || async {
+                let n = node_now(&c, &name).await?;
+                let have = n.metadata.labels.clone().unwrap_or_default();
+                let right = want
+                    .iter()
+                    .all(|(k, v)| have.get(*k).map(String::as_str) == Some(*v))
+                    && gone.iter().all(|k| !have.contains_key(*k));
+                Ok(right.then_some(()))
+            })
+            .await
+        }
+    };
+    let kueue_levels = |name: &'static str| {
+        let c = c.clone();
+        async move {
+            let t = eventually("the preset's Kueue Topology", WAIT, || async {
+                Ok(topology_api(&c).get_opt(name).await?)
+            })
+            .await?;
+            anyhow::Ok(levels(&t))
+        }
+    };
+    let result = async {
+        e2e::env::restart_labeler_with(
+            env,
+            &[
+                "--label-preset=topograph",
+                "--kueue-topology-name=aws-network-topograph",
+            ],
+        )
+        .await?;
+        labels_now(
+            vec![
+                ("fabric.topograph.run/tier-0", "nn-pl"),
+                ("fabric.topograph.run/tier-1", "nn-pa"),
+                ("fabric.topograph.run/tier-2", "nn-ps"),
+                ("accelerator.topograph.run/domain", "cr-0c0ffee0c0ffee012"),
+            ],
+            vec![
+                "topology.k8s.aws/network-node-layer-1",
+                "ec2-topology-labeler.io/capacity-block-id",
+                "fabric.topograph.run/tier-3",
+            ],
+        )
+        .await
+        .context("topograph's keys, EKS's retired")?;
+        let have = kueue_levels("aws-network-topograph").await?;
+        ensure!(
+            have == [
+                "fabric.topograph.run/tier-2",
+                "fabric.topograph.run/tier-1",
+                "fabric.topograph.run/tier-0",
+                "kubernetes.io/hostname"
+            ],
+            "Kueue levels with --label-preset=topograph: {have:?}"
+        );
+        e2e::env::restart_labeler_with(env, &["--label-preset=hyperpod"]).await?;
+        labels_now(
+            vec![
+                ("topology.k8s.aws/network-node-layer-1", "nn-ps"),
+                ("topology.k8s.aws/network-node-layer-3", "nn-pl"),
+                ("topology.k8s.aws/ultraserver-id", "cr-0c0ffee0c0ffee012"),
+            ],
+            vec![
+                "fabric.topograph.run/tier-0",
+                "accelerator.topograph.run/domain",
+                "ec2-topology-labeler.io/capacity-block-id",
+            ],
+        )
+        .await
+        .context("HyperPod's keys, topograph's retired")
+    }
+    .await;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    result?;
+    labels_now(
+        vec![(
+            "ec2-topology-labeler.io/capacity-block-id",
+            "cr-0c0ffee0c0ffee012",
+        )],
+        vec!["topology.k8s.aws/ultraserver-id"],
+    )
+    .await
+    .context("back to the default preset")?;
+    eprintln!(
+        "    topograph's and HyperPod's keys written in turn, each previous preset's retired"
+    );
+    Ok(())
+}
+
 async fn uniform_depth_admissions(
     env: &Env,
     c: &Client,
@@ -2217,6 +2321,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
+        scenario!(label_presets_rewrite_the_keys, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
         scenario!(volcano_places_gangs_by_its_label_discovery, true),
         scenario!(volcano_on_a_mixed_fleet_both_ways, true),

@@ -1224,12 +1224,55 @@ fn admission_policy_follows_the_api_and_the_configuration() {
     assert!(text.contains(r#"t.key == "example.com/pending" && t.effect == "NoExecute""#));
     // The defaults this configuration replaced may still be removed (the controller retires them).
     assert!(text.contains(&format!(r#"k.startsWith("{EKS_LAYER_PREFIX}")"#)));
-    assert!(text.contains(&format!(r#"k in ["{EKS_ZONE_ID_KEY}"]"#)));
+    assert!(
+        text.contains(&format!(r#"k in ["{EKS_ZONE_ID_KEY}","#)),
+        "{text}"
+    );
     assert!(
         policy["spec"]["matchConditions"][0]["expression"]
             .as_str()
             .unwrap()
             .ends_with(r#""system:serviceaccount:ec2-topology-labeler:labeler""#)
+    );
+    // A label preset: its keys are the controller's own (topograph's tiers numbered from 0);
+    // the default family and the other presets' keys may only be removed.
+    let docs = render_with(&api, &["config.labelPreset=topograph".into()]);
+    let text = cel(kind(&docs, "ValidatingAdmissionPolicy")[0]);
+    let (set, removed) = text
+        .split_once("variables.removedLabels")
+        .unwrap_or((&text, ""));
+    assert!(
+        set.contains(r#"k.startsWith("fabric.topograph.run/tier-") && k.substring(26).matches('^([0-9]|1[0-5])$')"#),
+        "{text}"
+    );
+    assert!(
+        set.contains(r#""accelerator.topograph.run/domain""#),
+        "{text}"
+    );
+    assert!(
+        !set.contains(&format!(r#"k.startsWith("{EKS_LAYER_PREFIX}")"#)),
+        "{set}"
+    );
+    assert!(
+        removed.contains(&format!(r#"k.startsWith("{EKS_LAYER_PREFIX}")"#)),
+        "{removed}"
+    );
+    assert!(
+        removed.contains(&format!(r#""{CAPACITY_BLOCK_KEY}""#)),
+        "{removed}"
+    );
+    let docs = render_with(&api, &["config.labelPreset=hyperpod".into()]);
+    let text = cel(kind(&docs, "ValidatingAdmissionPolicy")[0]);
+    let (set, removed) = text
+        .split_once("variables.removedLabels")
+        .unwrap_or((&text, ""));
+    assert!(
+        set.contains(r#""topology.k8s.aws/ultraserver-id""#),
+        "{set}"
+    );
+    assert!(
+        removed.contains(r#"k.startsWith("fabric.topograph.run/tier-")"#),
+        "{removed}"
     );
 }
 

@@ -1556,7 +1556,7 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
         let c = c.clone();
         let name = s.name.clone();
         async move {
-            eventually("the preset's labels", WAIT, || async {
+            let waited = eventually("the preset's labels", WAIT, || async {
                 let n = node_now(&c, &name).await?;
                 let have = n.metadata.labels.clone().unwrap_or_default();
                 let right = want
@@ -1565,7 +1565,12 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
                     && gone.iter().all(|k| !have.contains_key(*k));
                 Ok(right.then_some(()))
             })
-            .await
+            .await;
+            if waited.is_err() {
+                let have = node_now(&c, &name).await?.metadata.labels;
+                return waited.with_context(|| format!("the node's labels: {have:?}"));
+            }
+            waited
         }
     };
     let kueue_levels = |name: &'static str| {
@@ -1578,7 +1583,27 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
             anyhow::Ok(levels(&t))
         }
     };
+    // As an operator switches: the chart upgraded (its admission policy then lets the
+    // controller write the preset's keys and remove the others), the controller restarted.
+    let chart_with = |preset: &str| -> anyhow::Result<()> {
+        let chart = e2e::helm::chart();
+        e2e::helm::helm(
+            Some(&env.cluster.admin_kubeconfig),
+            &[
+                "upgrade",
+                "ec2-topology-labeler",
+                chart.to_str().unwrap_or_default(),
+                "--namespace",
+                e2e::cluster::NAMESPACE,
+                "--reuse-values",
+                "--set",
+                &format!("config.labelPreset={preset}"),
+            ],
+        )?;
+        Ok(())
+    };
     let result = async {
+        chart_with("topograph")?;
         e2e::env::restart_labeler_with(
             env,
             &[
@@ -1612,6 +1637,7 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
             ],
             "Kueue levels with --label-preset=topograph: {have:?}"
         );
+        chart_with("hyperpod")?;
         e2e::env::restart_labeler_with(env, &["--label-preset=hyperpod"]).await?;
         labels_now(
             vec![
@@ -1629,6 +1655,7 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
         .context("HyperPod's keys, topograph's retired")
     }
     .await;
+    chart_with("eks")?;
     e2e::env::restart_labeler_with(env, &[]).await?;
     result?;
     labels_now(

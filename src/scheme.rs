@@ -14,7 +14,8 @@ use crate::labels::{
 };
 
 /// Whose label keys to write: so that node selectors, Kueue/KAI Topologies and Volcano
-/// HyperNodes written for another labeller keep working (docs/migrating.md).
+/// HyperNodes written for another labeller keep working (docs/migrating-from-hyperpod.md,
+/// docs/migrating-from-topograph.md).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum, JsonSchema,
 )]
@@ -143,25 +144,21 @@ impl LabelArgs {
                     HYPERPOD_ULTRASERVER_KEY,
                 ),
             ),
-            LabelPreset::Topograph => {
-                if self.layer_numbering != LayerNumberingArg::TopFirst {
-                    // Leaf-first is what the preset means; saying so again is fine.
-                }
-                (
-                    given(
-                        &self.layer_label_prefix,
-                        EKS_LAYER_PREFIX,
-                        TOPOGRAPH_TIER_PREFIX,
-                    ),
-                    LayerNumbering::LeafFirst,
-                    0,
-                    given(
-                        &self.capacity_block_label_key,
-                        CAPACITY_BLOCK_KEY,
-                        TOPOGRAPH_DOMAIN_KEY,
-                    ),
-                )
-            }
+            // Leaf-first from tier 0 is what the preset is (a custom prefix under it too).
+            LabelPreset::Topograph => (
+                given(
+                    &self.layer_label_prefix,
+                    EKS_LAYER_PREFIX,
+                    TOPOGRAPH_TIER_PREFIX,
+                ),
+                LayerNumbering::LeafFirst,
+                0,
+                given(
+                    &self.capacity_block_label_key,
+                    CAPACITY_BLOCK_KEY,
+                    TOPOGRAPH_DOMAIN_KEY,
+                ),
+            ),
         };
         let scheme = LabelScheme {
             layer_prefix,
@@ -274,6 +271,11 @@ mod tests {
         assert_eq!(s.layer_index("fabric.topograph.run/tier-0"), Some(1));
         assert_eq!(s.layer_index("fabric.topograph.run/tier-15"), Some(16));
         assert_eq!(s.layer_index("fabric.topograph.run/tier-16"), None);
+        // Any number a node's label may carry reads without overflow.
+        let huge = format!("fabric.topograph.run/tier-{}", usize::MAX);
+        assert_eq!(s.layer_index(&huge), None);
+        let huge = format!("{EKS_LAYER_PREFIX}{}", usize::MAX);
+        assert_eq!(LabelScheme::default().layer_index(&huge), None);
         // The scheduler objects follow: Kueue's levels coarsest first.
         assert_eq!(
             kueue::levels(&s, 3, true),

@@ -25,6 +25,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let scheme = LabelScheme {
         numbering: if flags & 1 == 0 { LayerNumbering::TopFirst } else { LayerNumbering::LeafFirst },
+        // topograph's tiers are numbered from 0.
+        first_layer: usize::from(flags & 2 == 0),
         ..LabelScheme::default()
     };
     if let Ok(d) = labels::desired(&scheme, &t) {

@@ -156,7 +156,7 @@ impl LabelScheme {
     pub fn layer_index(&self, key: &str) -> Option<usize> {
         let n = key.strip_prefix(&self.layer_prefix)?;
         let parsed: usize = n.parse().ok()?;
-        let index = (parsed + 1).checked_sub(self.first_layer)?;
+        let index = parsed.checked_add(1)?.checked_sub(self.first_layer)?;
         // Only canonical spellings (`3`, not `03` or `+3`) belong to the family.
         ((1..=MAX_LAYERS).contains(&index) && parsed.to_string() == n).then_some(index)
     }

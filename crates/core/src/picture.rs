@@ -3,8 +3,8 @@
 //! Network nodes are nested boxes, the top layer outermost, each with its node counts; a
 //! Kubernetes node sits in the box of the network node its instance hangs off, NotReady and
 //! tainted ones marked. A leaf with many nodes shows its marked ones first and folds the rest
-//! into one "+N more" box, so a 100,000-node fleet still draws. One walk ([`draw`]) feeds both
-//! formats; each only spells what it is given.
+//! into one "+N more" box (the switch boxes still grow with the fleet, about one per leaf). One
+//! walk ([`draw`]) feeds both formats; each only spells what it is given.
 //!
 //! Owns: the pictures. Pure: no I/O.
 
@@ -127,6 +127,15 @@ fn draw(forest: &Forest, mut sink: impl Sink) -> String {
                 c.parents.join(", ")
             ),
         ];
+        sink.item(&ids.next("w"), &lines, Class::Warning, 1);
+    }
+    if let Some(rest) = forest
+        .conflicts
+        .len()
+        .checked_sub(SHOWN_PER_BOX)
+        .filter(|n| *n > 0)
+    {
+        let lines = vec![format!("+{rest} more inconsistent labels (see `tree`)")];
         sink.item(&ids.next("w"), &lines, Class::Warning, 1);
     }
     let title = format!(
@@ -533,6 +542,27 @@ mod tests {
         let lines = vec!["a\"b\\c".to_string(), "<x>#y".to_string()];
         assert_eq!(dot_label(&lines), r#""a\"b\\c\n<x>#y""#);
         assert_eq!(mermaid_label(&lines), "\"a#quot;b\\c<br>#lt;x#gt;#35;y\"");
+    }
+
+    #[test]
+    fn conflicts_beyond_a_box_are_counted_not_dropped() {
+        let f = Forest {
+            conflicts: (0..10)
+                .map(|i| crate::tree::Conflict {
+                    network_node: format!("nn-{i}"),
+                    layer: 3,
+                    parents: vec!["nn-a".into(), "nn-b".into()],
+                })
+                .collect(),
+            ..Forest::default()
+        };
+        let text = mermaid(&f);
+        let warned: Vec<&str> = text.lines().filter(|l| l.ends_with(":::warning")).collect();
+        assert_eq!(warned.len(), SHOWN_PER_BOX + 1, "{text}");
+        assert!(
+            warned[SHOWN_PER_BOX].contains("+2 more inconsistent labels"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -101,6 +101,54 @@ mod tempdir {
     }
 }
 
+/// `dot -Tsvg` on `text`: the SVG, with Graphviz's hyphen entity decoded.
+fn graphviz(text: &str) -> String {
+    let (_dir, path) = write("topology.dot", text);
+    let out = Command::new("dot")
+        .arg("-Tsvg")
+        .arg(&path)
+        .output()
+        .expect("Graphviz's dot on PATH: run e2e/tools/graphviz.sh (make pictures)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "dot refuses or warns: {stderr}\n{text}"
+    );
+    String::from_utf8_lossy(&out.stdout).replace("&#45;", "-")
+}
+
+/// Whether the real Mermaid parser accepts `text` (its message when not).
+fn mermaid_accepts(text: &str) -> Result<String, String> {
+    let tool = Command::new(repo().join("e2e/tools/mermaid.sh"))
+        .output()
+        .expect("run e2e/tools/mermaid.sh");
+    assert!(
+        tool.status.success(),
+        "e2e/tools/mermaid.sh: {}",
+        String::from_utf8_lossy(&tool.stderr)
+    );
+    let dir = PathBuf::from(String::from_utf8_lossy(&tool.stdout).trim());
+    let (_dir, path) = write("topology.mmd", text);
+    let out = Command::new("node")
+        .arg(dir.join("check.mjs"))
+        .arg(&path)
+        .output()
+        .expect("node on PATH");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn an_empty_cluster_draws_in_both() {
+    let empty = Forest::default();
+    assert!(graphviz(&picture::dot(&empty)).contains("0 top-level network nodes"));
+    let parsed = mermaid_accepts(&picture::mermaid(&empty));
+    assert!(parsed.is_ok(), "{parsed:?}");
+}
+
 #[test]
 fn graphviz_draws_the_dot_picture() {
     let text = picture::dot(&fleet());

@@ -261,23 +261,35 @@ fn dot_label(lines: &[String]) -> String {
     format!("\"{}\"", escaped.join("\\n"))
 }
 
+/// A box's DOT style, fill and stroke attributes, joined by `sep` (`; ` in a cluster, `, ` in a
+/// node's list).
+fn dot_style(class: Class, sep: &str) -> String {
+    let (fill, stroke, dashed) = class.colours();
+    let style = if dashed {
+        "rounded,filled,dashed"
+    } else {
+        "rounded,filled"
+    };
+    [
+        format!("style=\"{style}\""),
+        format!("fillcolor=\"{fill}\""),
+        format!("color=\"{stroke}\""),
+    ]
+    .join(sep)
+}
+
 fn indent(depth: usize) -> String {
     "  ".repeat(depth)
 }
 
 impl Sink for Dot {
     fn open(&mut self, id: &str, lines: &[String], class: Class, depth: usize) {
-        let (fill, stroke, dashed) = class.colours();
-        let style = if dashed {
-            "rounded,filled,dashed"
-        } else {
-            "rounded,filled"
-        };
         let pad = indent(depth);
         let _ = writeln!(
             self.body,
-            "{pad}subgraph cluster_{id} {{\n{pad}  label={}; style=\"{style}\"; fillcolor=\"{fill}\"; color=\"{stroke}\";",
-            dot_label(lines)
+            "{pad}subgraph cluster_{id} {{\n{pad}  label={}; {};",
+            dot_label(lines),
+            dot_style(class, "; ")
         );
     }
 
@@ -286,17 +298,12 @@ impl Sink for Dot {
     }
 
     fn item(&mut self, id: &str, lines: &[String], class: Class, depth: usize) {
-        let (fill, stroke, dashed) = class.colours();
-        let style = if dashed {
-            "rounded,filled,dashed"
-        } else {
-            "rounded,filled"
-        };
         let _ = writeln!(
             self.body,
-            "{}{id} [label={}, style=\"{style}\", fillcolor=\"{fill}\", color=\"{stroke}\"];",
+            "{}{id} [label={}, {}];",
             indent(depth),
-            dot_label(lines)
+            dot_label(lines),
+            dot_style(class, ", ")
         );
     }
 

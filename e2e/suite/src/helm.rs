@@ -32,6 +32,24 @@ pub fn helm(kubeconfig: Option<&Path>, args: &[&str]) -> anyhow::Result<String> 
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// `helm upgrade --reuse-values` of the suite's release with `sets` (`KEY=VALUE` each), as an
+/// operator changes one setting.
+pub fn upgrade_reusing(kubeconfig: &Path, sets: &[String]) -> anyhow::Result<String> {
+    let chart = chart();
+    let mut args = vec![
+        "upgrade",
+        "ec2-topology-labeler",
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        crate::cluster::NAMESPACE,
+        "--reuse-values",
+    ];
+    for set in sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    helm(Some(kubeconfig), &args)
+}
+
 /// The chart directory.
 pub fn chart() -> PathBuf {
     crate::repo_root().join("charts/ec2-topology-labeler")

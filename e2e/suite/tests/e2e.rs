@@ -1586,19 +1586,9 @@ async fn label_presets_rewrite_the_keys(env: &Env) -> anyhow::Result<()> {
     // As an operator switches: the chart upgraded (its admission policy then lets the
     // controller write the preset's keys and remove the others), the controller restarted.
     let chart_with = |preset: &str| -> anyhow::Result<()> {
-        let chart = e2e::helm::chart();
-        e2e::helm::helm(
-            Some(&env.cluster.admin_kubeconfig),
-            &[
-                "upgrade",
-                "ec2-topology-labeler",
-                chart.to_str().unwrap_or_default(),
-                "--namespace",
-                e2e::cluster::NAMESPACE,
-                "--reuse-values",
-                "--set",
-                &format!("config.labelPreset={preset}"),
-            ],
+        e2e::helm::upgrade_reusing(
+            &env.cluster.admin_kubeconfig,
+            &[format!("config.labelPreset={preset}")],
         )?;
         Ok(())
     };

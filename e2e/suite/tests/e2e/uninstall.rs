@@ -230,21 +230,11 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     // As an operator turns them off: the chart upgraded (its RBAC then lets the controller list
     // what it retires), the controller restarted with the features off.
     let chart_with = |on: bool| -> anyhow::Result<()> {
-        let chart = e2e::helm::chart();
-        let on = on.to_string();
-        e2e::helm::helm(
-            Some(&env.cluster.admin_kubeconfig),
+        e2e::helm::upgrade_reusing(
+            &env.cluster.admin_kubeconfig,
             &[
-                "upgrade",
-                "ec2-topology-labeler",
-                chart.to_str().unwrap_or_default(),
-                "--namespace",
-                NAMESPACE,
-                "--reuse-values",
-                "--set",
-                &format!("config.kueueTopology={on}"),
-                "--set",
-                &format!("config.kaiTopology={on}"),
+                format!("config.kueueTopology={on}"),
+                format!("config.kaiTopology={on}"),
             ],
         )?;
         Ok(())

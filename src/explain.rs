@@ -69,6 +69,8 @@ pub struct Explanation {
     pub now: Option<NodePlan>,
     /// The node's current topology labels.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// What a new leader makes of the node's verification record.
+    pub record: String,
     pub verdict: String,
 }
 
@@ -325,6 +327,25 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         .filter(|(k, _)| scheme.is_family_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let record = match crate::reconcile::target(&lite, &scheme, args.ec2.region.as_deref()) {
+        Ok(Ok(t)) => match crate::reconcile::trusted(
+            &lite,
+            &scheme,
+            &t,
+            crate::lookup::cache::unix_now(),
+            args.lookup.cache_ttl.0,
+        ) {
+            Ok(v) => format!(
+                "trusted (EC2 answered {}s ago): a new leader takes it, no EC2 call",
+                crate::lookup::cache::unix_now().saturating_sub(v.at)
+            ),
+            Err(why) => format!(
+                "not trusted: {}; a new leader asks EC2 at once",
+                why.explain()
+            ),
+        },
+        _ => "-".into(),
+    };
     let mut e = Explanation {
         node: node.name_any(),
         provider_id: pid,
@@ -334,6 +355,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         controller,
         now,
         labels,
+        record,
         verdict: String::new(),
     };
     e.verdict = verdict(&e);
@@ -473,6 +495,7 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
         }
         Err(why) => line("Controller", why.clone()),
     }
+    line("Record", e.record.clone());
     match &e.now {
         Some(p) => {
             line(

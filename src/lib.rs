@@ -30,7 +30,9 @@ pub mod scheme;
 pub mod tree_cmd;
 pub mod uninstall;
 
-pub use ec2_topology_core::{coverage, labels, picture, provider_id, slurm, topology, tree};
+pub use ec2_topology_core::{
+    coverage, labels, picture, provider_id, slurm, topology, tree, verified,
+};
 use topology::Ec2Error;
 
 /// Field manager of every write we make. Never rename it: server-side apply ownership is

@@ -165,6 +165,7 @@ pub struct Metrics {
     label_conflict_writers: Family<ManagerLabels, Counter>,
     events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<ReasonLabels, Counter>,
+    verification_records: Family<OutcomeLabels, Counter>,
     first_label_latency: Histogram,
     taint_release_latency: Histogram,
 }
@@ -374,6 +375,12 @@ impl Metrics {
             "Startup taints removed, by reason (labelled, unsupported, timeout)",
             taint_releases.clone(),
         );
+        let verification_records = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "verification_records",
+            "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_instance, other_boot, expired, labels_changed, incomplete)",
+            verification_records.clone(),
+        );
         let first_label_latency = Histogram::new(JOIN_BUCKETS);
         registry.register(
             "node_first_label_seconds",
@@ -442,6 +449,15 @@ impl Metrics {
                 })
                 .get();
         }
+        for outcome in std::iter::once("trusted")
+            .chain(crate::reconcile::Distrust::ALL.iter().map(|d| d.as_str()))
+        {
+            verification_records
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_string(),
+                })
+                .get();
+        }
         for outcome in [
             "sent",
             "failed",
@@ -484,12 +500,21 @@ impl Metrics {
             label_conflict_writers,
             events,
             taint_releases,
+            verification_records,
             first_label_latency,
             taint_release_latency,
         }
     }
 
     /// A startup taint was removed `age` after the node's creation.
+    pub fn verification_record(&self, outcome: &str) {
+        self.verification_records
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
     pub fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
             .get_or_create(&ReasonLabels {

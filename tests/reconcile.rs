@@ -22,6 +22,7 @@ use ec2_topology_labeler::{
         reconcile, warm,
     },
     topology::{Ec2Error, InstanceTopology, TopologySource},
+    verified::{VERIFIED_KEY, Verified},
 };
 use http::{Method, Request, Response};
 use kube::{Api, Client, client::Body, runtime::controller::Action};
@@ -249,8 +250,22 @@ async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
         "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal?&force=true&fieldManager=ec2-topology-labeler"
     );
     assert_eq!(seen.content_type, "application/apply-patch+yaml");
+    // The verification record rides in the same apply: EC2's answer, for this boot, just now.
+    let mut body = seen.body.clone();
+    let record = body["metadata"]["annotations"][VERIFIED_KEY]
+        .as_str()
+        .expect("the verification record")
+        .to_string();
+    let record = Verified::parse(&record).expect("a record we can read back");
+    assert_eq!(record.topology, shared_answer(ID));
+    assert_eq!(record.boot_id.as_deref(), Some("boot-1"));
+    assert!(unix_now().abs_diff(record.at) <= 5, "verified now");
+    body["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
     assert_eq!(
-        seen.body,
+        body,
         json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {
@@ -269,12 +284,8 @@ async fn a_node_already_right_costs_no_request() {
     let fake = Fake::default();
     fake.set(&["nn-a", "nn-b", "nn-c"]);
     let (ctx, mut handle) = setup(&fake);
-    let n = Arc::new(node(&[
-        ("topology.k8s.aws/network-node-layer-1", "nn-a"),
-        ("topology.k8s.aws/network-node-layer-2", "nn-b"),
-        ("topology.k8s.aws/network-node-layer-3", "nn-c"),
-        ("topology.k8s.aws/zone-id", "usw2-az1"),
-    ]));
+    // Labelled, and its record says against what: no write, and no EC2 call either.
+    let n = Arc::new(as_verified(node(&[]), shared_answer(ID), 60));
     for _ in 0..3 {
         let action = without_requests(&mut handle, reconcile(n.clone(), ctx.clone()))
             .await
@@ -285,6 +296,27 @@ async fn a_node_already_right_costs_no_request() {
             "no timer per node: the resync walk comes back to it"
         );
     }
+    assert!(fake.0.calls.lock().unwrap().is_empty(), "no EC2 call");
+    assert_no_more_requests(ctx, handle).await;
+}
+
+/// Labelled right by someone else (EKS's cloud controller at registration, an earlier version
+/// of ours): one apply adds the verification record; the labels stay as they are.
+#[tokio::test]
+async fn a_node_labelled_right_without_a_record_gets_only_the_record() {
+    let fake = Fake::default();
+    fake.set(&["nn-a", "nn-b", "nn-c"]);
+    let (ctx, mut handle) = setup(&fake);
+    let n = Arc::new(node(&FULL));
+    let reply = node_json(full_labels());
+    let (result, seen) = tokio::join!(
+        reconcile(n.clone(), ctx.clone()),
+        answer(&mut handle, reply)
+    );
+    result.expect("reconciled");
+    assert_eq!(seen.method, Method::PATCH);
+    assert_eq!(seen.body["metadata"]["labels"], full_labels());
+    assert!(seen.body["metadata"]["annotations"][VERIFIED_KEY].is_string());
     assert_no_more_requests(ctx, handle).await;
 }
 
@@ -580,6 +612,10 @@ fn taint(key: &str) -> Value {
 
 fn tainted(labels: &[(&str, &str)], taints: &[&str], created_s_ago: i64) -> LiteNode {
     let mut n = node_at("1", labels);
+    if labels == FULL {
+        // As our own write left it: with its verification record.
+        n = as_verified(n, shared_answer(ID), 1);
+    }
     n.spec.taints = taints
         .iter()
         .map(|k| serde_json::from_value(taint(k)).unwrap())
@@ -1063,4 +1099,149 @@ async fn a_follower_walks_nothing() {
     let walked = warm::warm(&fleet(300), &ctx).await;
     assert!(walked.stopped);
     assert!(fake.0.calls.lock().unwrap().is_empty(), "no EC2 call");
+}
+
+/// The topology `Fake` answers for every instance with `describe_all`.
+fn shared_answer(instance_id: &str) -> InstanceTopology {
+    InstanceTopology {
+        instance_id: instance_id.into(),
+        instance_type: Some("p5.48xlarge".into()),
+        zone_id: Some("usw2-az1".into()),
+        network_nodes: vec!["nn-a".into(), "nn-b".into(), "nn-c".into()],
+        ..InstanceTopology::default()
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `n` as an earlier leader left it: labelled from `topology` and carrying the verification
+/// record of that answer, `age_s` old, for its current boot.
+fn as_verified(mut n: LiteNode, topology: InstanceTopology, age_s: u64) -> LiteNode {
+    let mut labels = n.labels().into_owned();
+    for (i, nn) in topology.network_nodes.iter().enumerate() {
+        labels.insert(format!("{L}{}", i + 1), nn.clone());
+    }
+    if let Some(z) = &topology.zone_id {
+        labels.insert("topology.k8s.aws/zone-id".into(), z.clone());
+    }
+    n.metadata.labels = Some(labels);
+    let record = Verified {
+        topology,
+        boot_id: n.boot_id().map(str::to_owned),
+        at: unix_now() - age_s,
+    };
+    n.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(VERIFIED_KEY.into(), record.encode());
+    n
+}
+
+/// A restart with nothing changed: every node carries its record, so the new leader's walk
+/// and reconciles ask EC2 nothing and write nothing.
+#[tokio::test]
+async fn a_new_leader_asks_ec2_nothing_about_verified_nodes() {
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (ctx, mut handle) = setup(&fake);
+    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    for k in 0..1_050 {
+        let mut n = node(&[]);
+        n.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
+        n.metadata.uid = Some(format!("uid-{k}"));
+        let id = format!("i-{k:017x}");
+        n.spec.provider_id = Some(format!("aws:///us-west-2a/{id}"));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(as_verified(
+            n,
+            shared_answer(&id),
+            3_600,
+        )));
+    }
+    let walked = warm::warm(&reader, &ctx).await;
+    assert_eq!(walked.nodes, 1_050);
+    assert!(
+        fake.0.calls.lock().unwrap().is_empty(),
+        "no EC2 call: {:?}",
+        fake.0.calls.lock().unwrap()
+    );
+    assert_eq!(ctx.lookup.cached(), 1_050, "every record taken");
+    for n in reader.state().into_iter().take(20) {
+        without_requests(&mut handle, reconcile(n, ctx.clone()))
+            .await
+            .expect("nothing to do");
+    }
+    assert!(fake.0.calls.lock().unwrap().is_empty());
+    assert_no_more_requests(ctx, handle).await;
+}
+
+/// What cannot be trusted is asked about at once, in one call: a node rebooted while no
+/// leader ran, a record of another format, one edited by hand, one whose labels someone
+/// changed since, and one older than the cache TTL.
+#[tokio::test]
+async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (ctx, _handle) = setup(&fake);
+    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    for k in 0..300usize {
+        let mut n = node(&[]);
+        n.metadata.name = Some(format!("ip-10-0-1-{k}.internal"));
+        n.metadata.uid = Some(format!("uid-{k}"));
+        let id = format!("i-{k:017x}");
+        n.spec.provider_id = Some(format!("aws:///us-west-2a/{id}"));
+        let mut n = as_verified(n, shared_answer(&id), 60);
+        let record = |n: &mut LiteNode| -> String {
+            n.metadata.annotations.as_mut().unwrap()[VERIFIED_KEY].clone()
+        };
+        let set = |n: &mut LiteNode, v: String| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(VERIFIED_KEY.into(), v);
+        };
+        match k {
+            0 => n.status.node_info.boot_id = Some("boot-2".into()),
+            1 => {
+                let r = record(&mut n).replacen(r#""v":1"#, r#""v":2"#, 1);
+                set(&mut n, r);
+            }
+            2 => {
+                let r = record(&mut n).replace("nn-c", "nn-z");
+                set(&mut n, r);
+            }
+            3 => {
+                let mut labels = n.labels().into_owned();
+                labels.insert(format!("{L}3"), "nn-elsewhere".into());
+                n.metadata.labels = Some(labels);
+            }
+            4 => n = as_verified(n, shared_answer(&id), 7 * 3600),
+            _ => {}
+        }
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+    }
+    warm::warm(&reader, &ctx).await;
+    assert_eq!(
+        *fake.0.calls.lock().unwrap(),
+        vec![5],
+        "one call, for the five that cannot be trusted"
+    );
+    let metrics = ctx.metrics.render();
+    for (outcome, n) in [
+        ("trusted", 295),
+        ("other_boot", 1),
+        ("other_version", 1),
+        ("tampered", 1),
+        ("labels_changed", 1),
+        ("expired", 1),
+    ] {
+        let line =
+            format!("ec2_topology_labeler_verification_records_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
 }

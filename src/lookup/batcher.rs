@@ -84,6 +84,10 @@ pub(super) const THROTTLED_RESENDS: u32 = 5;
 
 /// IDs of one region waiting for a call.
 struct Waiting {
+    /// IDs whose node is joining (new, or held back by a startup taint): each call takes
+    /// these first, so a join never waits behind a walk, a resync or an install.
+    urgent: Vec<String>,
+    /// The others, in arrival order.
     ids: Vec<String>,
     /// When the oldest of `ids` arrived.
     first_at: Instant,
@@ -93,27 +97,53 @@ struct Waiting {
     /// this, so the rest of a burst that arrives in clumps is judged by the burst's rate.
     burst_at: Instant,
     burst_len: usize,
-    /// When the first of `ids` whose node is held back by a startup taint arrived.
-    held_at: Option<Instant>,
+    /// When the first of `urgent` arrived.
+    urgent_at: Option<Instant>,
 }
 
 impl Waiting {
+    fn len(&self) -> usize {
+        self.urgent.len() + self.ids.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.urgent.is_empty() && self.ids.is_empty()
+    }
+
+    /// `id`, queued as not urgent, is urgent after all (its node's reconcile asked about it).
+    fn promote(&mut self, id: &str, now: Instant) {
+        if let Some(at) = self.ids.iter().position(|i| i == id) {
+            let id = self.ids.remove(at);
+            self.urgent.push(id);
+            self.urgent_at.get_or_insert(now);
+        }
+    }
+
+    /// The next call's IDs: the urgent ones first, then the longest waiting.
+    fn take(&mut self, max_batch: usize) -> Vec<String> {
+        let urgent = self.urgent.len().min(max_batch);
+        let mut batch: Vec<String> = self.urgent.drain(..urgent).collect();
+        let rest = self.ids.len().min(max_batch - urgent);
+        batch.extend(self.ids.drain(..rest));
+        batch
+    }
+
     /// When this queue should be sent, seen at `now`: at once when full; otherwise after a
     /// quiet `window` since the last arrival — unless the queue has been filling so fast that,
     /// at that rate, it would be full within a few windows (a burst that stalled for a moment:
     /// a busy machine delays watch events in clumps; the rate is the burst's, counting IDs
     /// already sent) — then until three windows after the last arrival at most; never later
     /// than `max_wait` after the oldest waiting ID arrived, nor later than two windows after
-    /// the first ID whose node is held back from scheduling (a startup taint: a node waiting
-    /// for its labels is capacity standing idle, worth a less full call).
+    /// the first urgent ID (a joining node: a node waiting for its labels is capacity standing
+    /// idle, worth a less full call).
     fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
-        let len = self.ids.len();
+        let len = self.len();
         if len >= max_batch {
             return self.first_at;
         }
         let mut cap = self.first_at + cfg.batch_max_wait;
-        if let Some(held) = self.held_at {
-            cap = cap.min(held + cfg.batch_window.saturating_mul(2).min(cfg.batch_max_wait));
+        if let Some(urgent) = self.urgent_at {
+            cap = cap.min(urgent + cfg.batch_window.saturating_mul(2).min(cfg.batch_max_wait));
         }
         let quiet = self.last_at + cfg.batch_window;
         if now < quiet || self.burst_len < 2 {
@@ -208,12 +238,13 @@ impl<S: TopologySource> Batcher<S> {
                     }
                 }
                 while blocked_until.is_none() {
-                    // Send the longest-waiting queue that is due (all are due once closing).
+                    // Send the queue that is due with urgent IDs, else the longest-waiting one
+                    // that is due (all are due once closing).
                     let next = queued
                         .iter()
-                        .filter(|(_, w)| !w.ids.is_empty())
+                        .filter(|(_, w)| !w.is_empty())
                         .filter(|(_, w)| !open || w.due(&self.cfg, max_batch, now) <= now)
-                        .min_by_key(|(_, w)| w.first_at)
+                        .min_by_key(|(_, w)| (w.urgent.is_empty(), w.first_at))
                         .map(|(region, _)| region.clone());
                     let Some(key) = next else { break };
                     if let Err(wait) = self.limiter.try_acquire() {
@@ -223,12 +254,12 @@ impl<S: TopologySource> Batcher<S> {
                     let Some(w) = queued.get_mut(&key) else {
                         break;
                     };
-                    let take = w.ids.len().min(max_batch);
-                    let batch: Vec<String> = w.ids.drain(..take).collect();
-                    // Held IDs may remain (not tracked one by one): they wait at most as long again.
-                    w.held_at = w.held_at.filter(|_| !w.ids.is_empty()).map(|_| now);
+                    let batch = w.take(max_batch);
+                    let take = batch.len();
+                    // Urgent IDs may remain (a burst of joins): they wait at most as long again.
+                    w.urgent_at = w.urgent_at.filter(|_| !w.urgent.is_empty()).map(|_| now);
                     // An emptied queue is kept (for its burst) only after a full call.
-                    if w.ids.is_empty() && take < max_batch {
+                    if w.is_empty() && take < max_batch {
                         queued.remove(&key);
                     }
                     last_sent = now;
@@ -240,7 +271,7 @@ impl<S: TopologySource> Batcher<S> {
                 }
             }
             if !open
-                && queued.values().all(|w| w.ids.is_empty())
+                && queued.values().all(Waiting::is_empty)
                 && in_flight.is_empty()
                 && splits.is_empty()
             {
@@ -256,7 +287,7 @@ impl<S: TopologySource> Batcher<S> {
                     .map(|_| (last_sent + probe_interval).max(now));
                 queued
                     .values()
-                    .filter(|w| !w.ids.is_empty())
+                    .filter(|w| !w.is_empty())
                     .map(|w| {
                         if open {
                             w.due(&self.cfg, max_batch, now)
@@ -274,34 +305,12 @@ impl<S: TopologySource> Batcher<S> {
                         open = false;
                         continue;
                     };
-                    match waiting.entry((req.region.clone(), req.instance_id.clone())) {
-                        Entry::Occupied(mut e) => e.get_mut().push(req.reply),
-                        Entry::Vacant(e) => {
-                            e.insert(vec![req.reply]);
-                            let now = Instant::now();
-                            let w = queued.entry((req.region, req.alone)).or_insert_with(|| Waiting {
-                                ids: Vec::new(),
-                                first_at: now,
-                                last_at: now,
-                                burst_at: now,
-                                burst_len: 0,
-                                held_at: None,
-                            });
-                            if w.ids.is_empty() {
-                                w.first_at = now;
-                                if now > w.last_at + self.cfg.batch_window {
-                                    // Quiet since the last full call: a new burst.
-                                    w.burst_at = now;
-                                    w.burst_len = 0;
-                                }
-                            }
-                            w.ids.push(req.instance_id);
-                            if req.held && w.held_at.is_none() {
-                                w.held_at = Some(now);
-                            }
-                            w.last_at = now;
-                            w.burst_len += 1;
-                        }
+                    self.enqueue(req, &mut waiting, &mut queued);
+                    // Everything asked already joins its queue before any queue is judged due:
+                    // a batcher that fell behind (a busy machine) must not send the first IDs
+                    // of a burst alone because taking in the rest outlasted the batch window.
+                    while let Ok(req) = rx.try_recv() {
+                        self.enqueue(req, &mut waiting, &mut queued);
                     }
                 }
                 _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
@@ -346,6 +355,58 @@ impl<S: TopologySource> Batcher<S> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Take one ask into its queue (or join the ask already on its way for that instance).
+    fn enqueue(
+        &self,
+        req: Request,
+        waiting: &mut HashMap<(String, String), Vec<oneshot::Sender<Answer>>>,
+        queued: &mut BTreeMap<(String, bool), Waiting>,
+    ) {
+        match waiting.entry((req.region.clone(), req.instance_id.clone())) {
+            Entry::Occupied(mut e) => {
+                e.get_mut().push(req.reply);
+                if req.urgent {
+                    // Queued by a walk or a resync before its node's own reconcile
+                    // asked: it goes ahead now (unless its call is on its way).
+                    if let Some(w) = queued.get_mut(&(req.region, req.alone)) {
+                        w.promote(&req.instance_id, Instant::now());
+                    }
+                }
+            }
+            Entry::Vacant(e) => {
+                e.insert(vec![req.reply]);
+                let now = Instant::now();
+                let w = queued
+                    .entry((req.region, req.alone))
+                    .or_insert_with(|| Waiting {
+                        urgent: Vec::new(),
+                        ids: Vec::new(),
+                        first_at: now,
+                        last_at: now,
+                        burst_at: now,
+                        burst_len: 0,
+                        urgent_at: None,
+                    });
+                if w.is_empty() {
+                    w.first_at = now;
+                    if now > w.last_at + self.cfg.batch_window {
+                        // Quiet since the last full call: a new burst.
+                        w.burst_at = now;
+                        w.burst_len = 0;
+                    }
+                }
+                if req.urgent {
+                    w.urgent.push(req.instance_id);
+                    w.urgent_at.get_or_insert(now);
+                } else {
+                    w.ids.push(req.instance_id);
+                }
+                w.last_at = now;
+                w.burst_len += 1;
             }
         }
     }

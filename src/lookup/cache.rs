@@ -17,7 +17,10 @@ use std::{
 use tokio::time::Instant;
 
 use super::{LookupConfig, Resolved};
-use crate::topology::{Ec2Error, InstanceTopology};
+use crate::{
+    topology::{Ec2Error, InstanceTopology},
+    verified::Verified,
+};
 
 /// What one call said about one instance: described (or not), or the call failed.
 pub type Answer = Result<Option<InstanceTopology>, Ec2Error>;
@@ -35,6 +38,9 @@ enum State {
         /// stripped on EC2's word alone) and the ID is asked about with the refused ones, on the
         /// not-described backoff, from `refresh_at`.
         refused: Option<(Ec2Error, u32)>,
+        /// When EC2 gave `topology` (seconds since the Unix epoch): what the node's
+        /// verification record says (see [`crate::verified`]).
+        verified_at: u64,
     },
     /// Not described, or refused (`refused`): asked again at `retry_at`.
     NotDescribed {
@@ -88,6 +94,13 @@ impl Entry {
         match &self.state {
             State::Known { topology, .. } => Some(topology.clone()),
             State::NotDescribed { .. } => None,
+        }
+    }
+
+    fn verified_at(&self) -> u64 {
+        match &self.state {
+            State::Known { verified_at, .. } => *verified_at,
+            State::NotDescribed { .. } => 0,
         }
     }
 
@@ -161,6 +174,7 @@ impl Cache {
                 refresh_at,
                 settling,
                 refused,
+                verified_at,
             } if now < *refresh_at
                 // A complete answer without a capacity block, for a node that has one: ask
                 // again now, then on the settling schedule (not while the ID is refused: then
@@ -172,6 +186,7 @@ impl Cache {
                     topology: topology.clone(),
                     refresh_error: None,
                     recheck_in: (*settling > 0).then(|| *refresh_at - now),
+                    verified_at: *verified_at,
                 })
             }
             State::NotDescribed {
@@ -210,6 +225,7 @@ impl Cache {
         let previous_settling = stale.as_ref().map_or(0, Entry::settling);
         let previous_attempts = stale.as_ref().map_or(0, Entry::attempts);
         let rejected = stale.as_ref().map_or(0, |e| e.rejected);
+        let previous_verified_at = stale.as_ref().map_or(0, Entry::verified_at);
         let (state, resolved) = match answer {
             // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
             // instance's alone).
@@ -226,11 +242,13 @@ impl Cache {
                             refresh_at,
                             settling: 0,
                             refused: Some((e.clone(), attempts)),
+                            verified_at: previous_verified_at,
                         },
                         Resolved::Topology {
                             topology,
                             refresh_error: Some(e),
                             recheck_in: None,
+                            verified_at: previous_verified_at,
                         },
                     )
                 }
@@ -265,6 +283,13 @@ impl Cache {
                 } else {
                     (now + self.cfg.cache_ttl, 0, None)
                 };
+                // An answer still settling is asked for again within seconds: while it says
+                // nothing new, its record keeps its time (a new one would be a node write per
+                // re-ask, for a record no new leader trusts anyway).
+                let verified_at = match &previous {
+                    Some(p) if settling > 0 && **p == t => previous_verified_at,
+                    _ => unix_now(),
+                };
                 let topology = Arc::new(t);
                 (
                     State::Known {
@@ -272,11 +297,13 @@ impl Cache {
                         refresh_at,
                         settling,
                         refused: None,
+                        verified_at,
                     },
                     Resolved::Topology {
                         topology,
                         refresh_error: None,
                         recheck_in,
+                        verified_at,
                     },
                 )
             }
@@ -289,11 +316,13 @@ impl Cache {
                         refresh_at: now + self.cfg.cache_ttl,
                         settling: 0,
                         refused: None,
+                        verified_at: previous_verified_at,
                     },
                     Resolved::Topology {
                         topology,
                         refresh_error: None,
                         recheck_in: None,
+                        verified_at: previous_verified_at,
                     },
                 ),
                 None => {
@@ -316,6 +345,7 @@ impl Cache {
                         topology,
                         refresh_error: Some(e),
                         recheck_in: None,
+                        verified_at: previous_verified_at,
                     }),
                     None => Err(e),
                 };
@@ -355,6 +385,45 @@ impl Cache {
         let at = self.epoch
             + Duration::from_nanos(u64::try_from(steps.saturating_mul(step)).unwrap_or(u64::MAX));
         (at, at.saturating_duration_since(now))
+    }
+
+    /// Take `verified` — the answer a node's verification record holds, `age` old — as if EC2
+    /// had just given it `age` ago: due again when it would have been. Only when nothing is
+    /// known about the instance yet (an answer of this process is never replaced); returns
+    /// whether it was taken.
+    pub fn seed(&self, verified: Verified, age: Duration, now: Instant) -> bool {
+        if age >= self.cfg.cache_ttl {
+            return false;
+        }
+        let mut entries = self.entries();
+        let instance_id = verified.topology.instance_id.clone();
+        if entries.contains_key(&instance_id) {
+            return false;
+        }
+        entries.insert(
+            instance_id,
+            Entry {
+                boot_id: verified.boot_id,
+                state: State::Known {
+                    topology: Arc::new(verified.topology),
+                    refresh_at: now + (self.cfg.cache_ttl - age),
+                    settling: 0,
+                    refused: None,
+                    verified_at: verified.at,
+                },
+                rejected: 0,
+            },
+        );
+        true
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.cfg.cache_ttl
+    }
+
+    /// Whether the cache holds anything about `instance_id`.
+    pub fn knows(&self, instance_id: &str) -> bool {
+        self.entries().contains_key(instance_id)
     }
 
     /// The answer cached for `instance_id` cannot be used (labels cannot be derived from it):
@@ -402,6 +471,7 @@ impl Cache {
                 refresh_at,
                 settling,
                 refused,
+                ..
             } => CacheView {
                 boot_id: e.boot_id.clone(),
                 state: if refused.is_some() {
@@ -470,6 +540,13 @@ pub struct CacheView {
     pub attempts: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+}
+
+/// Seconds since the Unix epoch, by the wall clock (what a verification record says).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Only a change from one known boot to another counts: a boot ID that appears for the first

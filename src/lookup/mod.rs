@@ -82,6 +82,9 @@ pub enum Resolved {
         /// The answer lacks a field EC2 fills in late (see [`InstanceTopology::settling`]): it
         /// is asked for again this soon, and the node should be re-checked then.
         recheck_in: Option<Duration>,
+        /// When EC2 gave the answer (seconds since the Unix epoch): the node's verification
+        /// record says so (see [`crate::verified`]).
+        verified_at: u64,
     },
     /// EC2 left the instance out or gave it no network nodes (unsupported type, not running
     /// yet, eventual consistency). Ask again no sooner than `retry_in`.
@@ -99,9 +102,10 @@ pub enum Resolved {
 struct Request {
     region: String,
     instance_id: String,
-    /// Its node is held back from scheduling until labelled (a startup taint): its call is not
-    /// held for long to fill (see `Waiting::due`).
-    held: bool,
+    /// Its node is joining (new, or held back from scheduling by a startup taint until
+    /// labelled): it goes ahead of the other waiting IDs, and its call is not held for long
+    /// to fill (see `Waiting::due`).
+    urgent: bool,
     /// EC2 refused this ID when last asked: it waits in a queue of its own (with the other IDs
     /// refused before), so that the calls of the other instances do not fail for it.
     alone: bool,
@@ -214,17 +218,41 @@ impl Lookup {
     }
 
     /// As [`Self::resolve`]; `capacity_block_expected` when the node carries a capacity-block
-    /// label already, so an answer without one is asked for again soon; `held` when the node is
-    /// held back from scheduling until it is labelled (a startup taint), so its call is sent
-    /// after a short wait rather than held to fill.
+    /// label already, so an answer without one is asked for again soon; `urgent` when the node
+    /// is joining (new, or held back from scheduling by a startup taint until labelled), so it
+    /// goes ahead of whatever else waits and its call is sent after a short wait rather than
+    /// held to fill.
     pub async fn resolve_expecting(
         &self,
         region: &str,
         instance_id: &str,
         boot_id: Option<&str>,
         capacity_block_expected: bool,
-        held: bool,
+        urgent: bool,
     ) -> Result<Resolved, Ec2Error> {
+        self.ask(
+            region,
+            instance_id,
+            boot_id,
+            capacity_block_expected,
+            urgent,
+        )
+        .answer()
+        .await
+    }
+
+    /// As [`Self::resolve_expecting`], but the cache is consulted and a miss handed to the
+    /// batcher now, when this is called, not when the returned [`Asked`] is first awaited: a
+    /// caller that asks about many instances in one go (the walk at start) puts them all in
+    /// the batcher's queue before it next runs, so they fill whole calls whatever the timing.
+    pub fn ask(
+        &self,
+        region: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        capacity_block_expected: bool,
+        urgent: bool,
+    ) -> Asked {
         let stale = match self.cache.check(
             instance_id,
             boot_id,
@@ -233,33 +261,57 @@ impl Lookup {
         ) {
             Check::Answered(resolved) => {
                 self.metrics.cache_hit();
-                return Ok(resolved);
+                return Asked(AskedState::Known(Ok(resolved)));
             }
             Check::Ask { stale } => stale,
         };
         self.metrics.cache_miss();
         let (reply, answer) = oneshot::channel();
         let alone = stale.as_ref().is_some_and(cache::Entry::refused);
-        self.requests
-            .send(Request {
-                region: region.to_string(),
-                instance_id: instance_id.to_string(),
-                held,
-                alone,
-                reply,
-            })
-            .map_err(|_| Ec2Error::Transport("topology batcher has stopped".into()))?;
-        let answer = answer
-            .await
-            .map_err(|_| Ec2Error::Transport("topology batcher dropped the request".into()))?;
-        self.cache.record(
-            instance_id,
-            boot_id,
-            stale,
+        let sent = self.requests.send(Request {
+            region: region.to_string(),
+            instance_id: instance_id.to_string(),
+            urgent,
+            alone,
+            reply,
+        });
+        if sent.is_err() {
+            return Asked(AskedState::Known(Err(Ec2Error::Transport(
+                "topology batcher has stopped".into(),
+            ))));
+        }
+        Asked(AskedState::Sent {
+            cache: self.cache.clone(),
             answer,
+            instance_id: instance_id.to_string(),
+            boot_id: boot_id.map(str::to_owned),
+            stale,
             capacity_block_expected,
-            Instant::now(),
-        )
+        })
+    }
+
+    /// Take the answer a node's verification record holds (trusted by the caller: see
+    /// `reconcile::assess::adopt`) when nothing is known about its instance yet; returns
+    /// whether it was taken.
+    pub fn adopt(&self, verified: crate::verified::Verified) -> bool {
+        let age = Duration::from_secs(cache::unix_now().saturating_sub(verified.at));
+        self.cache.seed(verified, age, Instant::now())
+    }
+
+    /// Count what became of a node's verification record when its instance was first looked
+    /// up in this process: `trusted`, or why not.
+    pub fn note_record(&self, outcome: &str) {
+        self.metrics.verification_record(outcome);
+    }
+
+    /// Whether anything is known about `instance_id` (an answer, or a backoff).
+    pub fn knows(&self, instance_id: &str) -> bool {
+        self.cache.knows(instance_id)
+    }
+
+    /// How long an answer is used before EC2 is asked again.
+    pub fn cache_ttl(&self) -> Duration {
+        self.cache.ttl()
     }
 
     /// The cached answer for `instance_id` cannot be used (labels cannot be derived from it):
@@ -288,5 +340,49 @@ impl Lookup {
     /// What the cache holds about `instance_id` (for `explain`); asks nobody.
     pub fn inspect(&self, instance_id: &str) -> Option<cache::CacheView> {
         self.cache.inspect(instance_id, Instant::now())
+    }
+}
+
+/// A lookup handed to the batcher (or answered from the cache) by [`Lookup::ask`].
+pub struct Asked(AskedState);
+
+enum AskedState {
+    Known(Result<Resolved, Ec2Error>),
+    Sent {
+        cache: Arc<Cache>,
+        answer: oneshot::Receiver<Answer>,
+        instance_id: String,
+        boot_id: Option<String>,
+        stale: Option<cache::Entry>,
+        capacity_block_expected: bool,
+    },
+}
+
+impl Asked {
+    /// The answer, once its call has come back; recorded in the cache.
+    pub async fn answer(self) -> Result<Resolved, Ec2Error> {
+        match self.0 {
+            AskedState::Known(known) => known,
+            AskedState::Sent {
+                cache,
+                answer,
+                instance_id,
+                boot_id,
+                stale,
+                capacity_block_expected,
+            } => {
+                let answer = answer.await.map_err(|_| {
+                    Ec2Error::Transport("topology batcher dropped the request".into())
+                })?;
+                cache.record(
+                    &instance_id,
+                    boot_id.as_deref(),
+                    stale,
+                    answer,
+                    capacity_block_expected,
+                    Instant::now(),
+                )
+            }
+        }
     }
 }

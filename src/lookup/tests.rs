@@ -215,15 +215,15 @@ async fn a_small_burst_is_not_held_for_a_fill_that_will_not_come() {
     );
 }
 
-/// One arrival every 150 ms for 3 s (never a 200 ms quiet gap), `held` or not: how long each
+/// One arrival every 150 ms for 3 s (never a 200 ms quiet gap), `urgent` or not: how long each
 /// waited for its answer.
-async fn trickle(l: &Lookup, held: bool) -> Vec<Duration> {
+async fn trickle(l: &Lookup, urgent: bool) -> Vec<Duration> {
     let asks = (0..20).map(|n| {
         let l = l.clone();
         async move {
             tokio::time::sleep(Duration::from_millis(150 * n as u64)).await;
             let asked = Instant::now();
-            l.resolve_expecting("r", &id(n * 2), None, false, held)
+            l.resolve_expecting("r", &id(n * 2), None, false, urgent)
                 .await
                 .map(|_| asked.elapsed())
         }
@@ -900,4 +900,124 @@ async fn an_id_described_then_refused_keeps_its_answer_and_is_asked_alone() {
         "the refused ID rode in another call: {calls:?}"
     );
     assert_eq!(calls.len(), 2, "{calls:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ask_is_queued_before_its_answer_is_awaited() {
+    // The walk at start hands a call's worth of IDs over in one go and awaits their answers
+    // later: each must reach the batcher when asked, or a pause between their first polls
+    // splits them over calls.
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let asked: Vec<Asked> = (0..MAX_IDS_PER_CALL)
+        .map(|k| l.ask("r", &id(k * 2), None, false, false))
+        .collect();
+    // Nothing awaits the answers for a while: the call goes out all the same, full.
+    tokio::time::sleep(LookupConfig::default().batch_max_wait * 2).await;
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].1.len(), MAX_IDS_PER_CALL);
+    for a in asked {
+        assert!(matches!(a.answer().await, Ok(Resolved::Topology { .. })));
+    }
+    assert_eq!(fake.calls().len(), 1, "the answers came from that call");
+    // Asked again: answered from the cache, no call.
+    assert!(matches!(
+        l.ask("r", &id(0), None, false, false).answer().await,
+        Ok(Resolved::Topology { .. })
+    ));
+    assert_eq!(fake.calls().len(), 1);
+}
+
+/// A joining node's lookup never waits behind a walk, a resync or an install: with ten calls'
+/// worth queued at EC2's default pace (5 calls a second, burst spent), the joiner's ID rides
+/// in the next call that goes out, whatever was queued before it.
+#[tokio::test(start_paused = true)]
+async fn a_joining_node_goes_ahead_of_what_is_queued() {
+    let fake = Fake::default();
+    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
+    let limiter = Arc::new(Limiter::new(LimiterConfig {
+        burst: 1.0,
+        ..LimiterConfig::default()
+    }));
+    let l = Lookup::spawn(
+        fake.clone(),
+        limiter,
+        LookupConfig::default(),
+        Arc::new(Metrics::default()),
+    );
+    // The walk's thousand, then the fleet's resyncs: all queued at once.
+    let queued: Vec<Asked> = (0..2_000)
+        .map(|k| l.ask("r", &id(k * 2), None, false, false))
+        .collect();
+    // Let the first call go (it takes the only token).
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let joiner = id(100_000);
+    let asked = Instant::now();
+    let answer = l
+        .ask("r", &joiner, None, false, true)
+        .answer()
+        .await
+        .expect("answered");
+    let waited = asked.elapsed();
+    assert!(matches!(answer, Resolved::Topology { .. }));
+    let calls = fake.calls();
+    let rode_in = calls
+        .iter()
+        .position(|(_, ids)| ids.contains(&joiner))
+        .expect("the joiner was asked");
+    assert_eq!(rode_in, 1, "in the call after the one on its way");
+    assert_eq!(
+        calls[rode_in].1.len(),
+        MAX_IDS_PER_CALL,
+        "a full call all the same"
+    );
+    // One token's wait (200 ms at 5 a second) and the call's 50 ms: well inside two windows.
+    assert!(waited <= Duration::from_millis(260), "waited {waited:?}");
+    drop(queued);
+}
+
+/// The walk at start asks about every node, a joining one included, before that node's own
+/// reconcile does: the reconcile's urgent ask moves the queued ID ahead.
+#[tokio::test(start_paused = true)]
+async fn a_joiner_the_walk_queued_is_moved_ahead_when_its_reconcile_asks() {
+    let fake = Fake::default();
+    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
+    let limiter = Arc::new(Limiter::new(LimiterConfig {
+        burst: 1.0,
+        ..LimiterConfig::default()
+    }));
+    let l = Lookup::spawn(
+        fake.clone(),
+        limiter,
+        LookupConfig::default(),
+        Arc::new(Metrics::default()),
+    );
+    let joiner = id(2 * 1_500);
+    let walk: Vec<Asked> = (0..2_000)
+        .map(|k| l.ask("r", &id(k * 2), None, false, false))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    l.ask("r", &joiner, None, false, true)
+        .answer()
+        .await
+        .expect("answered");
+    let calls = fake.calls();
+    let rode_in = calls.iter().position(|(_, ids)| ids.contains(&joiner));
+    assert_eq!(
+        rode_in,
+        Some(1),
+        "not the 16th call, where the walk had put it"
+    );
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|(_, ids)| ids.contains(&joiner))
+            .count(),
+        1,
+        "asked once"
+    );
+    drop(walk);
 }

@@ -4,12 +4,16 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tracing::debug;
+
 use crate::{
     labels::{self, DeriveError, Desired, LabelScheme, NodeDiff},
     lookup::{Lookup, Resolved},
     node::LiteNode,
     provider_id::{self, SkipReason},
     topology::Ec2Error,
+    verified::{RecordError, VERIFIED_KEY, Verified},
 };
 
 /// What a node needs, as far as reading can tell.
@@ -118,14 +122,30 @@ pub fn target(
     }))
 }
 
-/// Read-only part of a reconcile, shared with `plan`. `held`: the node is held back from
-/// scheduling until labelled (its lookup is not kept waiting for a fuller call).
+/// How long after its creation a node that carries none of our layer labels yet counts as
+/// joining: its lookup goes ahead of the walk, resync or install queued before it.
+pub const JOINING_FOR: Duration = Duration::from_secs(10 * 60);
+
+/// Is `node` joining at `now`: created less than [`JOINING_FOR`] ago, and without any of our
+/// layer labels? (A node without a creation time is not: the API server always sets one.)
+pub fn joining(node: &LiteNode, scheme: &LabelScheme, now: &Time) -> bool {
+    node.metadata.creation_timestamp.is_some()
+        && super::gate::age(node, now) < JOINING_FOR
+        && !node
+            .labels()
+            .keys()
+            .any(|k| scheme.layer_index(k).is_some())
+}
+
+/// Read-only part of a reconcile, shared with `plan`. `urgent`: the node is joining, or held
+/// back from scheduling until labelled (its lookup goes ahead of the others waiting, and is
+/// not kept waiting for a fuller call).
 pub async fn assess(
     node: &LiteNode,
     scheme: &LabelScheme,
     region: Option<&str>,
     lookup: &Lookup,
-    held: bool,
+    urgent: bool,
 ) -> Result<Assessment, Ec2Error> {
     let Target {
         region,
@@ -141,7 +161,7 @@ pub async fn assess(
             &instance_id,
             boot_id(node),
             capacity_block_expected,
-            held,
+            urgent,
         )
         .await?
     {
@@ -160,20 +180,405 @@ pub async fn assess(
             topology,
             refresh_error,
             recheck_in,
-        } => match labels::desired(scheme, &topology) {
-            Ok(mut desired) => {
-                let labels = labels_of(node);
-                labels::settle(scheme, &labels, &mut desired);
-                let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
-                Ok(Assessment::Ready {
+            verified_at,
+        } => {
+            let verified = Verified {
+                topology: (*topology).clone(),
+                boot_id: boot_id(node).map(str::to_owned),
+                at: verified_at,
+            };
+            match derive(node, scheme, &verified) {
+                Ok((desired, diff)) => Ok(Assessment::Ready {
                     instance_id,
                     desired,
                     diff,
                     refresh_error,
                     recheck_in,
-                })
+                }),
+                Err(error) => Ok(Assessment::Invalid { instance_id, error }),
             }
-            Err(error) => Ok(Assessment::Invalid { instance_id, error }),
-        },
+        }
+    }
+}
+
+/// What `node` should carry for the answer `verified` holds — its labels, annotations and the
+/// verification record itself — and what must change to get there.
+fn derive(
+    node: &LiteNode,
+    scheme: &LabelScheme,
+    verified: &Verified,
+) -> Result<(Desired, NodeDiff), DeriveError> {
+    let mut desired = labels::desired(scheme, &verified.topology)?;
+    let labels = labels_of(node);
+    labels::settle(scheme, &labels, &mut desired);
+    desired
+        .annotations
+        .insert(VERIFIED_KEY.to_string(), verified.encode());
+    let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
+    Ok((desired, diff))
+}
+
+/// Why a new leader does not take a node's verification record as its answer (and asks EC2
+/// about the instance at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distrust {
+    /// The node carries no record (labelled before records, by another tool, or never).
+    Missing,
+    /// Not a record this build can read.
+    Unreadable,
+    /// A record of another format version.
+    OtherVersion,
+    /// The record does not match its sum: edited by hand.
+    Tampered,
+    /// About another instance than the node's providerID names.
+    OtherInstance,
+    /// About another boot: the node rebooted (maybe while no leader ran), and may have moved.
+    OtherBoot,
+    /// Older than the cache TTL (or dated in the future).
+    Expired,
+    /// The node's labels are no longer what the record's answer makes of them (changed by
+    /// someone else since, or under another label configuration).
+    LabelsChanged,
+    /// The record's answer lacks a field EC2 fills in late: it was still settling.
+    Incomplete,
+}
+
+impl Distrust {
+    pub const ALL: [Distrust; 9] = [
+        Distrust::Missing,
+        Distrust::Unreadable,
+        Distrust::OtherVersion,
+        Distrust::Tampered,
+        Distrust::OtherInstance,
+        Distrust::OtherBoot,
+        Distrust::Expired,
+        Distrust::LabelsChanged,
+        Distrust::Incomplete,
+    ];
+
+    /// For `explain`.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Distrust::Missing => "the node carries no verification record",
+            Distrust::Unreadable => "its verification record cannot be read",
+            Distrust::OtherVersion => "its verification record is of another format version",
+            Distrust::Tampered => "its verification record does not match its checksum (edited?)",
+            Distrust::OtherInstance => {
+                "its verification record is about another instance than its providerID's"
+            }
+            Distrust::OtherBoot => {
+                "its verification record is of another boot (or one of them is unknown)"
+            }
+            Distrust::Expired => "its verification record is older than the cache TTL",
+            Distrust::LabelsChanged => {
+                "its labels are not what its verification record's answer makes of them"
+            }
+            Distrust::Incomplete => "its verification record's answer was still settling",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Distrust::Missing => "missing",
+            Distrust::Unreadable => "unreadable",
+            Distrust::OtherVersion => "other_version",
+            Distrust::Tampered => "tampered",
+            Distrust::OtherInstance => "other_instance",
+            Distrust::OtherBoot => "other_boot",
+            Distrust::Expired => "expired",
+            Distrust::LabelsChanged => "labels_changed",
+            Distrust::Incomplete => "incomplete",
+        }
+    }
+}
+
+/// The answer `node`'s verification record holds, if it can be taken as this process's own at
+/// `now` (seconds since the Unix epoch) with answers kept for `ttl`: a whole record of this
+/// format, about the instance `target` names and the boot the node runs now, younger than
+/// `ttl`, of a complete answer, and the node carries exactly what that answer makes of it.
+pub fn trusted(
+    node: &LiteNode,
+    scheme: &LabelScheme,
+    target: &Target,
+    now: u64,
+    ttl: Duration,
+) -> Result<Verified, Distrust> {
+    let value = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(VERIFIED_KEY))
+        .ok_or(Distrust::Missing)?;
+    let verified = Verified::parse(value).map_err(|e| match e {
+        RecordError::Unreadable(_) => Distrust::Unreadable,
+        RecordError::OtherVersion(_) => Distrust::OtherVersion,
+        RecordError::Tampered => Distrust::Tampered,
+    })?;
+    if verified.topology.instance_id != target.instance_id {
+        return Err(Distrust::OtherInstance);
+    }
+    // Both known and equal: a record without a boot ID (or a node that reports none yet)
+    // cannot tell a reboot.
+    match (verified.boot_id.as_deref(), boot_id(node)) {
+        (Some(a), Some(b)) if a == b => {}
+        _ => return Err(Distrust::OtherBoot),
+    }
+    // A minute of clock skew between replicas is tolerated; a record dated further ahead
+    // is not one of ours.
+    if verified.at > now.saturating_add(60)
+        || Duration::from_secs(now.saturating_sub(verified.at)) >= ttl
+    {
+        return Err(Distrust::Expired);
+    }
+    if verified.topology.settling(target.capacity_block_expected) {
+        return Err(Distrust::Incomplete);
+    }
+    match derive(node, scheme, &verified) {
+        Ok((_, diff)) if diff.is_empty() => Ok(verified),
+        _ => Err(Distrust::LabelsChanged),
+    }
+}
+
+/// Before `node`'s instance is asked about for the first time in this process: take its
+/// verification record as the answer when [`trusted`] (counted, with why not, in
+/// `verification_records_total`). Nothing when the lookup knows the instance already.
+pub fn adopt(node: &LiteNode, scheme: &LabelScheme, target: &Target, lookup: &Lookup) {
+    if lookup.knows(&target.instance_id) {
+        return;
+    }
+    match trusted(
+        node,
+        scheme,
+        target,
+        crate::lookup::cache::unix_now(),
+        lookup.cache_ttl(),
+    ) {
+        Ok(verified) => {
+            // Taken unless another reconcile's answer got there first (then that one stands).
+            if lookup.adopt(verified) {
+                lookup.note_record("trusted");
+            }
+        }
+        Err(why) => {
+            debug!(node = %node.metadata.name.as_deref().unwrap_or_default(), instance = %target.instance_id, why = why.as_str(),
+                "the node's verification record is not taken: its instance is asked about");
+            lookup.note_record(why.as_str());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(created_s_ago: Option<i64>, labels: &[(&str, &str)], now: &Time) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.creation_timestamp =
+            created_s_ago.map(|s| Time(now.0 - k8s_openapi::jiff::SignedDuration::from_secs(s)));
+        n.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        n
+    }
+
+    #[test]
+    fn a_node_is_joining_while_new_and_without_our_layer_labels() {
+        let scheme = LabelScheme::default();
+        let now = Time("2026-12-03T12:00:00Z".parse().expect("a time"));
+        let layer = scheme.layer_key(1);
+        let other = [("kubernetes.io/hostname", "ip-10-0-0-1")];
+        assert!(joining(&node(Some(5), &other, &now), &scheme, &now));
+        assert!(joining(&node(Some(9 * 60), &[], &now), &scheme, &now));
+        // Old: an existing node at install or restart is not a join.
+        assert!(!joining(&node(Some(11 * 60), &other, &now), &scheme, &now));
+        // Labelled already (by us, or by the cloud controller at registration).
+        assert!(!joining(
+            &node(Some(5), &[(layer.as_str(), "nn-1")], &now),
+            &scheme,
+            &now
+        ));
+        // No creation time: not judged new.
+        assert!(!joining(&node(None, &[], &now), &scheme, &now));
+    }
+}
+
+#[cfg(test)]
+mod trust {
+    //! What a new leader takes from a node's verification record, and what it re-verifies:
+    //! one test per way a record can be wrong.
+    use super::*;
+    use crate::topology::InstanceTopology;
+
+    const NOW: u64 = 1_796_300_000;
+    const TTL: Duration = Duration::from_secs(6 * 3600);
+    const ID: &str = "i-0123456789abcdef0";
+
+    fn answer() -> InstanceTopology {
+        InstanceTopology {
+            instance_id: ID.into(),
+            instance_type: Some("p5.48xlarge".into()),
+            availability_zone: Some("us-west-2a".into()),
+            zone_id: Some("usw2-az1".into()),
+            network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
+            ..InstanceTopology::default()
+        }
+    }
+
+    fn target() -> Target {
+        Target {
+            region: "us-west-2".into(),
+            instance_id: ID.into(),
+            capacity_block_expected: false,
+        }
+    }
+
+    /// A node as our last write left it: labels from `answer`, its record `age_s` old, booted
+    /// `boot`.
+    fn verified_node(scheme: &LabelScheme, age_s: u64, boot: &str) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some("ip-10-0-0-1".into());
+        n.spec.provider_id = Some(format!("aws:///us-west-2a/{ID}"));
+        n.status.node_info.boot_id = Some(boot.into());
+        let verified = Verified {
+            topology: answer(),
+            boot_id: Some(boot.into()),
+            at: NOW - age_s,
+        };
+        let (desired, _) = derive(&n, scheme, &verified).expect("labels for the answer");
+        n.metadata.labels = Some(desired.labels);
+        n.metadata.annotations = Some(desired.annotations);
+        n
+    }
+
+    fn record_of(n: &mut LiteNode) -> &mut String {
+        n.metadata
+            .annotations
+            .as_mut()
+            .and_then(|a| a.get_mut(VERIFIED_KEY))
+            .expect("a record")
+    }
+
+    fn judge(n: &LiteNode) -> Result<Verified, Distrust> {
+        trusted(n, &LabelScheme::default(), &target(), NOW, TTL)
+    }
+
+    #[test]
+    fn a_record_of_this_boot_younger_than_the_ttl_over_unchanged_labels_is_trusted() {
+        let n = verified_node(&LabelScheme::default(), 3600, "boot-1");
+        let v = judge(&n).expect("trusted");
+        assert_eq!(v.topology, answer());
+        assert_eq!(v.at, NOW - 3600);
+        // Taken as the answer, it makes the reconcile write nothing.
+        let (_, diff) = derive(&n, &LabelScheme::default(), &v).expect("labels");
+        assert!(diff.is_empty(), "{diff:?}");
+    }
+
+    #[test]
+    fn a_boot_that_changed_while_no_leader_ran_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        n.status.node_info.boot_id = Some("boot-2".into());
+        assert_eq!(judge(&n), Err(Distrust::OtherBoot));
+        // A node that reports no boot ID cannot tell a reboot either.
+        n.status.node_info.boot_id = None;
+        assert_eq!(judge(&n), Err(Distrust::OtherBoot));
+    }
+
+    #[test]
+    fn a_record_of_another_version_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let r = record_of(&mut n);
+        *r = r.replacen(r#""v":1"#, r#""v":2"#, 1);
+        assert_eq!(judge(&n), Err(Distrust::OtherVersion));
+    }
+
+    #[test]
+    fn a_record_edited_by_hand_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let r = record_of(&mut n);
+        // Made younger by hand, to be trusted for longer.
+        *r = r.replace(&(NOW - 60).to_string(), &NOW.to_string());
+        assert_eq!(judge(&n), Err(Distrust::Tampered));
+        *record_of(&mut n) = "verified, trust me".into();
+        assert_eq!(judge(&n), Err(Distrust::Unreadable));
+        n.metadata.annotations = None;
+        assert_eq!(judge(&n), Err(Distrust::Missing));
+    }
+
+    #[test]
+    fn a_label_changed_by_someone_else_since_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let mut labels = n.labels().into_owned();
+        labels.insert(
+            "topology.k8s.aws/network-node-layer-3".into(),
+            "nn-9".into(),
+        );
+        n.metadata.labels = Some(labels.clone());
+        assert_eq!(judge(&n), Err(Distrust::LabelsChanged));
+        // Removed, too.
+        labels.remove("topology.k8s.aws/network-node-layer-3");
+        n.metadata.labels = Some(labels);
+        assert_eq!(judge(&n), Err(Distrust::LabelsChanged));
+        // Or the labels are right but for another configuration (a fourth, padded layer).
+        let n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let padded = LabelScheme {
+            uniform_depth: Some(4),
+            ..LabelScheme::default()
+        };
+        assert_eq!(
+            trusted(&n, &padded, &target(), NOW, TTL),
+            Err(Distrust::LabelsChanged)
+        );
+    }
+
+    #[test]
+    fn a_record_about_another_instance_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        n.spec.provider_id = Some("aws:///us-west-2a/i-0fedcba9876543210".into());
+        let other = Target {
+            instance_id: "i-0fedcba9876543210".into(),
+            ..target()
+        };
+        assert_eq!(
+            trusted(&n, &LabelScheme::default(), &other, NOW, TTL),
+            Err(Distrust::OtherInstance)
+        );
+    }
+
+    #[test]
+    fn a_record_older_than_the_ttl_or_from_the_future_is_re_verified() {
+        let n = verified_node(&LabelScheme::default(), TTL.as_secs(), "boot-1");
+        assert_eq!(judge(&n), Err(Distrust::Expired));
+        let n = verified_node(&LabelScheme::default(), TTL.as_secs() - 1, "boot-1");
+        assert!(judge(&n).is_ok());
+        // A minute of skew between replicas' clocks is fine, an hour is not.
+        let ahead = |s: u64| {
+            trusted(
+                &verified_node(&LabelScheme::default(), 0, "boot-1"),
+                &LabelScheme::default(),
+                &target(),
+                NOW - s,
+                TTL,
+            )
+        };
+        assert!(ahead(30).is_ok());
+        assert_eq!(ahead(3600), Err(Distrust::Expired));
+    }
+
+    #[test]
+    fn a_record_of_an_answer_still_settling_is_re_verified() {
+        // A UltraServer type without its capacity block yet: EC2 fills it in late.
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let mut t = answer();
+        t.instance_type = Some("p6e-gb200.36xlarge".into());
+        let v = Verified {
+            topology: t,
+            boot_id: Some("boot-1".into()),
+            at: NOW - 60,
+        };
+        *record_of(&mut n) = v.encode();
+        assert_eq!(judge(&n), Err(Distrust::Incomplete));
     }
 }

@@ -436,7 +436,9 @@ pub(super) fn decide(facts: Facts<'_>) -> Decision {
                     diff: diff.clone(),
                     first: !desired.labels.keys().any(|k| node.has_label(k)),
                 });
-                d.say = Some(Say::Updated {
+                // The verification record renewed alone (EC2 asked again after the cache TTL,
+                // nothing else changed) is no news: written without an Event or a log line.
+                d.say = (!diff.only_record()).then(|| Say::Updated {
                     summary: diff.summary(),
                 });
                 d.gate = Some(labelled);

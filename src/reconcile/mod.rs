@@ -38,7 +38,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-pub use assess::{Assessment, Target, assess, boot_id, provider_id_of, target};
+pub use assess::{Assessment, Distrust, Target, assess, boot_id, provider_id_of, target, trusted};
 use conflict::GuardConfig;
 use decide::{Answer, Decision, Facts, GateStep, Say, decide, next_look};
 use gate::Gate;
@@ -233,7 +233,21 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         warn!(node = %node.name_any(), key = %ours.key, configured = %ours.effect, found = %other.effect,
             "the node carries the startup taint's key with another effect: it is not ours, so it is never released; give the provisioner and --startup-taint the same effect");
     }
-    let lookup = assess(node, &ctx.scheme, ctx.region.as_deref(), &ctx.lookup, held);
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let urgent = held || assess::joining(node, &ctx.scheme, &now);
+    // The first lookup of this node's instance in this process: its verification record may
+    // answer it (a new leader asks EC2 nothing about what was verified).
+    if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
+        assess::adopt(node, &ctx.scheme, &t, &ctx.lookup);
+    }
+    let lookup = assess(
+        node,
+        &ctx.scheme,
+        ctx.region.as_deref(),
+        &ctx.lookup,
+        urgent,
+    );
     let answer = match ctx.gate.timeout_in(node) {
         // A held node's startup-taint timeout falls due on time, however long EC2 takes to
         // answer (a hung or slowly failing call must not hold the node past it). The call goes

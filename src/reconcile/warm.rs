@@ -23,14 +23,15 @@ use kube::runtime::reflector::Store;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{
-    Context,
-    assess::{self, Target},
+use super::{Context, assess};
+use crate::{
+    node::LiteNode,
+    topology::{Ec2Error, MAX_IDS_PER_CALL},
 };
-use crate::{lookup::Lookup, node::LiteNode, topology::Ec2Error};
 
 /// Lookups in flight during the walk: ten full calls' worth, so the batcher always has a full
-/// call to send while answers come back, and memory stays bounded.
+/// call to send while answers come back, and memory stays bounded. A multiple of the IDs a
+/// call carries: the walk tops up a call's worth at a time.
 pub const IN_FLIGHT: usize = 1_000;
 
 /// What one walk did.
@@ -87,18 +88,34 @@ async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
         let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) else {
             continue;
         };
-        while in_flight.len() >= IN_FLIGHT {
-            match in_flight.next().await {
-                Some(Err(e)) => return (done, Some(Stop::Failed(e))),
-                Some(Ok(())) => done += 1,
-                None => break,
+        if in_flight.len() >= IN_FLIGHT {
+            // Top up a whole call at a time: wait until a call's worth of answers came back,
+            // then hand the next ones to the batcher together (nothing awaited between them),
+            // so that each fills a call of its own whatever the timing. Handed over one by one
+            // as answers trickled in, a pause longer than the batch window split them (seen:
+            // calls of 1 and 49 where one of 50 was due).
+            while in_flight.len() > IN_FLIGHT - MAX_IDS_PER_CALL {
+                match in_flight.next().await {
+                    Some(Err(e)) => return (done, Some(Stop::Failed(e))),
+                    Some(Ok(())) => done += 1,
+                    None => break,
+                }
             }
         }
         if !ctx.leader.is_leader() {
             return (done, Some(Stop::NotLeading));
         }
-        let boot = assess::boot_id(&node).map(str::to_owned);
-        in_flight.push(look_up(&ctx.lookup, target, boot));
+        // A node whose verification record holds is answered from it: no EC2 call.
+        assess::adopt(&node, &ctx.scheme, &target, &ctx.lookup);
+        let boot = assess::boot_id(&node);
+        let asked = ctx.lookup.ask(
+            &target.region,
+            &target.instance_id,
+            boot,
+            target.capacity_block_expected,
+            false,
+        );
+        in_flight.push(async move { asked.answer().await.map(|_| ()) });
     }
     while let Some(answer) = in_flight.next().await {
         match answer {
@@ -107,19 +124,6 @@ async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
         }
     }
     (done, None)
-}
-
-async fn look_up(lookup: &Lookup, t: Target, boot: Option<String>) -> Result<(), Ec2Error> {
-    lookup
-        .resolve_expecting(
-            &t.region,
-            &t.instance_id,
-            boot.as_deref(),
-            t.capacity_block_expected,
-            false,
-        )
-        .await
-        .map(|_| ())
 }
 
 /// Each time this replica starts leading with a synced node cache: one [`warm`] walk.

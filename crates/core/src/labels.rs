@@ -169,9 +169,10 @@ impl LabelScheme {
             || self.placement_group_key.as_deref() == Some(key)
     }
 
-    /// Whether we manage this annotation key.
+    /// Whether we manage this annotation key (the verification record always).
     pub fn is_family_annotation(&self, key: &str) -> bool {
-        self.placement_group_key.as_deref() == Some(key)
+        key == crate::verified::VERIFIED_KEY
+            || self.placement_group_key.as_deref() == Some(key)
             || (self.slinky.is_some() && key == SLINKY_SPEC_KEY)
     }
 }
@@ -356,6 +357,18 @@ pub struct NodeDiff {
 impl NodeDiff {
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.annotations.is_empty()
+    }
+
+    /// Whether the verification record ([`crate::verified::VERIFIED_KEY`]) is all that changes.
+    pub fn only_record(&self) -> bool {
+        let a = &self.annotations;
+        self.labels.is_empty()
+            && !a.is_empty()
+            && a.add
+                .keys()
+                .chain(a.change.keys())
+                .chain(a.remove.keys())
+                .all(|k| k == crate::verified::VERIFIED_KEY)
     }
 
     /// Label keys to remove (stale family keys).

@@ -9,3 +9,4 @@ pub mod provider_id;
 pub mod slurm;
 pub mod topology;
 pub mod tree;
+pub mod verified;

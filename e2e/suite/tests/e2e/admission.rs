@@ -211,6 +211,15 @@ pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> a
         ),
     )
     .await?;
+    allowed(
+        "its verification record set",
+        as_sa.patch(
+            name,
+            &merge(),
+            &annotations(json!({ "ec2-topology-labeler.io/verified": "{\"v\":1}" })),
+        ),
+    )
+    .await?;
 
     // Taints: only the configured startup taint, and only removed.
     let current = as_admin.get(name).await?;

@@ -506,7 +506,7 @@ impl Metrics {
         }
     }
 
-    /// A startup taint was removed `age` after the node's creation.
+    /// What became of a node's verification record at its instance's first lookup.
     pub fn verification_record(&self, outcome: &str) {
         self.verification_records
             .get_or_create(&OutcomeLabels {
@@ -515,6 +515,7 @@ impl Metrics {
             .inc();
     }
 
+    /// A startup taint was removed `age` after the node's creation.
     pub fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
             .get_or_create(&ReasonLabels {

@@ -118,14 +118,21 @@ pub async fn plan_nodes(
                 ..
             }) => {
                 p.instance_id = Some(instance_id);
-                p.status = if diff.is_empty() {
+                // Not the verification record: plan asks EC2 now, so the record's time always
+                // differs from the node's; what plan shows is what the labels would become.
+                let mut annotations = diff.annotations;
+                let key = crate::verified::VERIFIED_KEY;
+                annotations.add.remove(key);
+                annotations.change.remove(key);
+                annotations.remove.remove(key);
+                p.status = if diff.labels.is_empty() && annotations.is_empty() {
                     "up-to-date"
                 } else {
                     "change"
                 };
                 p.reason = refresh_error.map(|e| e.to_string());
                 p.labels = diff.labels;
-                p.annotations = diff.annotations;
+                p.annotations = annotations;
             }
             Err(e) => p.reason = Some(e.to_string()),
         }

@@ -211,9 +211,16 @@ fn derive(
     let mut desired = labels::desired(scheme, &verified.topology)?;
     let labels = labels_of(node);
     labels::settle(scheme, &labels, &mut desired);
-    desired
-        .annotations
-        .insert(VERIFIED_KEY.to_string(), verified.encode());
+    // A record without the boot ID is never trusted (a reboot could not be told): none is
+    // written until the kubelet reports it (a write saved per joining node), and one there
+    // already stays.
+    if verified.boot_id.is_some() {
+        desired
+            .annotations
+            .insert(VERIFIED_KEY.to_string(), verified.encode());
+    } else {
+        desired.keep.insert(VERIFIED_KEY.to_string());
+    }
     let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
     Ok((desired, diff))
 }

@@ -81,6 +81,11 @@ impl<'a> Facts<'a> {
         }
     }
 
+    /// The write due changes only the verification record.
+    pub fn record_only(&self) -> bool {
+        matches!(&self.answer, Answer::Assessed(Assessment::Ready { diff, .. }) if diff.only_record())
+    }
+
     /// The labels the answer says the node lacks, if any: a write is due unless the record
     /// says ours is awaited or the guard holds it.
     pub fn write_due(&self) -> Option<&Desired> {

@@ -294,9 +294,13 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
                 // Leadership was lost while we looked EC2 up.
                 return Ok(None);
             }
-            facts.verdict = ctx.records.with(node, |r| {
-                r.conflict.before_write(&ctx.conflict, boot_id(node), now)
-            });
+            // The verification record renewed alone changes no label: no one fights over
+            // it, so it is not a correction for the conflict guard to count.
+            if !facts.record_only() {
+                facts.verdict = ctx.records.with(node, |r| {
+                    r.conflict.before_write(&ctx.conflict, boot_id(node), now)
+                });
+            }
         }
         facts.awaiting = awaiting;
     }

@@ -929,24 +929,28 @@ async fn an_ask_is_queued_before_its_answer_is_awaited() {
     assert_eq!(fake.calls().len(), 1);
 }
 
+/// A lookup at EC2's default pace (5 calls a second) with its burst spent after one call.
+fn paced_lookup(fake: &Fake) -> Lookup {
+    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
+    Lookup::spawn(
+        fake.clone(),
+        Arc::new(Limiter::new(LimiterConfig {
+            burst: 1.0,
+            ..LimiterConfig::default()
+        })),
+        LookupConfig::default(),
+        Arc::new(Metrics::default()),
+    )
+}
+
 /// A joining node's lookup never waits behind a walk, a resync or an install: with ten calls'
 /// worth queued at EC2's default pace (5 calls a second, burst spent), the joiner's ID rides
 /// in the next call that goes out, whatever was queued before it.
 #[tokio::test(start_paused = true)]
 async fn a_joining_node_goes_ahead_of_what_is_queued() {
     let fake = Fake::default();
-    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
-    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
-    let limiter = Arc::new(Limiter::new(LimiterConfig {
-        burst: 1.0,
-        ..LimiterConfig::default()
-    }));
-    let l = Lookup::spawn(
-        fake.clone(),
-        limiter,
-        LookupConfig::default(),
-        Arc::new(Metrics::default()),
-    );
+    let l = paced_lookup(&fake);
     // The walk's thousand, then the fleet's resyncs: all queued at once.
     let queued: Vec<Asked> = (0..2_000)
         .map(|k| l.ask("r", &id(k * 2), None, false, false))
@@ -983,18 +987,7 @@ async fn a_joining_node_goes_ahead_of_what_is_queued() {
 #[tokio::test(start_paused = true)]
 async fn a_joiner_the_walk_queued_is_moved_ahead_when_its_reconcile_asks() {
     let fake = Fake::default();
-    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
-    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
-    let limiter = Arc::new(Limiter::new(LimiterConfig {
-        burst: 1.0,
-        ..LimiterConfig::default()
-    }));
-    let l = Lookup::spawn(
-        fake.clone(),
-        limiter,
-        LookupConfig::default(),
-        Arc::new(Metrics::default()),
-    );
+    let l = paced_lookup(&fake);
     let joiner = id(2 * 1_500);
     let walk: Vec<Asked> = (0..2_000)
         .map(|k| l.ask("r", &id(k * 2), None, false, false))

@@ -219,6 +219,20 @@ fn proc_stats(pid: u32) -> (u64, f64) {
     (hwm, ticks / 100.0)
 }
 
+/// Creation to first label, per node seen labelled, sorted (seconds).
+fn latencies(created: &HashMap<String, Instant>, labelled: &HashMap<String, Instant>) -> Vec<f64> {
+    let mut lat: Vec<f64> = created
+        .iter()
+        .filter_map(|(name, c)| {
+            labelled
+                .get(name)
+                .map(|t| t.saturating_duration_since(*c).as_secs_f64())
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -385,15 +399,7 @@ async fn cold_start(
     let all_in = start.elapsed();
     let times = arrivals.times();
     arrivals.timeline(start, &format!("ours-{n}"), timeline);
-    let mut lat: Vec<f64> = created
-        .iter()
-        .filter_map(|(name, c)| {
-            times
-                .get(name)
-                .map(|t| t.saturating_duration_since(*c).as_secs_f64())
-        })
-        .collect();
-    lat.sort_by(f64::total_cmp);
+    let lat = latencies(&created, &times);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let stats = env.mock.admin.stats().await?;
     let writes = env.node_writes().await? - writes0;
@@ -506,15 +512,7 @@ async fn cold_start(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut lat: Vec<f64> = created
-        .iter()
-        .filter_map(|(name, c)| {
-            times
-                .get(name)
-                .map(|t| t.saturating_duration_since(*c).as_secs_f64())
-        })
-        .collect();
-    lat.sort_by(f64::total_cmp);
+    let lat = latencies(&created, &times);
     let stats = env.mock.admin.stats().await?;
     eprintln!(
         "  joins through a restart: p50 {:.2}s, p99 {:.2}s, {} EC2 calls",

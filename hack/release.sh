@@ -7,7 +7,9 @@
 #
 # 1. The controller for linux/amd64 and linux/arm64, cross-compiled from this machine: rustup's
 #    musl targets with zig as the C compiler and linker (cargo-zigbuild and ziglang from PyPI,
-#    pinned below), the release profile; no emulation. Each binary's ELF machine is checked.
+#    pinned below), the release profile (RELEASE_PROFILE=ci-dist: the kind suite's quicker
+#    build, refused for anything but a local registry); no emulation. Each binary's ELF machine
+#    is checked.
 # 2. One image per platform (FROM scratch: e2e/image/Containerfile), an OCI index of the two,
 #    pushed by buildah to $REGISTRY/ec2-topology-labeler:$VERSION; its digest is what the
 #    chart pins. Timestamps are fixed: the same binaries give the same digest.
@@ -22,7 +24,8 @@
 # Writes dist/: release.json (what was pushed, by digest, and the image sizes), the SBOM and the
 # chart package. Environment: REGISTRY (required), VERSION (default: the crate's, which must
 # equal the chart's version and appVersion), REGISTRY_PLAIN_HTTP=1 for a registry without TLS
-# (the default for localhost and 127.0.0.1), DIST (default: dist).
+# (the default for localhost and 127.0.0.1), DIST (default: dist), RELEASE_PROFILE (release;
+# ci-dist only into a local registry, never signed keyless).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -89,15 +92,24 @@ if [[ -n ${COSIGN_KEY:-} || ${COSIGN_KEYLESS:-0} == 1 ]]; then
 fi
 
 # --- 1. binaries -------------------------------------------------------------------------------
-step "cross-compiling the controller for ${targets[*]} (release profile)"
+# RELEASE_PROFILE: `release` (what ships, the default) or `ci-dist` (Cargo.toml: the dev
+# profile's optimisation, stripped; the kind suite's release, which proves the install path, not
+# the optimiser, and costs a third of the CPU time on a cold machine).
+profile=${RELEASE_PROFILE:-release}
+[[ $profile == release || $profile == ci-dist ]] || die "RELEASE_PROFILE=$profile: release or ci-dist"
+# What is published is always the release profile.
+if [[ $profile != release ]] && { ((!plain_http)) || [[ ${COSIGN_KEYLESS:-0} == 1 ]]; }; then
+  die "RELEASE_PROFILE=$profile is for a local registry (the kind suite); a published release is built with the release profile"
+fi
+step "cross-compiling the controller for ${targets[*]} ($profile profile)"
 # Its own target directory: zig is these targets' C compiler here, musl-gcc in e2e/image.
 target_dir="$cache/target-dist"
-PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target_dir" cargo zigbuild --release --locked \
+PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target_dir" cargo zigbuild --profile "$profile" --locked \
   --bin ec2-topology-labeler "${targets[@]/#/--target=}" >&2
 declare -A platform=([x86_64-unknown-linux-musl]=linux/amd64 [aarch64-unknown-linux-musl]=linux/arm64)
 declare -A machine=([x86_64-unknown-linux-musl]="Advanced Micro Devices X86-64" [aarch64-unknown-linux-musl]=AArch64)
 for t in "${targets[@]}"; do
-  bin="$target_dir/$t/release/ec2-topology-labeler"
+  bin="$target_dir/$t/$profile/ec2-topology-labeler"
   # Static, and for the architecture it claims to be (readelf reads the header; nothing runs).
   got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
   [[ $got == "${machine[$t]}" ]] || die "$bin is built for '$got', not ${machine[$t]}"
@@ -117,7 +129,7 @@ for t in "${targets[@]}"; do
   p=${platform[$t]}
   mkdir -p "$ctx/$t"
   cp /etc/ssl/certs/ca-certificates.crt "$ctx/$t/"
-  cp "$target_dir/$t/release/ec2-topology-labeler" "$ctx/$t/app"
+  cp "$target_dir/$t/$profile/ec2-topology-labeler" "$ctx/$t/app"
   # FROM scratch and COPY only: nothing runs, so the foreign platform needs no emulation.
   bah bud --quiet --isolation chroot --platform "$p" --manifest "$list" --timestamp 0 \
     --label "org.opencontainers.image.source=https://github.com/ec2-topology-labeler/ec2-topology-labeler" \
@@ -134,7 +146,7 @@ image_digest=$(cat "$dist/image.digest")
 # compressed image sizes from the registry).
 bah manifest inspect "$list" >"$dist/index.json"
 sizes=$(for t in "${targets[@]}"; do
-  bin="$target_dir/$t/release/ec2-topology-labeler"
+  bin="$target_dir/$t/$profile/ec2-topology-labeler"
   printf '"%s": {"binary_bytes": %s}\n' "${platform[$t]}" "$(stat -c %s "$bin")"
 done | paste -sd, -)
 
@@ -198,6 +210,7 @@ cat >"$dist/release.json" <<EOF
   "chart_digest": "$chart_digest",
   "plain_http": $( ((plain_http)) && echo true || echo false ),
   "signed": $signed,
+  "profile": "$profile",
   "platforms": {$sizes}
 }
 EOF

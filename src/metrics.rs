@@ -168,6 +168,11 @@ pub struct Metrics {
     verification_records: Family<OutcomeLabels, Counter>,
     first_label_latency: Histogram,
     taint_release_latency: Histogram,
+    takeover: Histogram,
+    /// When this replica last became leader, until its first decision as leader.
+    took_lease_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Set with `took_lease_at`: the hot path reads one atomic until the first decision.
+    awaiting_first_decision: std::sync::atomic::AtomicBool,
 }
 
 /// Buckets for "node creation to …" (creationTimestamp has one-second resolution).
@@ -393,6 +398,14 @@ impl Metrics {
             "From a node's creation (creationTimestamp, whole seconds) to the removal of its startup taint",
             taint_release_latency.clone(),
         );
+        let takeover = Histogram::new([
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
+        registry.register(
+            "leader_first_decision_seconds",
+            "From this replica taking the lease (or starting, without leader election) to its first reconcile decision as leader",
+            takeover.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -503,6 +516,9 @@ impl Metrics {
             verification_records,
             first_label_latency,
             taint_release_latency,
+            takeover,
+            took_lease_at: std::sync::Mutex::new(None),
+            awaiting_first_decision: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -692,9 +708,40 @@ impl Metrics {
     }
 
     pub fn set_leader(&self, leader: bool) {
+        use std::sync::atomic::Ordering;
         self.leader.set(i64::from(leader));
-        self.leading
-            .store(leader, std::sync::atomic::Ordering::Relaxed);
+        let was = self.leading.swap(leader, Ordering::Relaxed);
+        if leader && !was {
+            *self.took_lease_at.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::time::Instant::now());
+            self.awaiting_first_decision.store(true, Ordering::Release);
+        } else if !leader {
+            self.awaiting_first_decision.store(false, Ordering::Release);
+        }
+    }
+
+    /// Node reconciles run as leader so far.
+    pub fn reconciles_run(&self) -> u64 {
+        self.reconciles.get()
+    }
+
+    /// A reconcile decided as leader. The first since taking the lease is observed in
+    /// `leader_first_decision_seconds` and its delay returned (once per term).
+    pub fn decided_as_leader(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        if !self.awaiting_first_decision.load(Ordering::Acquire)
+            || !self.awaiting_first_decision.swap(false, Ordering::AcqRel)
+        {
+            return None;
+        }
+        let took = self
+            .took_lease_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?
+            .elapsed();
+        self.takeover.observe(took.as_secs_f64());
+        Some(took)
     }
 
     /// A node went from one state to another (`None`: unknown, or forgotten). The states
@@ -722,6 +769,28 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_decision_of_each_term_is_timed_once() {
+        let m = Metrics::new();
+        assert_eq!(m.decided_as_leader(), None, "a follower times nothing");
+        m.set_leader(true);
+        std::thread::sleep(Duration::from_millis(20));
+        let took = m.decided_as_leader().expect("the term's first decision");
+        assert!(took >= Duration::from_millis(20), "{took:?}");
+        assert_eq!(m.decided_as_leader(), None, "only the first of the term");
+        // A renewal (leader again while leading) starts no new term.
+        m.set_leader(true);
+        assert_eq!(m.decided_as_leader(), None);
+        m.set_leader(false);
+        m.set_leader(true);
+        assert!(m.decided_as_leader().is_some(), "a new term");
+        let text = m.render();
+        assert!(
+            text.contains("ec2_topology_labeler_leader_first_decision_seconds_count 2"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn node_state_gauge_follows_transitions_with_the_reason_apart() {

@@ -320,13 +320,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     info!(resync_s = resync.as_secs(), "controller starting");
     let due = resync::due(reader.clone(), resync);
+    let elected = on_election(elected_rx, reader.clone(), ctx.clone());
     Controller::for_stream(triggers, reader)
         .reconcile_on(due)
+        .reconcile_on(elected)
         .with_config(controller::Config::default().concurrency(args.controller.concurrency))
-        .reconcile_all_on(futures::stream::select(
-            elected_rx,
-            futures::stream::select(recoveries, kicks_rx),
-        ))
+        .reconcile_all_on(futures::stream::select(recoveries, kicks_rx))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -349,6 +348,62 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     info!("controller stopped");
     Ok(())
+}
+
+/// On each election, every node's reconcile: the joining and held nodes' first, then the
+/// others in chunks, each sent once the controller has taken most of the one before. A new
+/// leader labels the nodes that wait for it before it re-checks thousands of verified ones, and
+/// a node that joins meanwhile waits behind one chunk, not behind the fleet (measured, 5,000
+/// verified nodes queued at once: 1.5 s for a joiner behind them).
+fn on_election(
+    mut elected: futures::channel::mpsc::UnboundedReceiver<()>,
+    reader: Store<LiteNode>,
+    ctx: Arc<Context>,
+) -> futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<LiteNode>> {
+    const CHUNK: usize = 256;
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        while elected.next().await.is_some() {
+            let (first, rest): (Vec<_>, Vec<_>) = reader
+                .state()
+                .into_iter()
+                .partition(|n| crate::reconcile::urgent(n, &ctx));
+            if !first.is_empty() {
+                debug!(
+                    nodes = first.len(),
+                    "reconciling the joining and held nodes first"
+                );
+            }
+            let mut sent_at = ctx.metrics.reconciles_run();
+            let mut sent = first.len() as u64;
+            let refs = first
+                .iter()
+                .chain(&rest)
+                .map(|n| reflector::ObjectRef::from_obj(n.as_ref()));
+            for (k, r) in refs.enumerate() {
+                if k >= first.len() && (k - first.len()) % CHUNK == 0 {
+                    // The controller's queue is first come, first served: wait until most of
+                    // what was sent has run (at most a second) before sending the next chunk.
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                    while ctx.metrics.reconciles_run() < sent_at + sent / 2
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if !ctx.leader.is_leader() {
+                        break;
+                    }
+                    sent_at = ctx.metrics.reconciles_run();
+                    sent = 0;
+                }
+                if tx.unbounded_send(r).is_err() {
+                    return;
+                }
+                sent += 1;
+            }
+        }
+    });
+    rx
 }
 
 /// This replica's Pod, from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, which the

@@ -184,6 +184,19 @@ fn once_every(at: &AtomicU64, every: Duration) -> bool {
             .is_ok()
 }
 
+/// Whether `node` is joining now ([`assess::joining`]).
+fn joining_now(node: &LiteNode, ctx: &Context) -> bool {
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    assess::joining(node, &ctx.scheme, &now)
+}
+
+/// Whether `node`'s reconcile goes ahead of the others when every node is re-checked (on
+/// election): it is joining, or held back by the startup taint.
+pub fn urgent(node: &LiteNode, ctx: &Context) -> bool {
+    ctx.gate.taint.as_ref().is_some_and(|t| t.on(node)) || joining_now(node, ctx)
+}
+
 pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.leader.is_leader() {
         // Followers keep their node cache warm and stay ready; the leader does the work. Every
@@ -204,8 +217,10 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
             ctx.metrics.reconcile_failed(e.category());
             let mut facts = Facts::new(&node, Answer::Failed(&e), Instant::now());
             facts.previous = ctx.records.with(&node, |r| r.state().cloned());
+            let decision = decide(facts);
+            first_decision(&ctx, &node);
             // The error is what the controller retries on; the gate's own trouble is logged.
-            if let Err(gate_error) = carry_out(&ctx, &node, decide(facts)).instrument(span).await {
+            if let Err(gate_error) = carry_out(&ctx, &node, decision).instrument(span).await {
                 warn!(node = %name, error = %gate_error, "cannot update the node's startup taint or condition");
             }
             if matches!(
@@ -233,9 +248,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         warn!(node = %node.name_any(), key = %ours.key, configured = %ours.effect, found = %other.effect,
             "the node carries the startup taint's key with another effect: it is not ours, so it is never released; give the provisioner and --startup-taint the same effect");
     }
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let urgent = held || assess::joining(node, &ctx.scheme, &now);
+    let urgent = held || joining_now(node, ctx);
     // The first lookup of this node's instance in this process: its verification record may
     // answer it (a new leader asks EC2 nothing about what was verified).
     if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
@@ -304,7 +317,17 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         }
         facts.awaiting = awaiting;
     }
-    carry_out(ctx, node, decide(facts)).await
+    let decision = decide(facts);
+    first_decision(ctx, node);
+    carry_out(ctx, node, decision).await
+}
+
+/// The first decision of this replica's term as leader is timed and logged.
+fn first_decision(ctx: &Context, node: &LiteNode) {
+    if let Some(took) = ctx.metrics.decided_as_leader() {
+        info!(node = %node.name_any(), took_ms = took.as_millis() as u64,
+            "first decision as leader since taking the lease");
+    }
 }
 
 /// Carries out `decision` for `node`, in order: the label write, where the node stands, what

@@ -1136,34 +1136,8 @@ async fn outage_during_a_join_wave_with_startup_taint(env: &Env) -> anyhow::Resu
 async fn leader_cut_off_from_its_lease(env: &Env) -> anyhow::Result<()> {
     use k8s_openapi::api::rbac::v1::RoleBinding;
     let c = env.admin().await?;
-    let cp = env.cluster.local.as_ref().context("local control plane")?;
     let ns = e2e::cluster::NAMESPACE;
-    let b_sa = e2e::cluster::SECOND_SERVICE_ACCOUNT;
-    // Replica B runs as its own ServiceAccount, bound to the chart's roles.
-    let bindings = format!(
-        r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{ name: e2e-replica-b }}
-roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ec2-topology-labeler }}
-subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{ name: e2e-replica-b, namespace: {ns} }}
-roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: ec2-topology-labeler-leader-election }}
-subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
-"#
-    );
-    kube_util::apply_yaml(&c, &bindings, "e2e").await?;
-    let mut b = start_labeler(
-        &cp.second_controller_kubeconfig,
-        &env.ec2_url,
-        &env.dir,
-        "replica-b",
-    )?;
-    b.wait_ready(Duration::from_secs(30)).await?;
-    e2e::env::wait_leader(&b, false).await?;
+    let mut b = start_replica_b(env, &c, "replica-b", &[]).await?;
     let mut guard = env.labeler.lock().await;
     let a = guard.as_mut().context("local controller")?;
     e2e::env::wait_leader(a, true).await?;
@@ -1263,6 +1237,291 @@ subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
 
 /// The e2e lease duration (e2e::env::LEASE), in seconds.
 const LEASE_SECS: u64 = 6;
+
+/// Replica B beside the suite's controller: its own ServiceAccount, bound to the chart's
+/// roles, with `extra` flags; ready and following.
+async fn start_replica_b(
+    env: &Env,
+    c: &Client,
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<e2e::labeler::Labeler> {
+    let cp = env.cluster.local.as_ref().context("local control plane")?;
+    let ns = e2e::cluster::NAMESPACE;
+    let b_sa = e2e::cluster::SECOND_SERVICE_ACCOUNT;
+    let bindings = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{ name: e2e-replica-b }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ec2-topology-labeler }}
+subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{ name: e2e-replica-b, namespace: {ns} }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: ec2-topology-labeler-leader-election }}
+subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
+"#
+    );
+    kube_util::apply_yaml(c, &bindings, "e2e").await?;
+    let mut b = e2e::env::start_labeler_with(
+        &cp.second_controller_kubeconfig,
+        &env.ec2_url,
+        &env.dir,
+        name,
+        extra,
+    )?;
+    b.wait_ready(Duration::from_secs(30)).await?;
+    e2e::env::wait_leader(&b, false).await?;
+    Ok(b)
+}
+
+/// The leader SIGKILLed while nodes join at 10/s, over a fleet of 5,000 verified nodes. The
+/// follower's node cache is synced while it follows; when the lease expires and it leads, each
+/// joiner is labelled within 2 s of that moment (or of its creation, if later), and it asks EC2
+/// nothing about the 5,000 whose verification records it trusts.
+async fn leader_killed_during_a_join_wave(env: &Env) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::{
+        core::PartialObjectMeta,
+        runtime::{WatchStreamExt, watcher},
+    };
+    const FLEET: u32 = 5_000;
+    const JOINERS: u32 = 100;
+    const SCENARIO: &str = "e2e.ec2tl.io/scenario";
+    let (p_fleet, p_join) = (0x2a0, 0x2a1);
+    let layer3 = "topology.k8s.aws/network-node-layer-3";
+    let spec_of = |p: u32, k: u32| {
+        let s = NodeSpec::ec2(p, k, "p5.48xlarge");
+        let i = s.instance(&[
+            &format!("nn-s-{p:x}"),
+            &format!("nn-a-{p:x}-{}", k % 5),
+            &format!("nn-l-{p:x}-{}", k % 50),
+        ]);
+        (s, i)
+    };
+    let node_of = |s: &NodeSpec| {
+        let mut n = s.node();
+        n.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(SCENARIO.into(), "leader-killed".into());
+        n
+    };
+    let fleet: Vec<_> = (0..FLEET).map(|k| spec_of(p_fleet, k)).collect();
+    let joiners: Vec<_> = (0..JOINERS).map(|k| spec_of(p_join, k)).collect();
+    let want: BTreeMap<String, String> = fleet
+        .iter()
+        .chain(&joiners)
+        .map(|(s, i)| (s.name.clone(), expected_of(i)[layer3].clone()))
+        .collect();
+    let c = env.admin().await?;
+    env.mock_admin
+        .upsert_all(
+            &fleet
+                .iter()
+                .chain(&joiners)
+                .map(|(_, i)| i.clone())
+                .collect::<Vec<_>>(),
+        )
+        .await?;
+
+    // One watch over the scenario's nodes: when each first carries its layer-3 label, and
+    // whether any lost it afterwards.
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<(String, bool)>();
+    let api: Api<Node> = Api::all(c.clone());
+    let watch = tokio::spawn({
+        let client = c.clone();
+        let want = want.clone();
+        async move {
+            let cfg = watcher::Config::default().labels(&format!("{SCENARIO}=leader-killed"));
+            // Labels only: metadata, resumed with backoff after an error.
+            let meta: Api<PartialObjectMeta<Node>> = Api::all(client);
+            let mut stream = std::pin::pin!(watcher(meta, cfg).default_backoff());
+            while let Some(event) = stream.next().await {
+                let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event else {
+                    continue;
+                };
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let right = n
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(layer3))
+                    .is_some_and(|v| want.get(&name) == Some(v));
+                if seen_tx.send((name, right)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut labelled: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut lost: Vec<String> = Vec::new();
+    let mut drain = |labelled: &mut BTreeMap<String, Instant>, lost: &mut Vec<String>| {
+        while let Ok((name, right)) = seen_rx.try_recv() {
+            match (right, labelled.contains_key(&name)) {
+                (true, false) => {
+                    labelled.insert(name, Instant::now());
+                }
+                (false, true) => lost.push(name),
+                _ => {}
+            }
+        }
+    };
+
+    let result = async {
+        // The default batch window (the suite's 500 ms is for full calls on a stalling CI
+        // machine): a joiner's lookup goes out within two windows.
+        let mut b = start_replica_b(env, &c, "replica-b-join-wave", &["--batch-window=200ms"]).await?;
+        let outcome = async {
+            let t0 = Instant::now();
+            kube_util::create_nodes(&c, fleet.iter().map(|(s, _)| node_of(s)).collect()).await?;
+            let created_in = t0.elapsed();
+            while fleet.iter().any(|(s, _)| !labelled.contains_key(&s.name)) {
+                ensure!(
+                    t0.elapsed() < Duration::from_secs(300),
+                    "{} of {FLEET} fleet nodes labelled after 300 s",
+                    labelled.len()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                drain(&mut labelled, &mut lost);
+            }
+            let fleet_in = t0.elapsed();
+            // The follower has the fleet, records and all, in its cache before the wave.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let asked_before = env.mock_admin.stats().await?.asked;
+
+            let mut guard = env.labeler.lock().await;
+            let a = guard.as_mut().context("local controller")?;
+            let wave = Instant::now();
+            let mut created: BTreeMap<String, Instant> = BTreeMap::new();
+            let (mut killed, mut b_led) = (None, None);
+            let mut calls_at_lead = 0;
+            let mut next = 0usize;
+            while created.len() < joiners.len()
+                || joiners.iter().any(|(s, _)| !labelled.contains_key(&s.name))
+            {
+                ensure!(
+                    wave.elapsed() < Duration::from_secs(60),
+                    "{} of {JOINERS} joiners labelled 60 s into the wave (killed {killed:?}, B led {b_led:?})",
+                    joiners.iter().filter(|(s, _)| labelled.contains_key(&s.name)).count()
+                );
+                while next < joiners.len() && wave.elapsed() >= Duration::from_millis(100 * next as u64) {
+                    let (s, _) = &joiners[next];
+                    kube_util::create_nodes(&c, vec![node_of(s)]).await?;
+                    created.insert(s.name.clone(), Instant::now());
+                    next += 1;
+                }
+                if killed.is_none() && wave.elapsed() >= Duration::from_secs(3) {
+                    a.kill();
+                    killed = Some(Instant::now());
+                }
+                if killed.is_some() && b_led.is_none() {
+                    let m = b.metrics().await?;
+                    if metric_sum(&m, "ec2_topology_labeler_leader", &[]) == 1.0 {
+                        b_led = Some(Instant::now());
+                        calls_at_lead = env.mock_admin.stats().await?.calls;
+                    }
+                }
+                drain(&mut labelled, &mut lost);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let killed = killed.context("the leader was never killed")?;
+            let b_led = b_led.context("the follower never led")?;
+            let stats = env.mock_admin.stats().await?;
+            let m = b.metrics().await?;
+            let first_decision = metric_sum(&m, "ec2_topology_labeler_leader_first_decision_seconds_sum", &[]);
+            let terms = metric_sum(&m, "ec2_topology_labeler_leader_first_decision_seconds_count", &[]);
+            b.stop();
+            drop(guard);
+            ensure!(terms == 1.0, "B timed {terms} first decisions for its one term");
+
+            // Each joiner from when it could be labelled: the new leader's start, or its creation.
+            let mut late: Vec<(f64, &str)> = joiners
+                .iter()
+                .filter_map(|(s, _)| {
+                    let from = (*created.get(&s.name)?).max(b_led);
+                    let at = *labelled.get(&s.name)?;
+                    Some((at.saturating_duration_since(from).as_secs_f64(), s.name.as_str()))
+                })
+                .collect();
+            late.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let worst = late.last().map(|l| l.0).unwrap_or_default();
+            let p50 = late.get(late.len() / 2).map(|l| l.0).unwrap_or_default();
+            let waited = joiners
+                .iter()
+                .filter(|(s, _)| created.get(&s.name).is_some_and(|t| *t < b_led))
+                .filter(|(s, _)| labelled.get(&s.name).is_some_and(|t| *t > killed))
+                .count();
+            let reasked: Vec<&String> = fleet
+                .iter()
+                .map(|(_, i)| &i.instance_id)
+                .filter(|id| stats.asked.get(*id) != asked_before.get(*id))
+                .collect();
+            ensure!(lost.is_empty(), "labels lost or changed on {:?}", &lost[..lost.len().min(5)]);
+            ensure!(
+                worst <= 2.0,
+                "a joiner waited {worst:.2}s after it could be labelled ({late:?})"
+            );
+            ensure!(
+                reasked.is_empty(),
+                "the new leader asked EC2 again about {} verified fleet instances (first {:?})",
+                reasked.len(),
+                &reasked[..reasked.len().min(3)]
+            );
+            report(
+                "leader_killed_during_a_join_wave",
+                &format!(
+                    "the leader SIGKILLed 3 s into a wave of {JOINERS} nodes joining at 10/s, over {FLEET} verified nodes (created in {:.0} s, labelled in {:.0} s); a follower synced beside it (the default 200 ms batch window)",
+                    created_in.as_secs_f64(),
+                    fleet_in.as_secs_f64()
+                ),
+                &format!(
+                    "the follower led {:.1} s after the kill (lease {LEASE_SECS} s), first decision {:.0} ms after taking the lease; joiners labelled p50 {p50:.2} s, max {worst:.2} s after they could be ({waited} waited for the new leader); {} EC2 calls after it led, none about the {FLEET} verified nodes",
+                    b_led.duration_since(killed).as_secs_f64(),
+                    first_decision * 1e3,
+                    stats.calls - calls_at_lead
+                ),
+                Some(b_led.duration_since(killed)),
+            );
+            anyhow::Ok(())
+        }
+        .await;
+        b.stop();
+        outcome
+    }
+    .await;
+    watch.abort();
+    // The scenario's nodes go before the suite's controller starts again (the scenarios after
+    // this one count the cluster's nodes, and time what they do).
+    let selector = kube::api::ListParams::default().labels(&format!("{SCENARIO}=leader-killed"));
+    let cleaned = async {
+        api.delete_collection(&Default::default(), &selector)
+            .await?;
+        kube_util::eventually(
+            "the scenario's nodes deleted",
+            Duration::from_secs(60),
+            || {
+                let (api, selector) = (api.clone(), selector.clone().limit(1));
+                async move {
+                    Ok(api
+                        .list_metadata(&selector)
+                        .await?
+                        .items
+                        .is_empty()
+                        .then_some(()))
+                }
+            },
+        )
+        .await
+    }
+    .await;
+    // The killed controller is replaced; the scenarios after this one need it leading.
+    let restarted = e2e::env::restart_labeler_with(env, &[]).await;
+    result.and(cleaned).and(restarted)
+}
 
 async fn hostile_provider_ids(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
@@ -1381,6 +1640,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(one_unknown_instance_in_a_full_batch, true),
         scenario!(unsupported_instances_share_retries, true),
         scenario!(leader_cut_off_from_its_lease, true),
+        scenario!(leader_killed_during_a_join_wave, true),
         scenario!(outage_during_a_join_wave_with_startup_taint, true),
         scenario!(hand_edited_label, true),
         scenario!(label_fight, true),

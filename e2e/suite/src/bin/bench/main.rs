@@ -1139,7 +1139,10 @@ fn report(rows: &[Row], out: &Path, started: &str) -> anyhow::Result<String> {
             restart.writes,
             mark(restart.ec2_calls <= 10 && restart.writes == 0.0)
         )?;
-        if let Some(joins) = find("joins through a restart", JOINERS) {
+        // The joiners of the 5,000-node run (each size has its own row of JOINERS nodes).
+        if let Some(joins) = rows.iter().find(|r| {
+            r.scenario == "joins through a restart" && r.note.ends_with("beside 5000 labelled")
+        }) {
             writeln!(
                 md,
                 "| joins through a restart: creation to labels p99 under 1 s | p99 {:.2} s (p50 {:.2} s) | {} |",

@@ -862,11 +862,26 @@ async fn metrics_match_what_happened(env: &Env) -> anyhow::Result<()> {
     let l = guard.as_ref().context("local controller")?;
     let calls = |m: &str| metric_sum(m, "ec2_topology_labeler_ec2_calls_total", &[]);
     let writes = |m: &str| metric_sum(m, "ec2_topology_labeler_label_writes_total", &[]);
-    let (m0, s0, w0) = (
-        l.metrics().await?,
-        env.mock_admin.stats().await?,
-        kube_util::node_writes(&c).await?,
-    );
+    // The three counts at one moment: the controller's are read before and after the others,
+    // and taken only when nothing it counts happened in between (a straggler of an earlier
+    // scenario, served by the API server but not yet counted by the controller, would be
+    // counted on one side only).
+    let snapshot = async || -> anyhow::Result<_> {
+        for _ in 0..20 {
+            let before = l.metrics().await?;
+            let (stats, served) = (
+                env.mock_admin.stats().await?,
+                kube_util::node_writes(&c).await?,
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let after = l.metrics().await?;
+            if calls(&before) == calls(&after) && writes(&before) == writes(&after) {
+                return Ok((after, stats, served));
+            }
+        }
+        anyhow::bail!("the controller kept writing or calling EC2 for 20 snapshots")
+    };
+    let (m0, s0, w0) = snapshot().await?;
     let pairs: Vec<(NodeSpec, Instance)> = (0..30)
         .map(|k| {
             let s = NodeSpec::ec2(0x10d, k, "p5.48xlarge");
@@ -876,11 +891,7 @@ async fn metrics_match_what_happened(env: &Env) -> anyhow::Result<()> {
         .collect();
     label_and_wait(env, &c, &pairs).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (m1, s1, w1) = (
-        l.metrics().await?,
-        env.mock_admin.stats().await?,
-        kube_util::node_writes(&c).await?,
-    );
+    let (m1, s1, w1) = snapshot().await?;
     let (ours, mocks) = (calls(&m1) - calls(&m0), (s1.calls - s0.calls) as f64);
     ensure!(
         ours == mocks && ours >= 1.0,

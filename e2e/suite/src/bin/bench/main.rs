@@ -1156,6 +1156,10 @@ fn report(rows: &[Row], out: &Path, started: &str) -> anyhow::Result<String> {
             "\nWhere the time goes: on this machine the API server, etcd, the benchmark's own client and the controller share two cores. Creating the 5,000 nodes alone takes much of the window ({}); every node then needs one server-side apply, which for a Node of this size (managed fields covering ~40 images) this API server serves at a few hundred per second at best, fewer while it is still creating nodes. The controller is not the bottleneck: it used {:.1} s of CPU for the whole cold start and keeps 32 writes in flight by default; more make creation slower rather than the whole faster (the two compete for the same API server), fewer leave nodes waiting longer (16: p50 11-13 s; 32: 7 s; 64: 5-6 s; 128: 9 s, all finishing in 25-30 s). Latency is from each node's creation to the moment a separate watch sees its first topology label.\n",
             cold.note, cold.cpu_s
         )?;
+        writeln!(
+            md,
+            "**Through a restart**: the new process trusts each node's verification record and asks EC2 nothing about a fleet that has not changed. A node that joins while it starts waits for the new process's initial list of the whole fleet (pages of 500) before the watch delivers it, which is what the p99 at 5,000 nodes shows (the restart row: about a second from start to every node re-checked; the joiners created in that second wait for it). With the chart's two replicas a leader change skips that wait: the follower's cache is synced while it follows, and the fault suite's `leader_killed_during_a_join_wave` (docs/reliability.md) measures joiners after a kill at 5,000 nodes from the moment the follower leads.\n"
+        )?;
     }
     writeln!(
         md,

@@ -1245,3 +1245,76 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
 }
+
+/// On election the joining nodes' reconciles go first; the rest of the fleet follows in
+/// chunks, each sent once the controller has run most of what was sent before it (else after a
+/// second), so a node that joins meanwhile waits behind one chunk, not behind the fleet.
+#[tokio::test(start_paused = true)]
+async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
+    use futures::StreamExt;
+    let fake = Fake::default();
+    let (ctx, _handle) = setup(&fake);
+    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    for k in 0..600 {
+        let mut n = node(&[("topology.k8s.aws/network-node-layer-1", "nn-1")]);
+        n.metadata.name = Some(format!("fleet-{k:03}"));
+        n.metadata.uid = Some(format!("uid-{k}"));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+    }
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    for k in 0..3 {
+        let mut n = node(&[]);
+        n.metadata.name = Some(format!("joiner-{k}"));
+        n.metadata.uid = Some(format!("uid-j{k}"));
+        n.metadata.creation_timestamp = Some(now.clone());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+    }
+    let (elected, rx) = futures::channel::mpsc::unbounded();
+    let mut refs = ec2_topology_labeler::run::on_election(rx, reader, ctx.clone());
+    elected.unbounded_send(()).expect("the pass is listening");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_millis(500), refs.next())
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.name)
+    };
+    let first: Vec<_> = [next().await, next().await, next().await]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        first.len() == 3 && first.iter().all(|n| n.starts_with("joiner-")),
+        "the joiners first: {first:?}"
+    );
+    assert_eq!(
+        next().await,
+        None,
+        "the fleet waits while the joiners have not run"
+    );
+    let ran = |n: usize| (0..n).for_each(|_| ctx.metrics.reconciled(Duration::ZERO));
+    ran(2);
+    let mut chunk = Vec::new();
+    while let Some(n) = next().await {
+        chunk.push(n);
+        if chunk.len() == 256 {
+            break;
+        }
+    }
+    assert!(
+        chunk.len() == 256 && chunk.iter().all(|n| n.starts_with("fleet-")),
+        "one chunk of the fleet once they ran: {} refs",
+        chunk.len()
+    );
+    assert_eq!(
+        next().await,
+        None,
+        "the next chunk waits for this one to run"
+    );
+    ran(128);
+    assert!(
+        next().await.is_some_and(|n| n.starts_with("fleet-")),
+        "sent once half of the chunk ran"
+    );
+}

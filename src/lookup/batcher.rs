@@ -135,33 +135,37 @@ impl Waiting {
     /// already sent) — then until three windows after the last arrival at most; never later
     /// than `max_wait` after the oldest waiting ID arrived, nor later than two windows after
     /// the first urgent ID (a joining node: a node waiting for its labels is capacity standing
-    /// idle, worth a less full call).
+    /// idle, worth a less full call), three while the burst would fill the call by then.
     fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
         let len = self.len();
         if len >= max_batch {
             return self.first_at;
         }
+        let window = cfg.batch_window;
+        // At the burst's rate, how long until the queue is full (`None`: no burst to judge).
+        let elapsed = now.saturating_duration_since(self.burst_at).as_secs_f64();
+        let to_fill = (self.burst_len >= 2 && elapsed > 0.0).then(|| {
+            let rate = (self.burst_len - 1) as f64 / elapsed;
+            Duration::from_secs_f64((max_batch - len) as f64 / rate)
+        });
+        let fills = to_fill.filter(|t| *t <= window.saturating_mul(3));
         let mut cap = self.first_at + cfg.batch_max_wait;
         if let Some(urgent) = self.urgent_at {
-            cap = cap.min(urgent + cfg.batch_window.saturating_mul(2).min(cfg.batch_max_wait));
+            // A joiner waits two windows at most; three while a burst is about to fill its call
+            // (nodes created together are all joining, and arrive in clumps: sent at two
+            // windows, their calls would go out part full).
+            let windows = if fills.is_some() { 3 } else { 2 };
+            cap = cap.min(urgent + window.saturating_mul(windows).min(cfg.batch_max_wait));
         }
-        let quiet = self.last_at + cfg.batch_window;
-        if now < quiet || self.burst_len < 2 {
-            return quiet.min(cap);
-        }
-        let elapsed = now.saturating_duration_since(self.burst_at).as_secs_f64();
-        if elapsed <= 0.0 {
-            return quiet.min(cap);
-        }
-        let rate = (self.burst_len - 1) as f64 / elapsed;
-        let to_fill = Duration::from_secs_f64((max_batch - len) as f64 / rate);
-        if to_fill <= cfg.batch_window.saturating_mul(3) {
-            // Held for a stall, not for a burst that has ended: three windows after the last
-            // arrival at most.
-            let stall = self.last_at + cfg.batch_window.saturating_mul(3);
-            (now + to_fill).min(cap).min(stall)
-        } else {
-            quiet.min(cap)
+        let quiet = self.last_at + window;
+        match fills {
+            Some(to_fill) if now >= quiet => {
+                // Held for a stall, not for a burst that has ended: three windows after the
+                // last arrival at most.
+                let stall = self.last_at + window.saturating_mul(3);
+                (now + to_fill).min(cap).min(stall)
+            }
+            _ => quiet.min(cap),
         }
     }
 }

@@ -121,7 +121,8 @@ pub struct LookupArgs {
     #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
     pub batch_window: HumanDuration,
     /// Longest an instance waits for its call to fill while others keep arriving (an instance
-    /// whose node carries the startup taint: two batch windows at most).
+    /// whose node is joining or carries the startup taint: two batch windows at most, three
+    /// while a burst of them is about to fill the call).
     #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
     pub batch_max_wait: HumanDuration,
     /// Answers older than this are refreshed (in batches) when their node is next reconciled.

@@ -187,6 +187,44 @@ async fn a_burst_arriving_in_clumps_is_sent_in_full_calls() {
     );
 }
 
+/// Nodes created in a burst are all joining; the watch delivers them in clumps with stalls
+/// between (a busy API server): 60 every 200 ms, every fourth gap 500 ms. Each call still
+/// fills, and no joiner waits long for it.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_joining_nodes_arriving_in_clumps_is_sent_in_full_calls() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let clump_at = |c: u64| c * 200 + (c / 4) * 300;
+    let waits = std::sync::Mutex::new(Vec::new());
+    let asks = (0..1200).map(|k| {
+        let l = l.clone();
+        let waits = &waits;
+        let delay = Duration::from_millis(clump_at(k as u64 / 60));
+        async move {
+            tokio::time::sleep(delay).await;
+            let asked = Instant::now();
+            let answer = l
+                .resolve_expecting("r", &id(k * 2), None, false, true)
+                .await;
+            waits.lock().unwrap().push(asked.elapsed());
+            answer
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(answers.iter().all(Result::is_ok), "every lookup answered");
+    let sizes: Vec<usize> = fake.calls().iter().map(|(_, ids)| ids.len()).collect();
+    assert!(
+        sizes.len() <= 13,
+        "{} calls for 1,200 joining nodes (ceil(N/100) = 12, and the last one's rest): {sizes:?}",
+        sizes.len()
+    );
+    let longest = waits.into_inner().unwrap().into_iter().max();
+    assert!(
+        longest.is_some_and(|w| w <= Duration::from_millis(650 + 10)),
+        "no joiner waits more than three windows and the call: {longest:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stall_inside_a_burst_does_not_split_its_call() {
     let fake = Fake::default();

@@ -420,10 +420,12 @@ async fn cold_start(
         ..Row::default()
     }];
     eprintln!(
-        "  labelled {n} in {:.1}s, {} EC2 calls, {writes} writes, peak RSS {:.0} MiB",
+        "  labelled {n} in {:.1}s, {} EC2 calls ({}), {writes} writes, peak RSS {:.0} MiB, created in {:.1}s",
         all_in.as_secs_f64(),
         stats.calls,
-        hwm as f64 / 1024.0
+        call_sizes(&stats.ids_per_call),
+        hwm as f64 / 1024.0,
+        created_in.as_secs_f64()
     );
 
     // Steady state: three resync periods.
@@ -1259,4 +1261,18 @@ async fn main() -> anyhow::Result<()> {
     }
     eprintln!("work directory: {}", root.display());
     Ok(())
+}
+
+/// How full the calls were: the count of calls short of 100 IDs, and their sizes in order.
+fn call_sizes(sizes: &[usize]) -> String {
+    let short: Vec<String> = sizes
+        .iter()
+        .filter(|&&s| s < 100)
+        .map(|s| s.to_string())
+        .collect();
+    if short.is_empty() {
+        "every call full".into()
+    } else {
+        format!("{} short: {}", short.len(), short.join(" "))
+    }
 }

@@ -36,12 +36,17 @@ pub struct LiteNode {
     /// [`LiteNode::labels`].
     #[serde(skip)]
     packed_labels: Option<PackedLabels>,
+    /// The annotations of a node in the cache (our own: the verification record), packed the
+    /// same way; read through [`LiteNode::annotations`] and [`LiteNode::annotation`].
+    #[serde(skip)]
+    packed_annotations: Option<PackedLabels>,
 }
 
-/// Labels in one allocation: `key\0value\0` pairs, in key order. A `BTreeMap<String, String>`
-/// of the half-dozen labels a cached node keeps costs about 900 bytes (a 544-byte tree node and
-/// a dozen small strings); this costs their length (about 300 bytes). `\0` is valid in neither
-/// keys nor values.
+/// Labels (or annotations) in one allocation: `key\0value\0` pairs, in key order. A
+/// `BTreeMap<String, String>` of the half-dozen labels a cached node keeps costs about 900 bytes
+/// (a 544-byte tree node and a dozen small strings); this costs their length (about 300 bytes).
+/// The one annotation a cached node keeps, our ~400-byte verification record, costs about 1 KiB
+/// in a map and its length packed. `\0` is valid in neither keys nor values.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PackedLabels(Box<str>);
 
@@ -294,6 +299,38 @@ impl LiteNode {
     pub fn packed_labels(&self) -> Option<&PackedLabels> {
         self.packed_labels.as_ref()
     }
+
+    pub fn annotations(&self) -> Cow<'_, BTreeMap<String, String>> {
+        match (&self.metadata.annotations, &self.packed_annotations) {
+            (Some(a), _) => Cow::Borrowed(a),
+            (None, Some(p)) => Cow::Owned(p.unpack()),
+            (None, None) => Cow::Owned(BTreeMap::new()),
+        }
+    }
+
+    /// The value of the annotation `key`, if any (without unpacking).
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        match (&self.metadata.annotations, &self.packed_annotations) {
+            (Some(a), _) => a.get(key).map(String::as_str),
+            (None, Some(p)) => p.iter().find(|(k, _)| *k == key).map(|(_, v)| v),
+            (None, None) => None,
+        }
+    }
+
+    /// As [`LiteNode::pack_labels`], for the annotations.
+    pub fn pack_annotations(&mut self) {
+        if let Some(annotations) = self.metadata.annotations.take() {
+            self.packed_annotations = PackedLabels::pack(&annotations);
+            if self.packed_annotations.is_none() && !annotations.is_empty() {
+                self.metadata.annotations = Some(annotations);
+            }
+        }
+    }
+
+    /// The packed annotations, for hashing what changed.
+    pub fn packed_annotations(&self) -> Option<&PackedLabels> {
+        self.packed_annotations.as_ref()
+    }
 }
 
 #[cfg(test)]
@@ -382,6 +419,35 @@ mod tests {
         let mut none = LiteNode::default();
         none.pack_labels();
         assert!(none.labels().is_empty() && none.packed_labels().is_none());
+    }
+
+    #[test]
+    fn packed_annotations_read_back_exactly() {
+        let record = r#"{"v":1,"instanceId":"i-0123456789abcdef0","networkNodes":["nn-1","nn-2"],"sum":"0123456789abcdef"}"#;
+        let annotations: BTreeMap<String, String> = [
+            ("ec2-topology-labeler.io/verified", record),
+            ("ec2-topology-labeler.io/other", ""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let mut n = LiteNode::default();
+        n.metadata.annotations = Some(annotations.clone());
+        n.pack_annotations();
+        assert!(
+            n.metadata.annotations.is_none(),
+            "moved out of the metadata"
+        );
+        assert_eq!(*n.annotations(), annotations);
+        assert_eq!(
+            n.annotation("ec2-topology-labeler.io/verified"),
+            Some(record)
+        );
+        assert_eq!(n.annotation("ec2-topology-labeler.io/other"), Some(""));
+        assert_eq!(n.annotation("missing"), None);
+        let mut none = LiteNode::default();
+        none.pack_annotations();
+        assert!(none.annotations().is_empty() && none.packed_annotations().is_none());
     }
 
     #[test]

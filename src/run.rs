@@ -67,6 +67,7 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
         }
     }
     node.pack_labels();
+    node.pack_annotations();
 }
 
 /// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
@@ -79,6 +80,7 @@ fn relevant(node: &LiteNode) -> u64 {
     node.metadata.labels.hash(&mut h);
     node.packed_labels().hash(&mut h);
     node.metadata.annotations.hash(&mut h);
+    node.packed_annotations().hash(&mut h);
     provider_id_of(node).hash(&mut h);
     boot_id(node).hash(&mut h);
     // The startup gate acts on taints (one added or removed) and on our condition.

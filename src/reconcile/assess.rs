@@ -70,7 +70,7 @@ pub(super) fn labels_of(node: &LiteNode) -> BTreeMap<String, String> {
 }
 
 pub(super) fn annotations_of(node: &LiteNode) -> BTreeMap<String, String> {
-    node.metadata.annotations.clone().unwrap_or_default()
+    node.annotations().into_owned()
 }
 
 pub fn boot_id(node: &LiteNode) -> Option<&str> {
@@ -310,12 +310,7 @@ pub fn trusted(
     now: u64,
     ttl: Duration,
 ) -> Result<Verified, Distrust> {
-    let value = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(VERIFIED_KEY))
-        .ok_or(Distrust::Missing)?;
+    let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
     let verified = Verified::parse(value).map_err(|e| match e {
         RecordError::Unreadable(_) => Distrust::Unreadable,
         RecordError::OtherVersion(_) => Distrust::OtherVersion,
@@ -470,6 +465,19 @@ mod trust {
 
     fn judge(n: &LiteNode) -> Result<Verified, Distrust> {
         trusted(n, &LabelScheme::default(), &target(), NOW, TTL)
+    }
+
+    #[test]
+    fn a_record_packed_in_the_node_cache_is_trusted_and_needs_no_write() {
+        let scheme = LabelScheme::default();
+        let mut n = verified_node(&scheme, 3600, "boot-1");
+        // As the watch keeps it (`run::prune`): labels and annotations packed.
+        n.pack_labels();
+        n.pack_annotations();
+        assert!(n.metadata.annotations.is_none());
+        let v = judge(&n).expect("trusted from the packed record");
+        let (_, diff) = derive(&n, &scheme, &v).expect("labels for the answer");
+        assert!(diff.is_empty(), "nothing to write: {diff:?}");
     }
 
     #[test]

@@ -35,22 +35,23 @@ pub struct LiteNode {
     /// The labels of a node in the cache, packed (see [`LiteNode::pack_labels`]); read through
     /// [`LiteNode::labels`].
     #[serde(skip)]
-    packed_labels: Option<PackedLabels>,
+    packed_labels: Option<PackedMap>,
     /// The annotations of a node in the cache (our own: the verification record), packed the
     /// same way; read through [`LiteNode::annotations`] and [`LiteNode::annotation`].
     #[serde(skip)]
-    packed_annotations: Option<PackedLabels>,
+    packed_annotations: Option<PackedMap>,
 }
 
 /// Labels (or annotations) in one allocation: `key\0value\0` pairs, in key order. A
 /// `BTreeMap<String, String>` of the half-dozen labels a cached node keeps costs about 900 bytes
 /// (a 544-byte tree node and a dozen small strings); this costs their length (about 300 bytes).
 /// The one annotation a cached node keeps, our ~400-byte verification record, costs about 1 KiB
-/// in a map and its length packed. `\0` is valid in neither keys nor values.
+/// in a map and its length packed. `\0` is valid in no key nor label value; a map with one
+/// anywhere (an annotation value may hold any text) is not packed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PackedLabels(Box<str>);
+pub struct PackedMap(Box<str>);
 
-impl PackedLabels {
+impl PackedMap {
     pub fn pack(labels: &BTreeMap<String, String>) -> Option<Self> {
         if labels.is_empty()
             || labels
@@ -258,78 +259,76 @@ impl LiteNode {
     }
 
     pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
-        match (&self.metadata.labels, &self.packed_labels) {
-            (Some(l), _) => Cow::Borrowed(l),
-            (None, Some(p)) => Cow::Owned(p.unpack()),
-            (None, None) => Cow::Owned(BTreeMap::new()),
-        }
+        whole(&self.metadata.labels, &self.packed_labels)
     }
 
     /// Does the node carry the label `key`? (Without unpacking packed labels.)
     pub fn has_label(&self, key: &str) -> bool {
-        match (&self.metadata.labels, &self.packed_labels) {
-            (Some(l), _) => l.contains_key(key),
-            (None, Some(p)) => p.iter().any(|(k, _)| k == key),
-            (None, None) => false,
-        }
+        value(&self.metadata.labels, &self.packed_labels, key).is_some()
     }
 
     /// The value of the label `key`, if any.
     pub fn label(&self, key: &str) -> Option<String> {
-        match (&self.metadata.labels, &self.packed_labels) {
-            (Some(l), _) => l.get(key).cloned(),
-            (None, Some(p)) => p.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_owned()),
-            (None, None) => None,
-        }
+        value(&self.metadata.labels, &self.packed_labels, key).map(str::to_owned)
     }
 
     /// Move the labels out of the metadata into one packed allocation: for nodes kept in the
     /// cache (thousands of them), read through [`LiteNode::labels`].
     pub fn pack_labels(&mut self) {
-        if let Some(labels) = self.metadata.labels.take() {
-            self.packed_labels = PackedLabels::pack(&labels);
-            if self.packed_labels.is_none() && !labels.is_empty() {
-                // Not packable (a NUL byte the API server would never accept): keep as is.
-                self.metadata.labels = Some(labels);
-            }
-        }
+        pack(&mut self.metadata.labels, &mut self.packed_labels);
     }
 
     /// The packed labels, for hashing what changed.
-    pub fn packed_labels(&self) -> Option<&PackedLabels> {
+    pub fn packed_labels(&self) -> Option<&PackedMap> {
         self.packed_labels.as_ref()
     }
 
     pub fn annotations(&self) -> Cow<'_, BTreeMap<String, String>> {
-        match (&self.metadata.annotations, &self.packed_annotations) {
-            (Some(a), _) => Cow::Borrowed(a),
-            (None, Some(p)) => Cow::Owned(p.unpack()),
-            (None, None) => Cow::Owned(BTreeMap::new()),
-        }
+        whole(&self.metadata.annotations, &self.packed_annotations)
     }
 
     /// The value of the annotation `key`, if any (without unpacking).
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        match (&self.metadata.annotations, &self.packed_annotations) {
-            (Some(a), _) => a.get(key).map(String::as_str),
-            (None, Some(p)) => p.iter().find(|(k, _)| *k == key).map(|(_, v)| v),
-            (None, None) => None,
-        }
+        value(&self.metadata.annotations, &self.packed_annotations, key)
     }
 
     /// As [`LiteNode::pack_labels`], for the annotations.
     pub fn pack_annotations(&mut self) {
-        if let Some(annotations) = self.metadata.annotations.take() {
-            self.packed_annotations = PackedLabels::pack(&annotations);
-            if self.packed_annotations.is_none() && !annotations.is_empty() {
-                self.metadata.annotations = Some(annotations);
-            }
-        }
+        pack(&mut self.metadata.annotations, &mut self.packed_annotations);
     }
 
     /// The packed annotations, for hashing what changed.
-    pub fn packed_annotations(&self) -> Option<&PackedLabels> {
+    pub fn packed_annotations(&self) -> Option<&PackedMap> {
         self.packed_annotations.as_ref()
+    }
+}
+
+type Plain = Option<BTreeMap<String, String>>;
+
+/// A map that is either in the metadata (not packed yet, or not packable) or packed.
+fn whole<'a>(plain: &'a Plain, packed: &Option<PackedMap>) -> Cow<'a, BTreeMap<String, String>> {
+    match (plain, packed) {
+        (Some(m), _) => Cow::Borrowed(m),
+        (None, Some(p)) => Cow::Owned(p.unpack()),
+        (None, None) => Cow::Owned(BTreeMap::new()),
+    }
+}
+
+fn value<'a>(plain: &'a Plain, packed: &'a Option<PackedMap>, key: &str) -> Option<&'a str> {
+    match (plain, packed) {
+        (Some(m), _) => m.get(key).map(String::as_str),
+        (None, Some(p)) => p.iter().find(|(k, _)| *k == key).map(|(_, v)| v),
+        (None, None) => None,
+    }
+}
+
+fn pack(plain: &mut Plain, packed: &mut Option<PackedMap>) {
+    if let Some(map) = plain.take() {
+        *packed = PackedMap::pack(&map);
+        if packed.is_none() && !map.is_empty() {
+            // Not packable (a NUL byte in a value, as an annotation could hold): kept as is.
+            *plain = Some(map);
+        }
     }
 }
 

@@ -739,4 +739,34 @@ mod tests {
             ]
         );
     }
+
+    /// The cache keeps annotations packed: a change of the verification record alone is still a
+    /// change that triggers a reconcile, and the same record is not.
+    #[test]
+    fn a_changed_record_in_the_cache_is_a_relevant_change() {
+        let cached = |record: &str| {
+            let mut node: LiteNode = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "uid": "u1", "annotations": {
+                    crate::verified::VERIFIED_KEY: record,
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}"
+                }}
+            }))
+            .expect("a node");
+            prune(&mut node, &LabelScheme::default());
+            node
+        };
+        let (a, same, other) = (cached("r1"), cached("r1"), cached("r2"));
+        assert!(a.metadata.annotations.is_none(), "packed");
+        assert_eq!(
+            a.annotations()
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            [crate::verified::VERIFIED_KEY],
+            "only our annotation is kept"
+        );
+        assert_eq!(relevant(&a), relevant(&same));
+        assert_ne!(relevant(&a), relevant(&other));
+    }
 }

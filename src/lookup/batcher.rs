@@ -135,7 +135,8 @@ impl Waiting {
     /// already sent) — then until three windows after the last arrival at most; never later
     /// than `max_wait` after the oldest waiting ID arrived, nor later than two windows after
     /// the first urgent ID (a joining node: a node waiting for its labels is capacity standing
-    /// idle, worth a less full call), three while the burst would fill the call by then.
+    /// idle, worth a less full call), three when only joiners wait and at the burst's rate they
+    /// would fill the call within three windows.
     fn due(&self, cfg: &LookupConfig, max_batch: usize, now: Instant) -> Instant {
         let len = self.len();
         if len >= max_batch {
@@ -151,10 +152,15 @@ impl Waiting {
         let fills = to_fill.filter(|t| *t <= window.saturating_mul(3));
         let mut cap = self.first_at + cfg.batch_max_wait;
         if let Some(urgent) = self.urgent_at {
-            // A joiner waits two windows at most; three while a burst is about to fill its call
-            // (nodes created together are all joining, and arrive in clumps: sent at two
-            // windows, their calls would go out part full).
-            let windows = if fills.is_some() { 3 } else { 2 };
+            // A joiner waits two windows at most; three while a burst of joiners alone is about
+            // to fill its call (nodes created together are all joining, and arrive in clumps:
+            // sent at two windows, their calls would go out part full). Behind a walk, a resync
+            // or an install (IDs not urgent queued too) it waits two.
+            let windows = if fills.is_some() && self.ids.is_empty() {
+                3
+            } else {
+                2
+            };
             cap = cap.min(urgent + window.saturating_mul(windows).min(cfg.batch_max_wait));
         }
         let quiet = self.last_at + window;

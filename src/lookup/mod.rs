@@ -122,7 +122,7 @@ pub struct LookupArgs {
     pub batch_window: HumanDuration,
     /// Longest an instance waits for its call to fill while others keep arriving (an instance
     /// whose node is joining or carries the startup taint: two batch windows at most, three
-    /// while a burst of them is about to fill the call).
+    /// while only joining nodes wait and their burst is about to fill the call).
     #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
     pub batch_max_wait: HumanDuration,
     /// Answers older than this are refreshed (in batches) when their node is next reconciled.

@@ -471,10 +471,9 @@ mod trust {
     fn a_record_packed_in_the_node_cache_is_trusted_and_needs_no_write() {
         let scheme = LabelScheme::default();
         let mut n = verified_node(&scheme, 3600, "boot-1");
-        // As the watch keeps it (`run::prune`): labels and annotations packed.
-        n.pack_labels();
-        n.pack_annotations();
-        assert!(n.metadata.annotations.is_none());
+        // As the watch keeps it: labels and annotations packed.
+        crate::run::prune(&mut n, &scheme);
+        assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
         let (_, diff) = derive(&n, &scheme, &v).expect("labels for the answer");
         assert!(diff.is_empty(), "nothing to write: {diff:?}");

@@ -393,17 +393,21 @@ mod tests {
         assert!(null.topology_condition().is_none());
     }
 
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn packed_labels_read_back_exactly() {
-        let labels: BTreeMap<String, String> = [
+        let labels = map(&[
             ("topology.k8s.aws/network-node-layer-1", "nn-1"),
             ("topology.k8s.aws/network-node-layer-2", "nn-2"),
             ("node.kubernetes.io/instance-type", "p5.48xlarge"),
             ("empty", ""),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+        ]);
         let mut n = LiteNode::default();
         n.metadata.labels = Some(labels.clone());
         n.pack_labels();
@@ -423,13 +427,10 @@ mod tests {
     #[test]
     fn packed_annotations_read_back_exactly() {
         let record = r#"{"v":1,"instanceId":"i-0123456789abcdef0","networkNodes":["nn-1","nn-2"],"sum":"0123456789abcdef"}"#;
-        let annotations: BTreeMap<String, String> = [
+        let annotations = map(&[
             ("ec2-topology-labeler.io/verified", record),
             ("ec2-topology-labeler.io/other", ""),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+        ]);
         let mut n = LiteNode::default();
         n.metadata.annotations = Some(annotations.clone());
         n.pack_annotations();

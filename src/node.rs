@@ -445,6 +445,18 @@ mod tests {
         );
         assert_eq!(n.annotation("ec2-topology-labeler.io/other"), Some(""));
         assert_eq!(n.annotation("missing"), None);
+        // A value with a NUL (an annotation may hold any text) cannot be packed: kept as it is,
+        // and read the same.
+        let odd = map(&[("ec2-topology-labeler.io/verified", "a\0b")]);
+        let mut kept = LiteNode::default();
+        kept.metadata.annotations = Some(odd.clone());
+        kept.pack_annotations();
+        assert_eq!(kept.metadata.annotations.as_ref(), Some(&odd), "not packed");
+        assert!(kept.packed_annotations().is_none());
+        assert_eq!(
+            kept.annotation("ec2-topology-labeler.io/verified"),
+            Some("a\0b")
+        );
         let mut none = LiteNode::default();
         none.pack_annotations();
         assert!(none.annotations().is_empty() && none.packed_annotations().is_none());

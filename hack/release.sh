@@ -34,9 +34,9 @@ start=$(date +%s)
 step() { echo "[release] $1 at +$(( $(date +%s) - start ))s" >&2; }
 die() { echo "[release] $*" >&2; exit 1; }
 
-# Pinned tools (bump deliberately; each is cached by its version).
-ZIGBUILD_VERSION=0.24.1
-ZIGLANG_VERSION=0.15.2
+# Pinned tools (bump deliberately; each is cached by its version); zig's are in hack/zigbuild.sh.
+# shellcheck source=hack/zigbuild.sh
+source "$root/hack/zigbuild.sh"
 CYCLONEDX_VERSION=0.5.7
 
 : "${REGISTRY:?REGISTRY=host[:port][/path] is required, e.g. ghcr.io/ec2-topology-labeler}"
@@ -64,16 +64,7 @@ mkdir -p "$dist"
 # --- tools -------------------------------------------------------------------------------------
 step "tools (rustup musl targets, cargo-zigbuild + zig, buildah, cargo-cyclonedx, helm)"
 targets=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
-for t in "${targets[@]}"; do
-  rustup target list --installed | grep -qx "$t" || rustup target add "$t" >&2
-done
-venv="$cache/release-tools/zigbuild-$ZIGBUILD_VERSION-zig-$ZIGLANG_VERSION"
-if [[ ! -x "$venv/bin/cargo-zigbuild" ]]; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "cargo-zigbuild==$ZIGBUILD_VERSION" "ziglang==$ZIGLANG_VERSION" >&2
-fi
+zigbuild_tools "${targets[@]}"
 cyclonedx="$cache/release-tools/cargo-cyclonedx-$CYCLONEDX_VERSION"
 if [[ ! -x "$cyclonedx/bin/cargo-cyclonedx" ]]; then
   cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$cyclonedx.partial" >&2
@@ -102,10 +93,8 @@ if [[ $profile != release ]] && { ((!plain_http)) || [[ ${COSIGN_KEYLESS:-0} == 
   die "RELEASE_PROFILE=$profile is for a local registry (the kind suite); a published release is built with the release profile"
 fi
 step "cross-compiling the controller for ${targets[*]} ($profile profile)"
-# Its own target directory: zig is these targets' C compiler here, musl-gcc in e2e/image.
-target_dir="$cache/target-dist"
-PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target_dir" cargo zigbuild --profile "$profile" --locked \
-  --bin ec2-topology-labeler "${targets[@]/#/--target=}" >&2
+target_dir=$zigbuild_target_dir
+zigbuild "$profile" "${targets[@]}"
 declare -A platform=([x86_64-unknown-linux-musl]=linux/amd64 [aarch64-unknown-linux-musl]=linux/arm64)
 declare -A machine=([x86_64-unknown-linux-musl]="Advanced Micro Devices X86-64" [aarch64-unknown-linux-musl]=AArch64)
 for t in "${targets[@]}"; do

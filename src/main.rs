@@ -6,6 +6,12 @@ use clap::Parser;
 use ec2_topology_labeler::config::{Cli, Command, LogFormat};
 use tracing_subscriber::{EnvFilter, fmt};
 
+/// mimalloc instead of the C library's allocator, only when built with `--features mimalloc`:
+/// the image keeps musl's, which held peak RSS to less than half (docs/benchmarks-allocator.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt()

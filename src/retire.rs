@@ -142,6 +142,10 @@ pub async fn find(
     }
 }
 
+/// How many times one node's retirement is sent: a node that changed between the read and the
+/// write (a kubelet status update, another writer) is read again and retried with what it holds.
+const RETIRE_ATTEMPTS: usize = 3;
+
 /// Remove, once, every key we wrote and no longer manage. `leader` is asked before each write.
 /// Returns how many nodes were changed.
 pub async fn retire_all(
@@ -155,41 +159,75 @@ pub async fn retire_all(
         return Ok(0);
     }
     let changed = stream::iter(found)
-        .map(|(meta, r)| async move {
-            if !leader.is_leader() {
-                return false;
-            }
-            let name = meta.name.clone().unwrap_or_default();
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            match api
-                .patch(&name, &params, &Patch::Apply(apply_body(&meta, &r)))
-                .await
-            {
-                Ok(node) => {
-                    let still: Vec<&String> = r
-                        .labels
-                        .keys()
-                        .filter(|k| node.labels().contains_key(*k))
-                        .collect();
-                    metrics.label_write("retire");
-                    info!(node = %name, retired = ?r.labels.keys().collect::<Vec<_>>(),
-                        retired_annotations = ?r.annotations.keys().collect::<Vec<_>>(),
-                        kept_by_other_managers = ?still,
-                        "removed labels and annotations this configuration no longer manages");
-                    true
-                }
-                // Changed or deleted since the list: the next start-up (or plan) sees it again.
-                Err(e) => {
-                    warn!(node = %name, error = %e, "could not remove labels this configuration no longer manages");
-                    false
-                }
-            }
-        })
+        .map(|(meta, r)| retire_one(api, scheme, leader, metrics, meta, r))
         .buffer_unordered(16)
         .filter(|changed| std::future::ready(*changed))
         .count()
         .await;
     Ok(changed)
+}
+
+/// One node's retirement: applied to the node as read (UID and resourceVersion); on a conflict,
+/// read again and sent again with what the node holds now, at most `RETIRE_ATTEMPTS` times.
+async fn retire_one(
+    api: &Api<Node>,
+    scheme: &LabelScheme,
+    leader: &crate::leader::Leadership,
+    metrics: &crate::metrics::Metrics,
+    mut meta: ObjectMeta,
+    mut r: Retired,
+) -> bool {
+    let name = meta.name.clone().unwrap_or_default();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for attempt in 1..=RETIRE_ATTEMPTS {
+        if !leader.is_leader() {
+            return false;
+        }
+        match api
+            .patch(&name, &params, &Patch::Apply(apply_body(&meta, &r)))
+            .await
+        {
+            Ok(node) => {
+                let still: Vec<&String> = r
+                    .labels
+                    .keys()
+                    .filter(|k| node.labels().contains_key(*k))
+                    .collect();
+                metrics.label_write("retire");
+                info!(node = %name, retired = ?r.labels.keys().collect::<Vec<_>>(),
+                    retired_annotations = ?r.annotations.keys().collect::<Vec<_>>(),
+                    kept_by_other_managers = ?still,
+                    "removed labels and annotations this configuration no longer manages");
+                return true;
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < RETIRE_ATTEMPTS => {
+                match api.get_metadata_opt(&name).await {
+                    Ok(Some(fresh)) => {
+                        let again = retired(scheme, &fresh.metadata);
+                        if again.is_empty() {
+                            // Someone else removed them meanwhile, or the node was replaced.
+                            return false;
+                        }
+                        meta = fresh.metadata;
+                        r = again;
+                    }
+                    // Deleted since the list: nothing left to retire.
+                    Ok(None) => return false,
+                    Err(e) => {
+                        warn!(node = %name, error = %e, "could not read the node again to remove labels this configuration no longer manages; the next start-up tries again");
+                        return false;
+                    }
+                }
+            }
+            // Deleted since the list, refused, or changed on every attempt: the next start-up
+            // (or `plan`) sees it again.
+            Err(e) => {
+                warn!(node = %name, error = %e, attempts = attempt, "could not remove labels this configuration no longer manages; the next start-up tries again");
+                return false;
+            }
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -274,5 +312,94 @@ mod tests {
             ..LabelScheme::default()
         };
         assert!(retired(&scheme, &m).is_empty());
+    }
+
+    /// A node that changed between the list and the write (a kubelet status update moved its
+    /// resourceVersion): the apply is refused with 409, the node is read again, and the keys
+    /// are retired by a second apply carrying the new resourceVersion, not left for the next
+    /// start-up.
+    #[tokio::test]
+    async fn a_node_changed_since_the_list_is_read_again_and_retired() {
+        use http::{Method, Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<Node> = Api::all(kube::Client::new(service, "default"));
+        let scheme = LabelScheme {
+            capacity_block_key: None,
+            ..LabelScheme::default()
+        };
+        let leader = crate::leader::Leadership::leading_until_stepped_down();
+        let metrics = crate::metrics::Metrics::default();
+        let partial = |rv: &str| {
+            let mut m = meta();
+            m.resource_version = Some(rv.into());
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": m})
+        };
+        let server = async {
+            let mut seen = Vec::new();
+            for step in 0..4 {
+                let (req, send) =
+                    tokio::time::timeout(std::time::Duration::from_secs(5), handle.next_request())
+                        .await
+                        .expect("a request within 5 s")
+                        .expect("a request");
+                let method = req.method().clone();
+                let body = req
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("the request body");
+                let (code, answer) = match step {
+                    0 => (
+                        200,
+                        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                        "metadata": {}, "items": [partial("7")]}),
+                    ),
+                    1 => (
+                        409,
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                        "code": 409, "reason": "Conflict", "message": "the object has been modified"}),
+                    ),
+                    2 => (200, partial("8")),
+                    _ => (
+                        200,
+                        json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": "n", "labels": {L3: "nn-c"}}}),
+                    ),
+                };
+                seen.push((
+                    method,
+                    serde_json::from_slice::<serde_json::Value>(&body).ok(),
+                ));
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&answer).expect("json")))
+                        .expect("response"),
+                );
+            }
+            seen
+        };
+        let (changed, seen) = tokio::join!(retire_all(&api, &scheme, &leader, &metrics), server);
+        assert_eq!(changed.expect("retired"), 1, "the node was changed");
+        let methods: Vec<&Method> = seen.iter().map(|(m, _)| m).collect();
+        assert_eq!(
+            methods,
+            [&Method::GET, &Method::PATCH, &Method::GET, &Method::PATCH]
+        );
+        let rv = |i: usize| {
+            seen[i].1.as_ref().expect("an apply body")["metadata"]["resourceVersion"].clone()
+        };
+        assert_eq!(
+            rv(1),
+            json!("7"),
+            "the first apply is to the node as listed"
+        );
+        assert_eq!(rv(3), json!("8"), "the retry is to the node as read again");
+        let labels = &seen[3].1.as_ref().expect("an apply body")["metadata"]["labels"];
+        assert!(
+            labels.get(CB).is_none(),
+            "the retry still gives up the key: {labels}"
+        );
     }
 }

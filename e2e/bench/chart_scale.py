@@ -12,15 +12,20 @@ with open(sys.argv[1], newline="") as f:
     for row in csv.DictReader(f):
         rows.append(row)
 rows.sort(key=lambda r: int(r["nodes"]))
-nodes = [int(r["nodes"]) for r in rows]
-rss = [float(r["peak_rss_mib"]) for r in rows]
-idle = [float(r["idle_rss_mib"]) for r in rows]
-calls = [int(r["ec2_calls"]) for r in rows]
+# One curve per build (the first in the file is what ships); calls are the first build's.
+builds = list(dict.fromkeys(r.get("build", "") for r in rows))
+first = [r for r in rows if r.get("build", "") == builds[0]]
+nodes = [int(r["nodes"]) for r in first]
+idle = [float(r["idle_rss_mib"]) for r in first]
+calls = [int(r["ec2_calls"]) for r in first]
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=120)
-left.plot(nodes, rss, marker="o", linewidth=2, label="controller peak RSS")
+for b in builds:
+    mine = [r for r in rows if r.get("build", "") == b]
+    name = f"peak RSS, {b} build" if b else "controller peak RSS"
+    left.plot([int(r["nodes"]) for r in mine], [float(r["peak_rss_mib"]) for r in mine], marker="o", linewidth=2, label=name)
 left.plot(nodes, idle, linestyle="--", label="idle controller")
-left.plot(nodes, [i + n * 2 / 1024 for i, n in zip(idle, nodes)], linestyle=":", label="target: idle + 2 KiB/node")
+left.plot(nodes, [i + n * 1.5 / 1024 for i, n in zip(idle, nodes)], linestyle=":", label="target: idle + 1.5 KiB/node")
 left.set_xlabel("nodes")
 left.set_ylabel("MiB")
 left.set_title("Memory")

@@ -190,6 +190,7 @@ pub fn start_labeler_with_env(
         env: std::iter::once(("POD_NAME".to_string(), name.to_string()))
             .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .collect(),
+        bin: None,
     })
 }
 

@@ -40,16 +40,21 @@ pub struct LabelerOptions<'a> {
     /// (`AWS_ROLE_ARN` for a web identity, `AWS_CONTAINER_CREDENTIALS_FULL_URI` for EKS Pod
     /// Identity), the dummy static keys are left out: the SDK's chain would take them first.
     pub env: Vec<(String, String)>,
+    /// The controller binary; `None`: `E2E_LABELER_BIN`, else this workspace's dev build.
+    pub bin: Option<&'a Path>,
 }
 
 impl Labeler {
     pub fn start(opts: LabelerOptions<'_>) -> anyhow::Result<Self> {
         let port = free_port()?;
         let debug_port = free_port()?;
-        // E2E_LABELER_BIN: another build of the controller (the benchmarks use the release one).
-        let bin = std::env::var_os("E2E_LABELER_BIN")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| crate::bin_dir().join("ec2-topology-labeler"));
+        // E2E_LABELER_BIN: another build of the controller (the benchmarks pass theirs).
+        let bin = match opts.bin {
+            Some(b) => b.to_path_buf(),
+            None => std::env::var_os("E2E_LABELER_BIN")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| crate::bin_dir().join("ec2-topology-labeler")),
+        };
         if !bin.exists() {
             bail!(
                 "{} is missing: run cargo build --workspace --bins first",

@@ -1598,6 +1598,7 @@ async fn no_secrets_in_debug_logs(env: &Env) -> anyhow::Result<()> {
         log_filter: "trace",
         log_name: "controller-trace.log",
         env: vec![],
+        bin: None,
     })?;
     l.wait_ready(Duration::from_secs(30)).await?;
     // Make it call EC2 and write: a node of its own.

@@ -177,6 +177,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             log_filter: "info",
             log_name: "controller.log",
             env: vec![],
+            bin: None,
         })?;
         l.wait_ready(Duration::from_secs(30)).await?;
         let labelled = fleet

@@ -62,6 +62,43 @@ struct Args {
     /// Where to write the report.
     #[arg(long, default_value = "docs")]
     out: PathBuf,
+    /// A build of the controller to measure, as NAME=PATH; repeat for several (each runs every
+    /// scenario; the first is the one the targets are judged on). None: `E2E_LABELER_BIN`, else
+    /// this workspace's dev build.
+    #[arg(long = "build", value_parser = parse_build)]
+    builds: Vec<Build>,
+}
+
+/// A build of the controller the bench measures (`--build NAME=PATH`).
+#[derive(Clone, Debug)]
+struct Build {
+    name: String,
+    bin: Option<PathBuf>,
+}
+
+impl Build {
+    /// Where no controller runs (the baseline script, EC2 alone).
+    fn none() -> Self {
+        Self {
+            name: String::new(),
+            bin: None,
+        }
+    }
+}
+
+fn parse_build(s: &str) -> Result<Build, String> {
+    let (name, path) = s
+        .split_once('=')
+        .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+        .ok_or_else(|| format!("{s:?}: expected NAME=PATH"))?;
+    let bin = PathBuf::from(path);
+    if !bin.is_file() {
+        return Err(format!("{}: no such file", bin.display()));
+    }
+    Ok(Build {
+        name: name.to_string(),
+        bin: Some(bin),
+    })
 }
 
 const LAYER1: &str = "topology.k8s.aws/network-node-layer-1";
@@ -286,10 +323,12 @@ struct Env {
     client: Client,
     /// The controller's resync period.
     resync: Duration,
+    /// The controller binary (`None`: `E2E_LABELER_BIN`, else the dev build).
+    bin: Option<PathBuf>,
 }
 
 impl Env {
-    async fn start(dir: &Path, instances: Vec<Instance>) -> anyhow::Result<Self> {
+    async fn start(dir: &Path, instances: Vec<Instance>, build: &Build) -> anyhow::Result<Self> {
         let cp = ControlPlane::start(&dir.join("cluster")).await?;
         let client = cp.admin_client().await?;
         kube_util::ensure_namespace(&client, NAMESPACE).await?;
@@ -314,6 +353,7 @@ impl Env {
             mock,
             client,
             resync: RESYNC,
+            bin: build.bin.clone(),
         })
     }
 
@@ -340,6 +380,7 @@ impl Env {
             log_filter: &log_filter,
             log_name: &format!("{name}.log"),
             env: vec![],
+            bin: self.bin.as_deref(),
         })
     }
 
@@ -350,6 +391,8 @@ impl Env {
 
 #[derive(Default, Clone)]
 struct Row {
+    /// The build measured (`--build`).
+    build: String,
     scenario: String,
     nodes: u32,
     seconds: f64,
@@ -368,11 +411,12 @@ struct Row {
 async fn cold_start(
     n: u32,
     root: &Path,
+    build: &Build,
     timeline: &mut Vec<(String, f64, usize)>,
 ) -> anyhow::Result<Vec<Row>> {
     let dir = root.join(format!("n{n}"));
     let pairs = fleet(n);
-    let env = Env::start(&dir, pairs.iter().map(|(_, i)| i.clone()).collect()).await?;
+    let env = Env::start(&dir, pairs.iter().map(|(_, i)| i.clone()).collect(), build).await?;
     let mut labeler = env.labeler("controller")?;
     labeler.wait_ready(Duration::from_secs(60)).await?;
     let arrivals = Arrivals::default();
@@ -657,12 +701,13 @@ fn control_plane_rss(cp: &ControlPlane) -> f64 {
 async fn install(
     n: u32,
     root: &Path,
+    build: &Build,
     shape: Shape,
     resync: Duration,
 ) -> anyhow::Result<(Env, Labeler, Row, InstallFacts)> {
     let dir = root.join(format!("install-{n}"));
     let pairs = fleet(n);
-    let mut env = Env::start(&dir, pairs.iter().map(|(_, i)| i.clone()).collect()).await?;
+    let mut env = Env::start(&dir, pairs.iter().map(|(_, i)| i.clone()).collect(), build).await?;
     env.resync = resync;
     let bodies: Vec<(String, Vec<u8>)> = pairs
         .iter()
@@ -789,7 +834,7 @@ const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
 /// Nodes join at a steady rate, each carrying the startup taint, with the controller run with
 /// `--startup-taint`: latency from each node's creation to its first label and to the taint's
 /// release, seen by a separate watch. Ten seconds of joining per rate (at most 1,000 nodes).
-async fn join_rates(rates: &[u32], root: &Path) -> anyhow::Result<Vec<Row>> {
+async fn join_rates(rates: &[u32], root: &Path, build: &Build) -> anyhow::Result<Vec<Row>> {
     let dir = root.join("join");
     let plan: Vec<(u32, Vec<(NodeSpec, Instance)>)> = rates
         .iter()
@@ -815,6 +860,7 @@ async fn join_rates(rates: &[u32], root: &Path) -> anyhow::Result<Vec<Row>> {
         plan.iter()
             .flat_map(|(_, p)| p.iter().map(|(_, i)| i.clone()))
             .collect(),
+        build,
     )
     .await?;
     let taint_arg = format!("--startup-taint={PENDING}:NoSchedule");
@@ -938,7 +984,12 @@ async fn baseline(
 ) -> anyhow::Result<Row> {
     let dir = root.join(format!("baseline-{n}"));
     let pairs = fleet(n);
-    let env = Env::start(&dir, pairs.iter().map(|(_, i)| i.clone()).collect()).await?;
+    let env = Env::start(
+        &dir,
+        pairs.iter().map(|(_, i)| i.clone()).collect(),
+        &Build::none(),
+    )
+    .await?;
     kube_util::create_nodes(&env.client, pairs.iter().map(|(s, _)| s.node()).collect()).await?;
     let tools = baseline_tools()?;
     env.mock.admin.reset_stats().await?;
@@ -1041,21 +1092,22 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem} GiB")
 }
 
-fn report(rows: &[Row], out: &Path, started: &str) -> anyhow::Result<String> {
+fn report(rows: &[Row], builds: &[Build], out: &Path, started: &str) -> anyhow::Result<String> {
     let mut md = String::new();
     writeln!(md, "# Benchmarks\n")?;
     writeln!(
         md,
-        "Generated by `make bench` on {started} — {}. The controller runs as a process (its release build, as the image ships it) against a real kube-apiserver v1.36.3 + etcd on the same machine; mock-ec2 answers like EC2: 50 ms per call, a token bucket of 100 burst refilled at 20/s, `RequestLimitExceeded` beyond. Nodes are realistic (conditions, ~40 images, nodeInfo). EC2 calls are mock-ec2's count; writes are the API server's own `apiserver_request_total` for node PATCH/APPLY; latency is from a node's creation to its first topology label, seen by a separate watch.\n",
-        machine()
+        "Generated by `make bench` on {started} — {}. The controller runs as a process ({}) against a real kube-apiserver v1.36.3 + etcd on the same machine; mock-ec2 answers like EC2: 50 ms per call, a token bucket of 100 burst refilled at 20/s, `RequestLimitExceeded` beyond. Nodes are realistic (conditions, ~40 images, nodeInfo). EC2 calls are mock-ec2's count; writes are the API server's own `apiserver_request_total` for node PATCH/APPLY; latency is from a node's creation to its first topology label, seen by a separate watch.\n",
+        machine(),
+        builds_text(builds)
     )?;
     writeln!(
         md,
-        "| scenario | nodes | time (s) | p50 / p99 latency (s) | EC2 calls (throttled) | node writes | peak RSS (MiB) | CPU (s) | notes |"
+        "| build | scenario | nodes | time (s) | p50 / p99 latency (s) | EC2 calls (throttled) | node writes | peak RSS (MiB) | CPU (s) | notes |"
     )?;
     writeln!(
         md,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     )?;
     for r in rows {
         let lat = if r.p50.is_finite() && r.p50 > 0.0 {
@@ -1075,10 +1127,17 @@ fn report(rows: &[Row], out: &Path, started: &str) -> anyhow::Result<String> {
         };
         writeln!(
             md,
-            "| {} | {} | {:.1} | {lat} | {} ({}) | {} | {rss} | {cpu} | {} |",
-            r.scenario, r.nodes, r.seconds, r.ec2_calls, r.throttled, r.writes, r.note
+            "| {} | {} | {} | {:.1} | {lat} | {} ({}) | {} | {rss} | {cpu} | {} |",
+            r.build, r.scenario, r.nodes, r.seconds, r.ec2_calls, r.throttled, r.writes, r.note
         )?;
     }
+    side_by_side(&mut md, rows, builds)?;
+    // The targets and the notes below are the first build's (what ships).
+    let primary = builds.first().map(|b| b.name.as_str()).unwrap_or_default();
+    let rows: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.build.is_empty() || r.build == primary)
+        .collect();
     let ours = rows
         .iter()
         .find(|r| r.scenario == "cold start" && r.nodes == 1000);
@@ -1221,25 +1280,56 @@ async fn main() -> anyhow::Result<()> {
     )?
     .trim()
     .to_string();
+    let builds = if args.builds.is_empty() {
+        vec![Build {
+            name: "release".into(),
+            bin: None,
+        }]
+    } else {
+        args.builds.clone()
+    };
     if !args.scale.is_empty() {
-        return scale::run(&args.scale, args.light_from, &root, &args.out, &started).await;
+        return scale::run(
+            &args.scale,
+            args.light_from,
+            &builds,
+            &root,
+            &args.out,
+            &started,
+        )
+        .await;
     }
     let mut rows = Vec::new();
     let mut timeline: Vec<(String, f64, usize)> = Vec::new();
-    // `--sizes 0` skips the cold start (to run only the join rates, say).
-    for n in args.sizes.iter().filter(|n| **n > 0) {
-        rows.extend(cold_start(*n, &root, &mut timeline).await?);
-    }
-    if args.install > 0 {
-        let (env, mut labeler, row, _) =
-            install(args.install, &root, Shape::Realistic, INSTALL_RESYNC).await?;
-        labeler.stop();
-        drop(env);
-        rows.push(row);
-    }
-    let rates: Vec<u32> = args.join_rates.iter().copied().filter(|r| *r > 0).collect();
-    if !rates.is_empty() {
-        rows.extend(join_rates(&rates, &root).await?);
+    for (k, build) in builds.iter().enumerate() {
+        eprintln!("build {}: {}", build.name, bin_name(build));
+        let root = root.join(&build.name);
+        let first = rows.len();
+        // The chart's curves are the first build's (the others' are in the table).
+        let mut other_timeline = Vec::new();
+        let timeline = if k == 0 {
+            &mut timeline
+        } else {
+            &mut other_timeline
+        };
+        // `--sizes 0` skips the cold start (to run only the join rates, say).
+        for n in args.sizes.iter().filter(|n| **n > 0) {
+            rows.extend(cold_start(*n, &root, build, timeline).await?);
+        }
+        if args.install > 0 {
+            let (env, mut labeler, row, _) =
+                install(args.install, &root, build, Shape::Realistic, INSTALL_RESYNC).await?;
+            labeler.stop();
+            drop(env);
+            rows.push(row);
+        }
+        let rates: Vec<u32> = args.join_rates.iter().copied().filter(|r| *r > 0).collect();
+        if !rates.is_empty() {
+            rows.extend(join_rates(&rates, &root, build).await?);
+        }
+        for r in &mut rows[first..] {
+            r.build.clone_from(&build.name);
+        }
     }
     if !args.no_baseline {
         rows.push(baseline(args.baseline, &root, &mut timeline).await?);
@@ -1250,7 +1340,7 @@ async fn main() -> anyhow::Result<()> {
         writeln!(csv, "{series},{t:.3},{c}")?;
     }
     std::fs::write(args.out.join("benchmarks.csv"), csv)?;
-    let md = report(&rows, &args.out, &started)?;
+    let md = report(&rows, &builds, &args.out, &started)?;
     println!("{md}");
     let chart = Command::new(e2e::repo_root().join("e2e/bench/chart.sh"))
         .arg(args.out.join("benchmarks.csv"))
@@ -1261,6 +1351,83 @@ async fn main() -> anyhow::Result<()> {
     }
     eprintln!("work directory: {}", root.display());
     Ok(())
+}
+
+/// The builds a report measured, in words.
+fn builds_text(builds: &[Build]) -> String {
+    match builds {
+        [one] if one.bin.is_none() => "the build `E2E_LABELER_BIN` names".into(),
+        _ => {
+            let names: Vec<String> = builds
+                .iter()
+                .map(|b| format!("**{}**: {}", b.name, build_story(&b.name)))
+                .collect();
+            format!(
+                "each build in turn — {}; the targets are judged on the first (why the image keeps musl's allocator: [benchmarks-allocator.md](benchmarks-allocator.md))",
+                names.join("; ")
+            )
+        }
+    }
+}
+
+/// What the Makefile's build names are.
+fn build_story(name: &str) -> &'static str {
+    match name {
+        "musl" => {
+            "the binary the image ships (`hack/shipped-binary.sh`: the release profile, static musl, zig as C compiler and linker, as `make release` builds it, with musl's allocator)"
+        }
+        "glibc" => {
+            "`cargo build --release` for this machine's glibc (the same profile, glibc's allocator)"
+        }
+        "musl-mimalloc" | "glibc-mimalloc" => {
+            "the same build with mimalloc as its allocator (`--features mimalloc`)"
+        }
+        _ => "as given to `--build`",
+    }
+}
+
+/// With more than one build: each scenario's time, peak RSS and CPU per build, one line each.
+fn side_by_side(md: &mut String, rows: &[Row], builds: &[Build]) -> anyhow::Result<()> {
+    if builds.len() < 2 {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "\n**The builds side by side** (time s / peak RSS MiB / CPU s):\n"
+    )?;
+    let names: Vec<&str> = builds.iter().map(|b| b.name.as_str()).collect();
+    writeln!(md, "| scenario | nodes | {} |", names.join(" | "))?;
+    writeln!(md, "| --- | ---: |{}", " ---: |".repeat(names.len()))?;
+    let first = names.first().copied().unwrap_or_default();
+    for r in rows.iter().filter(|r| r.build == first) {
+        let cells: Vec<String> = names
+            .iter()
+            .map(|b| {
+                rows.iter()
+                    .find(|o| o.build == *b && o.scenario == r.scenario && o.nodes == r.nodes)
+                    .map_or_else(
+                        || "-".into(),
+                        |o| format!("{:.1} / {:.0} / {:.1}", o.seconds, o.rss_mib, o.cpu_s),
+                    )
+            })
+            .collect();
+        writeln!(
+            md,
+            "| {} | {} | {} |",
+            r.scenario,
+            r.nodes,
+            cells.join(" | ")
+        )?;
+    }
+    Ok(())
+}
+
+/// What a build runs, for the log and the report.
+fn bin_name(build: &Build) -> String {
+    build.bin.as_ref().map_or_else(
+        || "E2E_LABELER_BIN or the dev build".into(),
+        |b| b.display().to_string(),
+    )
 }
 
 /// How full the calls were: the count of calls short of EC2's 100 IDs, and their sizes in

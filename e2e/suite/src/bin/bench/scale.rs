@@ -26,15 +26,19 @@ beside the cached object's own `ObjectMeta`), the kept strings of the cached Nod
 answer cache 1.0 MB: about 1.75 KB a node that stays. The rest of the peak is transient and \
 comes from doing the whole fleet at once: response buffers of the initial list and the writes \
 (hyper, 5.4 MB), the 512 reconciles in flight (3.1 MB) and kube-runtime's queue, which holds \
-every node when the store first syncs (2.8 MB). The resident size is about 1.5× the heap \
-(glibc's arenas and fragmentation; the image's static musl build uses musl's allocator, not \
-measured here). So the peak per node above idle falls as the fleet grows (the transients are \
+every node when the store first syncs (2.8 MB). The resident size was about 1.5× the heap \
+with glibc's allocator (its arenas and fragmentation); the image's static musl build, with \
+musl's allocator, peaked at less RSS at 5,000 nodes (docs/benchmarks-allocator.md), and the \
+table gives each build's. So the peak per node above idle falls as the fleet grows (the transients are \
 bounded by concurrency and page size, not by nodes) but stays above 2 KiB: the floor is the \
 reflector's store and the allocator's overhead, not anything kept per node by our code. \
 Getting under it means a store of our own (a compact record per node, not a cached `Node`) \
 instead of kube-runtime's reflector.\n\n";
 
 struct ScaleRow {
+    /// The build measured (`--build`) and its RSS with an empty cluster.
+    build: String,
+    idle_mib: f64,
     nodes: u32,
     shape: Shape,
     install_s: f64,
@@ -71,8 +75,8 @@ fn rss_now(pid: u32) -> f64 {
 }
 
 /// The controller's RSS with an empty cluster: what every size is measured above.
-async fn idle_rss(root: &Path) -> anyhow::Result<f64> {
-    let env = Env::start(&root.join("idle"), vec![]).await?;
+async fn idle_rss(root: &Path, build: &Build) -> anyhow::Result<f64> {
+    let env = Env::start(&root.join("idle"), vec![], build).await?;
     let mut labeler = env.labeler("controller-idle")?;
     labeler.wait_ready(Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -81,12 +85,18 @@ async fn idle_rss(root: &Path) -> anyhow::Result<f64> {
     Ok(rss)
 }
 
-async fn one_size(n: u32, shape: Shape, root: &Path) -> anyhow::Result<ScaleRow> {
+async fn one_size(
+    n: u32,
+    shape: Shape,
+    root: &Path,
+    build: &Build,
+    idle_mib: f64,
+) -> anyhow::Result<ScaleRow> {
     // The install runs with the controller's default resync (1 h), as a user's would: with the
     // 30 s period of the steady-state part, a 10-minute install re-checks every labelled node
     // some twenty times, which is the cost of that period, not of the install (it is reported
     // below as CPU per resync).
-    let (mut env, labeler, row, facts) = install(n, root, shape, INSTALL_RESYNC).await?;
+    let (mut env, labeler, row, facts) = install(n, root, build, shape, INSTALL_RESYNC).await?;
     let control_plane_mib = control_plane_rss(&env.cp);
 
     // Restart with every node labelled, now with the short resync period.
@@ -139,6 +149,8 @@ async fn one_size(n: u32, shape: Shape, root: &Path) -> anyhow::Result<ScaleRow>
     );
     labeler.stop();
     Ok(ScaleRow {
+        build: build.name.clone(),
+        idle_mib,
         nodes: n,
         shape,
         install_s: row.seconds,
@@ -171,6 +183,7 @@ async fn one_call_per_node(window: Duration, root: &Path) -> anyhow::Result<(u64
     let env = Env::start(
         &root.join("one-call-per-node"),
         pairs.iter().map(|(_, i)| i.clone()).collect(),
+        &Build::none(),
     )
     .await?;
     let ids: Vec<String> = pairs.iter().map(|(s, _)| s.instance_id.clone()).collect();
@@ -224,12 +237,17 @@ async fn one_call_per_node(window: Duration, root: &Path) -> anyhow::Result<(u64
 pub async fn run(
     sizes: &[u32],
     light_from: Option<u32>,
+    builds: &[Build],
     root: &Path,
     out: &Path,
     started: &str,
 ) -> anyhow::Result<()> {
-    let idle = idle_rss(root).await?;
-    eprintln!("idle controller: {idle:.1} MiB");
+    let mut idle = Vec::new();
+    for b in builds {
+        let mib = idle_rss(&root.join(&b.name), b).await?;
+        eprintln!("idle controller ({}): {mib:.1} MiB", b.name);
+        idle.push(mib);
+    }
     let window = Duration::from_secs(40);
     eprintln!(
         "one EC2 call per node: {}s against the bucket",
@@ -245,18 +263,22 @@ pub async fn run(
         } else {
             Shape::Realistic
         };
-        match one_size(n, shape, root).await {
-            Ok(row) => rows.push(row),
-            Err(e) => {
-                // Say where it stopped and go on: a larger size may still run in a lighter shape.
-                eprintln!("{n} nodes: stopped: {e:#}");
-                failed.push((n, format!("{e:#}")));
+        for (b, &idle_mib) in builds.iter().zip(&idle) {
+            eprintln!("{n} nodes, build {}: {}", b.name, bin_name(b));
+            match one_size(n, shape, &root.join(&b.name), b, idle_mib).await {
+                Ok(row) => rows.push(row),
+                Err(e) => {
+                    // Say where it stopped and go on: a larger size may still run in a lighter
+                    // shape.
+                    eprintln!("{n} nodes ({}): stopped: {e:#}", b.name);
+                    failed.push((n, format!("{}: {e:#}", b.name)));
+                }
             }
         }
         // Keep what ran even if a larger size fails later.
         write_report(
             &rows,
-            idle,
+            builds,
             (answered, throttled, rate, window),
             out,
             started,
@@ -269,9 +291,21 @@ pub async fn run(
     }
 }
 
+/// Each build's idle RSS, in words.
+fn idle_text(rows: &[ScaleRow]) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for r in rows {
+        let t = format!("{} {:.0} MiB", r.build, r.idle_mib);
+        if !seen.contains(&t) {
+            seen.push(t);
+        }
+    }
+    seen.join(", ")
+}
+
 fn write_report(
     rows: &[ScaleRow],
-    idle: f64,
+    builds: &[Build],
     (answered, throttled, rate, window): (u64, u64, f64, Duration),
     out: &Path,
     started: &str,
@@ -281,27 +315,30 @@ fn write_report(
     writeln!(md, "## At scale: 10,000 to 100,000 nodes\n")?;
     writeln!(
         md,
-        "Generated by `make bench-scale` on {started} — {}; the same setup as above (the controller's release build, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the controller with an empty cluster ({idle:.0} MiB). The control plane's memory is etcd + kube-apiserver's peak RSS.\n",
+        "Generated by `make bench-scale` on {started} — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
         machine(),
-        SCALE_RESYNC.as_secs()
+        SCALE_RESYNC.as_secs(),
+        idle_text(rows),
+        builds_text(builds)
     )?;
     writeln!(
         md,
-        "| nodes | node shape | install (s) | write floor (s) | ratio | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | node shape | install (s) | write floor (s) | ratio | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
     )?;
     let mut csv = String::from(
-        "nodes,shape,install_s,floor_s,ec2_calls,writes,peak_rss_mib,idle_rss_mib,cpu_s,control_plane_mib,restart_calls,one_call_per_node_s\n",
+        "build,nodes,shape,install_s,floor_s,ec2_calls,writes,peak_rss_mib,idle_rss_mib,cpu_s,control_plane_mib,restart_calls,one_call_per_node_s\n",
     );
     for r in rows {
-        let per_node_kib = (r.peak_rss_mib - idle).max(0.0) * 1024.0 / f64::from(r.nodes);
+        let per_node_kib = (r.peak_rss_mib - r.idle_mib).max(0.0) * 1024.0 / f64::from(r.nodes);
         writeln!(
             md,
-            "| {} | {} | {:.1} | {:.1} | {:.2}× | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2}× | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
             r.nodes,
+            r.build,
             match r.shape {
                 Shape::Realistic => "realistic",
                 Shape::Light => "light (no images)",
@@ -335,7 +372,8 @@ fn write_report(
         let eks = f64::from(r.nodes) / rate.max(0.001);
         writeln!(
             csv,
-            "{},{:?},{:.2},{:.2},{},{},{:.1},{:.1},{:.2},{:.0},{},{:.0}",
+            "{},{},{:?},{:.2},{:.2},{},{},{:.1},{:.1},{:.2},{:.0},{},{:.0}",
+            r.build,
             r.nodes,
             r.shape,
             r.install_s,
@@ -343,7 +381,7 @@ fn write_report(
             r.calls,
             r.writes,
             r.peak_rss_mib,
-            idle,
+            r.idle_mib,
             r.cpu_s,
             r.control_plane_mib,
             r.restart_calls,
@@ -363,7 +401,9 @@ fn write_report(
         "| nodes | one call per node: calls, time at the measured rate | ours: calls, install time | calls saved |"
     )?;
     writeln!(md, "| ---: | --- | --- | ---: |")?;
-    for r in rows {
+    // Against the first build's (what ships).
+    let first = builds.first().map(|b| b.name.as_str()).unwrap_or_default();
+    for r in rows.iter().filter(|r| r.build == first) {
         let eks = f64::from(r.nodes) / rate.max(0.001);
         writeln!(
             md,

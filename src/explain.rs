@@ -328,15 +328,9 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let record = match crate::reconcile::target(&lite, &scheme, args.ec2.region.as_deref()) {
-        Ok(Ok(t)) => match crate::reconcile::trusted(
-            &lite,
-            &scheme,
-            &t,
-            crate::lookup::cache::unix_now(),
-            args.lookup.cache_ttl.0,
-        ) {
+        Ok(Ok(t)) => match crate::reconcile::trusted(&lite, &scheme, &t) {
             Ok(v) => format!(
-                "trusted (EC2 answered {}s ago): a new leader takes it, no EC2 call",
+                "trusted (EC2 has given this answer for {}s): a new leader takes it, no EC2 call, and asks again within --cache-ttl",
                 crate::lookup::cache::unix_now().saturating_sub(v.at)
             ),
             Err(why) => format!(

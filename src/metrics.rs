@@ -147,6 +147,7 @@ pub struct Metrics {
     ec2_instances_per_call: Histogram,
     cache_hits: Counter,
     cache_misses: Counter,
+    reverified_early: Counter,
     label_writes: Family<WriteLabels, Counter>,
     skips: Family<ReasonLabels, Counter>,
     nodes: Family<StateLabels, Gauge>,
@@ -264,6 +265,12 @@ impl Metrics {
             "cache_misses",
             "Topology lookups that needed EC2",
             cache_misses.clone(),
+        );
+        let reverified_early = Counter::default();
+        registry.register(
+            "reverified_early",
+            "Answers re-verified ahead of their time, in the call of another that came due (so a fleet is re-verified in full calls)",
+            reverified_early.clone(),
         );
         let label_writes = Family::<WriteLabels, Counter>::default();
         registry.register(
@@ -383,7 +390,7 @@ impl Metrics {
         let verification_records = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "verification_records",
-            "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_instance, other_boot, expired, labels_changed, incomplete)",
+            "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_instance, other_boot, labels_changed, incomplete)",
             verification_records.clone(),
         );
         let first_label_latency = Histogram::new(JOIN_BUCKETS);
@@ -495,6 +502,7 @@ impl Metrics {
             ec2_instances_per_call,
             cache_hits,
             cache_misses,
+            reverified_early,
             label_writes,
             skips,
             nodes,
@@ -593,6 +601,10 @@ impl Metrics {
 
     pub fn cache_miss(&self) {
         self.cache_misses.inc();
+    }
+
+    pub fn reverified_early(&self, n: usize) {
+        self.reverified_early.inc_by(n as u64);
     }
 
     pub fn label_write(&self, kind: &str) {

@@ -90,6 +90,19 @@ impl Entry {
         }
     }
 
+    /// A complete answer EC2 gave (not settling, not refused), asked again because it came
+    /// due: a re-verification, which takes along the answers due soonest after it.
+    pub(super) fn reverifies(&self) -> bool {
+        matches!(
+            self.state,
+            State::Known {
+                settling: 0,
+                refused: None,
+                ..
+            }
+        )
+    }
+
     fn topology(&self) -> Option<Arc<InstanceTopology>> {
         match &self.state {
             State::Known { topology, .. } => Some(topology.clone()),
@@ -221,10 +234,33 @@ impl Cache {
         capacity_block_expected: bool,
         now: Instant,
     ) -> Result<Resolved, Ec2Error> {
+        let (state, resolved) = self.next(stale.as_ref(), answer, capacity_block_expected, now);
+        if let Some(state) = state {
+            self.entries().insert(
+                instance_id.to_string(),
+                Entry {
+                    boot_id: boot_id.map(str::to_owned),
+                    state,
+                    rejected: stale.as_ref().map_or(0, |e| e.rejected),
+                },
+            );
+        }
+        resolved
+    }
+
+    /// What EC2's `answer`, asked because of `stale`, makes of an entry (`None`: the entry
+    /// stays as it is: a failed call is not cached) and what it means.
+    fn next(
+        &self,
+        stale: Option<&Entry>,
+        answer: Answer,
+        capacity_block_expected: bool,
+        now: Instant,
+    ) -> (Option<State>, Result<Resolved, Ec2Error>) {
+        let stale = stale.cloned();
         let previous = stale.as_ref().and_then(Entry::topology);
         let previous_settling = stale.as_ref().map_or(0, Entry::settling);
         let previous_attempts = stale.as_ref().map_or(0, Entry::attempts);
-        let rejected = stale.as_ref().map_or(0, |e| e.rejected);
         let previous_verified_at = stale.as_ref().map_or(0, Entry::verified_at);
         let (state, resolved) = match answer {
             // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
@@ -283,11 +319,12 @@ impl Cache {
                 } else {
                     (now + self.cfg.cache_ttl, 0, None)
                 };
-                // An answer still settling is asked for again within seconds: while it says
-                // nothing new, its record keeps its time (a new one would be a node write per
-                // re-ask, for a record no new leader trusts anyway).
+                // The record says since when EC2 has given this answer in this boot: an answer
+                // asked for again (at its TTL, or while settling) that says nothing new keeps
+                // that time, so the node's record, and the node, stay as they are. Nothing in
+                // the record moves with time alone: no write without a change, however long.
                 let verified_at = match &previous {
-                    Some(p) if settling > 0 && **p == t => previous_verified_at,
+                    Some(p) if **p == t && previous_verified_at != 0 => previous_verified_at,
                     _ => unix_now(),
                 };
                 let topology = Arc::new(t);
@@ -340,26 +377,111 @@ impl Cache {
             },
             // A failed call is not cached: the earlier answer of this boot stands.
             Err(e) => {
-                return match previous {
-                    Some(topology) => Ok(Resolved::Topology {
-                        topology,
-                        refresh_error: Some(e),
-                        recheck_in: None,
-                        verified_at: previous_verified_at,
-                    }),
-                    None => Err(e),
-                };
+                return (
+                    None,
+                    match previous {
+                        Some(topology) => Ok(Resolved::Topology {
+                            topology,
+                            refresh_error: Some(e),
+                            recheck_in: None,
+                            verified_at: previous_verified_at,
+                        }),
+                        None => Err(e),
+                    },
+                );
             }
         };
-        self.entries().insert(
-            instance_id.to_string(),
-            Entry {
-                boot_id: boot_id.map(str::to_owned),
-                state,
-                rejected,
-            },
-        );
-        Ok(resolved)
+        (Some(state), Ok(resolved))
+    }
+
+    /// For a call about to re-verify an answer that came due in `region`: up to `room` other
+    /// answers of that region, those due soonest (overdue first), to be refreshed in the same
+    /// call, so a fleet is re-verified in full calls, about `ceil(N/100)` a TTL, however its
+    /// nodes' re-checks are spread. Only complete answers of instances EC2 describes (not
+    /// settling, not refused: those keep their own schedule). Each one taken is marked as being
+    /// refreshed (due again a TTL from `now`, so no other call takes it and its node keeps
+    /// reading it) until [`Cache::refreshed`] takes the call's answer. Returned with each entry
+    /// as it was.
+    pub fn due_soonest(
+        &self,
+        region: &str,
+        except: &str,
+        room: usize,
+        now: Instant,
+    ) -> Vec<(String, Entry)> {
+        use std::collections::BinaryHeap;
+        if room == 0 {
+            return Vec::new();
+        }
+        let mut entries = self.entries();
+        // The `room` soonest: a heap whose top is the latest kept so far.
+        let mut soonest: BinaryHeap<(Instant, &str)> = BinaryHeap::with_capacity(room + 1);
+        for (id, e) in entries.iter() {
+            let State::Known {
+                topology,
+                refresh_at,
+                settling: 0,
+                refused: None,
+                ..
+            } = &e.state
+            else {
+                continue;
+            };
+            if id == except
+                || soonest.len() == room && soonest.peek().is_some_and(|(at, _)| refresh_at >= at)
+            {
+                continue;
+            }
+            if !in_region(topology, region) {
+                continue;
+            }
+            soonest.push((*refresh_at, id.as_str()));
+            if soonest.len() > room {
+                soonest.pop();
+            }
+        }
+        // Soonest first (the order they join the queue in).
+        let ids: Vec<(Instant, String)> = soonest
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(at, id)| (at, id.to_string()))
+            .collect();
+        let mut taken = Vec::with_capacity(ids.len());
+        for (_, id) in ids {
+            if let Some(e) = entries.get_mut(&id) {
+                let was = e.clone();
+                if let State::Known { refresh_at, .. } = &mut e.state {
+                    *refresh_at = now + self.cfg.cache_ttl;
+                }
+                taken.push((id, was));
+            }
+        }
+        taken
+    }
+
+    /// The answer of a call that refreshed `instance_id` ahead of its time (taken by
+    /// [`Cache::due_soonest`] as `was`): recorded as any re-verification is, unless the entry
+    /// changed meanwhile (a new boot asked about by its node: that answer stands). A failed call
+    /// (or none: the batcher stopped) puts the entry back as it was, due when it was.
+    pub fn refreshed(&self, instance_id: &str, was: Entry, answer: Option<Answer>, now: Instant) {
+        let mut entries = self.entries();
+        let Some(current) = entries.get_mut(instance_id) else {
+            return;
+        };
+        let same = current.boot_id == was.boot_id
+            && matches!((&current.state, &was.state),
+                (State::Known { topology: a, .. }, State::Known { topology: b, .. }) if Arc::ptr_eq(a, b));
+        if !same {
+            return;
+        }
+        let Some(answer) = answer else {
+            *current = was;
+            return;
+        };
+        match self.next(Some(&was), answer, false, now) {
+            (Some(state), _) => current.state = state,
+            (None, _) => *current = was,
+        }
     }
 
     fn not_described_backoff(&self, attempts: u32) -> Duration {
@@ -387,26 +509,26 @@ impl Cache {
         (at, at.saturating_duration_since(now))
     }
 
-    /// Take `verified` — the answer a node's verification record holds, `age` old — as if EC2
-    /// had just given it `age` ago: due again when it would have been. Only when nothing is
-    /// known about the instance yet (an answer of this process is never replaced); returns
-    /// whether it was taken.
-    pub fn seed(&self, verified: Verified, age: Duration, now: Instant) -> bool {
-        if age >= self.cfg.cache_ttl {
-            return false;
-        }
+    /// Take `verified` — the answer a node's verification record holds — as if EC2 had just
+    /// given it, when nothing is known about the instance yet (an answer of this process is
+    /// never replaced); returns whether it was taken. It is asked again within a TTL of `now`,
+    /// at a point of the TTL set by the instance ID ([`spread`]): a new leader re-verifies the
+    /// fleet it took on trust evenly over its first TTL, as it would in steady state, not all
+    /// at once a TTL after it started.
+    pub fn seed(&self, verified: Verified, now: Instant) -> bool {
         let mut entries = self.entries();
         let instance_id = verified.topology.instance_id.clone();
         if entries.contains_key(&instance_id) {
             return false;
         }
+        let refresh_at = now + spread(&instance_id, self.cfg.cache_ttl);
         entries.insert(
             instance_id,
             Entry {
                 boot_id: verified.boot_id,
                 state: State::Known {
                     topology: Arc::new(verified.topology),
-                    refresh_at: now + (self.cfg.cache_ttl - age),
+                    refresh_at,
                     settling: 0,
                     refused: None,
                     verified_at: verified.at,
@@ -547,6 +669,26 @@ pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Whether the instance of `topology` is in `region` (by its zone, as EC2 gave it).
+fn in_region(topology: &InstanceTopology, region: &str) -> bool {
+    topology
+        .availability_zone
+        .as_deref()
+        .and_then(crate::provider_id::region_of_zone)
+        .is_some_and(|r| r == region)
+}
+
+/// Where in `ttl` the instance `instance_id` falls: a fixed point (a hash of the ID), so a
+/// fleet taken on trust spreads evenly over the TTL.
+pub fn spread(instance_id: &str, ttl: Duration) -> Duration {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    instance_id.hash(&mut h);
+    // A fraction of the TTL in millionths: even enough, and no float.
+    let part = u32::try_from(h.finish() % 1_000_000).unwrap_or(0);
+    ttl / 1_000_000 * part
 }
 
 /// Only a change from one known boot to another counts: a boot ID that appears for the first

@@ -82,8 +82,8 @@ pub enum Resolved {
         /// The answer lacks a field EC2 fills in late (see [`InstanceTopology::settling`]): it
         /// is asked for again this soon, and the node should be re-checked then.
         recheck_in: Option<Duration>,
-        /// When EC2 gave the answer (seconds since the Unix epoch): the node's verification
-        /// record says so (see [`crate::verified`]).
+        /// Since when EC2 has given this answer in this boot (seconds since the Unix epoch):
+        /// the node's verification record says so (see [`crate::verified`]).
         verified_at: u64,
     },
     /// EC2 left the instance out or gave it no network nodes (unsupported type, not running
@@ -154,6 +154,8 @@ impl LookupArgs {
 #[derive(Clone)]
 pub struct Lookup {
     cache: Arc<Cache>,
+    /// IDs per call (EC2 allows at most 100).
+    max_batch: usize,
     requests: mpsc::UnboundedSender<Request>,
     metrics: Arc<Metrics>,
     recoveries: watch::Receiver<u64>,
@@ -195,6 +197,7 @@ impl Lookup {
         });
         Self {
             cache: Arc::new(Cache::new(cfg, Instant::now())),
+            max_batch: cfg.max_batch,
             requests: tx,
             metrics,
             recoveries,
@@ -281,6 +284,9 @@ impl Lookup {
                 "topology batcher has stopped".into(),
             ))));
         }
+        if stale.as_ref().is_some_and(cache::Entry::reverifies) {
+            self.take_along(region, instance_id);
+        }
         Asked(AskedState::Sent {
             cache: self.cache.clone(),
             answer,
@@ -291,12 +297,48 @@ impl Lookup {
         })
     }
 
+    /// `instance_id`'s answer came due and is being asked again: the answers of `region` due
+    /// soonest after it fill its call (up to 100 IDs in all), and are taken into the cache
+    /// when it comes back. A fleet is then re-verified in about `ceil(N/100)` calls a TTL,
+    /// however its nodes' re-checks fall, instead of a call for each few that come due together.
+    fn take_along(&self, region: &str, instance_id: &str) {
+        use futures::{StreamExt, stream::FuturesUnordered};
+        let room = self.max_batch.saturating_sub(1);
+        let taken = self
+            .cache
+            .due_soonest(region, instance_id, room, Instant::now());
+        if taken.is_empty() {
+            return;
+        }
+        self.metrics.reverified_early(taken.len());
+        let pending = FuturesUnordered::new();
+        for (id, was) in taken {
+            let (reply, answer) = oneshot::channel();
+            let sent = self.requests.send(Request {
+                region: region.to_string(),
+                instance_id: id.clone(),
+                urgent: false,
+                alone: false,
+                reply,
+            });
+            if sent.is_err() {
+                self.cache.refreshed(&id, was, None, Instant::now());
+                continue;
+            }
+            pending.push(async move { (id, was, answer.await.ok()) });
+        }
+        let cache = self.cache.clone();
+        tokio::spawn(pending.for_each(move |(id, was, answer)| {
+            cache.refreshed(&id, was, answer, Instant::now());
+            std::future::ready(())
+        }));
+    }
+
     /// Take the answer a node's verification record holds (trusted by the caller: see
     /// `reconcile::assess::adopt`) when nothing is known about its instance yet; returns
     /// whether it was taken.
     pub fn adopt(&self, verified: crate::verified::Verified) -> bool {
-        let age = Duration::from_secs(cache::unix_now().saturating_sub(verified.at));
-        self.cache.seed(verified, age, Instant::now())
+        self.cache.seed(verified, Instant::now())
     }
 
     /// Count what became of a node's verification record when its instance was first looked

@@ -25,6 +25,8 @@ struct Fake {
     /// Every answer's instance type (p5 when unset) and capacity block.
     instance_type: Arc<Mutex<String>>,
     capacity_block: Arc<Mutex<Option<String>>>,
+    /// Every answer's availability zone (none when unset).
+    zone: Arc<Mutex<Option<String>>>,
 }
 
 impl Fake {
@@ -77,6 +79,7 @@ impl TopologySource for Fake {
                 instance_type: Some(self.instance_type.lock().unwrap().clone()),
                 zone_id: Some("usw2-az1".into()),
                 capacity_block_id: self.capacity_block.lock().unwrap().clone(),
+                availability_zone: self.zone.lock().unwrap().clone(),
                 network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.clone()],
                 ..InstanceTopology::default()
             })
@@ -1087,4 +1090,213 @@ async fn a_joiner_the_walk_queued_is_moved_ahead_when_its_reconcile_asks() {
         "asked once"
     );
     drop(walk);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Re-verification: nothing written when nothing changed, and in full calls.
+
+/// A lookup with a short TTL (as the e2e runs it) and the usual batching, for answers in
+/// us-west-2.
+fn short_ttl_lookup(fake: &Fake, ttl: Duration) -> Lookup {
+    *fake.layer.lock().unwrap() = "nn-leaf-1".into();
+    *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
+    *fake.zone.lock().unwrap() = Some("us-west-2a".into());
+    Lookup::spawn(
+        fake.clone(),
+        Arc::new(Limiter::new(LimiterConfig {
+            rate: 1000.0,
+            burst: 1000.0,
+            ..LimiterConfig::default()
+        })),
+        LookupConfig {
+            cache_ttl: ttl,
+            ..LookupConfig::default()
+        },
+        Arc::new(Metrics::default()),
+    )
+}
+
+fn verified_at(r: &Resolved) -> u64 {
+    match r {
+        Resolved::Topology { verified_at, .. } => *verified_at,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The record says since when EC2 has given the answer: a re-verification that finds the same
+/// answer keeps that time (the node's record, and the node, stay as they are), and one that
+/// finds another answer takes the time of the new one.
+#[tokio::test(start_paused = true)]
+async fn a_re_verification_that_finds_the_same_answer_keeps_the_records_time() {
+    let fake = Fake::default();
+    let ttl = Duration::from_secs(60);
+    let l = short_ttl_lookup(&fake, ttl);
+    let answer = |layer: &str| InstanceTopology {
+        instance_id: id(2),
+        instance_type: Some("p5.48xlarge".into()),
+        zone_id: Some("usw2-az1".into()),
+        availability_zone: Some("us-west-2a".into()),
+        network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.into()],
+        ..InstanceTopology::default()
+    };
+    // Taken from a record written long ago, as a new leader does.
+    let since = 1_700_000_000;
+    assert!(l.adopt(crate::verified::Verified {
+        topology: answer("nn-leaf-1"),
+        boot_id: Some("b".into()),
+        at: since,
+    }));
+    for ttls in 1..=3 {
+        tokio::time::advance(ttl + Duration::from_secs(1)).await;
+        let r = l.resolve("us-west-2", &id(2), Some("b")).await.unwrap();
+        assert_eq!(
+            verified_at(&r),
+            since,
+            "re-verified {ttls} times, unchanged"
+        );
+    }
+    assert_eq!(fake.calls().len(), 3, "EC2 was asked at each TTL");
+    // The switch changed: the record takes the new answer's time.
+    *fake.layer.lock().unwrap() = "nn-leaf-2".into();
+    tokio::time::advance(ttl + Duration::from_secs(1)).await;
+    let r = l.resolve("us-west-2", &id(2), Some("b")).await.unwrap();
+    assert_ne!(verified_at(&r), since);
+    assert!(cache::unix_now().abs_diff(verified_at(&r)) <= 5);
+}
+
+/// Re-check `n` instances for `periods` resync periods (`resync` apart), each at its own slot
+/// of the period (instance k at k/n of it), as the resync walk does; returns the sizes of the
+/// calls EC2 saw meanwhile.
+async fn resyncs(fake: &Fake, l: &Lookup, n: usize, resync: Duration, periods: u32) -> Vec<usize> {
+    let before = fake.calls().len();
+    let start = tokio::time::Instant::now();
+    let checks = (0..n).map(|k| {
+        let l = l.clone();
+        async move {
+            for p in 0..periods {
+                let at = start + resync * p + resync.mul_f64(k as f64 / n as f64);
+                tokio::time::sleep_until(at).await;
+                assert!(l.resolve("us-west-2", &id(k * 2), Some("b")).await.is_ok());
+            }
+        }
+    });
+    futures::future::join_all(checks).await;
+    fake.calls()[before..]
+        .iter()
+        .map(|(_, ids)| ids.len())
+        .collect()
+}
+
+/// 380 instances whose answers came in at scattered moments (joined over a minute, a few at a
+/// time), re-checked every 30 s with a 60 s TTL: each answer that comes due takes along those
+/// due soonest after it, so three TTLs cost at most ceil(380/100) + 1 calls each, not a call
+/// for every few that come due together.
+#[tokio::test(start_paused = true)]
+async fn answers_that_came_in_at_scattered_moments_are_re_verified_in_full_calls() {
+    let fake = Fake::default();
+    let ttl = Duration::from_secs(60);
+    let l = short_ttl_lookup(&fake, ttl);
+    let n = 380;
+    // Joined one every 150 ms: answered in many small calls, due at as many moments.
+    let joined = arrivals_in(&fake, &l, n, |k| 150 * k as u64).await;
+    assert!(joined.len() > 10, "{joined:?}");
+    let calls = resyncs(&fake, &l, n, Duration::from_secs(30), 6).await;
+    let per_ttl = n.div_ceil(100) + 1;
+    eprintln!(
+        "re-verification over 3 TTLs: {} calls {calls:?}",
+        calls.len()
+    );
+    assert!(
+        calls.len() <= 3 * per_ttl,
+        "{} calls over three TTLs ({calls:?}); at most {per_ttl} a TTL",
+        calls.len()
+    );
+    // And EC2 was asked about every instance meanwhile.
+    assert!(calls.iter().sum::<usize>() >= 2 * n, "{calls:?}");
+}
+
+/// [`arrivals`] in us-west-2, with the boot ID the resync checks use.
+async fn arrivals_in(fake: &Fake, l: &Lookup, n: usize, at: impl Fn(usize) -> u64) -> Vec<usize> {
+    let asks = (0..n).map(|k| {
+        let l = l.clone();
+        let delay = Duration::from_millis(at(k));
+        async move {
+            tokio::time::sleep(delay).await;
+            l.resolve("us-west-2", &id(k * 2), Some("b")).await
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(answers.iter().all(Result::is_ok), "every lookup answered");
+    fake.calls().iter().map(|(_, ids)| ids.len()).collect()
+}
+
+/// A new leader takes 380 answers from the nodes' records at once: it asks EC2 nothing then,
+/// and re-verifies them spread over its first TTL, in full calls, as in steady state.
+#[tokio::test(start_paused = true)]
+async fn a_new_leaders_trusted_answers_are_re_verified_over_its_first_ttl_in_full_calls() {
+    let fake = Fake::default();
+    let ttl = Duration::from_secs(60);
+    let l = short_ttl_lookup(&fake, ttl);
+    let n = 380;
+    for k in 0..n {
+        assert!(l.adopt(crate::verified::Verified {
+            topology: InstanceTopology {
+                instance_id: id(k * 2),
+                instance_type: Some("p5.48xlarge".into()),
+                zone_id: Some("usw2-az1".into()),
+                availability_zone: Some("us-west-2a".into()),
+                network_nodes: vec!["nn-top".into(), "nn-mid".into(), "nn-leaf-1".into()],
+                ..InstanceTopology::default()
+            },
+            boot_id: Some("b".into()),
+            at: 1_700_000_000,
+        }));
+    }
+    // Checked every 30 s: every answer re-verified within the first TTL and one resync.
+    let first = resyncs(&fake, &l, n, Duration::from_secs(30), 3).await;
+    let asked: HashSet<String> = fake.calls().into_iter().flat_map(|(_, ids)| ids).collect();
+    assert_eq!(asked.len(), n, "every trusted answer re-verified");
+    let per_ttl = n.div_ceil(100) + 1;
+    eprintln!("first TTL and a resync: {first:?}");
+    assert!(first.len() <= 2 * per_ttl, "{first:?}");
+    let after = resyncs(&fake, &l, n, Duration::from_secs(30), 4).await;
+    eprintln!("two TTLs after: {after:?}");
+    assert!(after.len() <= 2 * per_ttl, "{after:?}");
+}
+
+/// An answer taken along whose call fails keeps its answer and is due when it was: its own
+/// node's next check asks EC2 again.
+#[tokio::test(start_paused = true)]
+async fn an_answer_taken_along_in_a_failed_call_is_due_as_before() {
+    let fake = Fake::default();
+    let ttl = Duration::from_secs(60);
+    let l = short_ttl_lookup(&fake, ttl);
+    l.resolve("us-west-2", &id(2), Some("b")).await.unwrap();
+    tokio::time::advance(Duration::from_secs(10)).await;
+    l.resolve("us-west-2", &id(4), Some("b")).await.unwrap();
+    // id(2) comes due first, takes id(4) along, and the call fails.
+    tokio::time::advance(ttl - Duration::from_secs(5)).await;
+    *fake.fail_with.lock().unwrap() = Some(internal_error());
+    fake.fail_next.store(1, Ordering::SeqCst);
+    let r = l.resolve("us-west-2", &id(2), Some("b")).await.unwrap();
+    assert!(matches!(
+        r,
+        Resolved::Topology {
+            refresh_error: Some(_),
+            ..
+        }
+    ));
+    let calls = fake.calls();
+    assert_eq!(calls.last().map(|(_, ids)| ids.len()), Some(2), "{calls:?}");
+    // Let the taken-along answer be handed back.
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+    // id(4) is due now (60 s after its answer), as before the failed call.
+    let before = fake.calls().len();
+    l.resolve("us-west-2", &id(4), Some("b")).await.unwrap();
+    assert_eq!(
+        fake.calls().len(),
+        before + 1,
+        "asked again at its own check"
+    );
 }

@@ -241,8 +241,6 @@ pub enum Distrust {
     OtherInstance,
     /// About another boot: the node rebooted (maybe while no leader ran), and may have moved.
     OtherBoot,
-    /// Older than the cache TTL (or dated in the future).
-    Expired,
     /// The node's labels are no longer what the record's answer makes of them (changed by
     /// someone else since, or under another label configuration).
     LabelsChanged,
@@ -251,14 +249,13 @@ pub enum Distrust {
 }
 
 impl Distrust {
-    pub const ALL: [Distrust; 9] = [
+    pub const ALL: [Distrust; 8] = [
         Distrust::Missing,
         Distrust::Unreadable,
         Distrust::OtherVersion,
         Distrust::Tampered,
         Distrust::OtherInstance,
         Distrust::OtherBoot,
-        Distrust::Expired,
         Distrust::LabelsChanged,
         Distrust::Incomplete,
     ];
@@ -276,7 +273,6 @@ impl Distrust {
             Distrust::OtherBoot => {
                 "its verification record is of another boot (or one of them is unknown)"
             }
-            Distrust::Expired => "its verification record is older than the cache TTL",
             Distrust::LabelsChanged => {
                 "its labels are not what its verification record's answer makes of them"
             }
@@ -292,23 +288,23 @@ impl Distrust {
             Distrust::Tampered => "tampered",
             Distrust::OtherInstance => "other_instance",
             Distrust::OtherBoot => "other_boot",
-            Distrust::Expired => "expired",
             Distrust::LabelsChanged => "labels_changed",
             Distrust::Incomplete => "incomplete",
         }
     }
 }
 
-/// The answer `node`'s verification record holds, if it can be taken as this process's own at
-/// `now` (seconds since the Unix epoch) with answers kept for `ttl`: a whole record of this
-/// format, about the instance `target` names and the boot the node runs now, younger than
-/// `ttl`, of a complete answer, and the node carries exactly what that answer makes of it.
+/// The answer `node`'s verification record holds, if it can be taken as this process's own: a
+/// whole record of this format, about the instance `target` names and the boot the node runs
+/// now, of a complete answer, and the node carries exactly what that answer makes of it.
+///
+/// Its age plays no part: an instance keeps its place in the network while it runs in one boot
+/// (only a stop and start, a new boot ID, can move it), and the taker re-verifies every answer
+/// it took within a TTL of taking it (see `Cache::seed`), as it would its own.
 pub fn trusted(
     node: &LiteNode,
     scheme: &LabelScheme,
     target: &Target,
-    now: u64,
-    ttl: Duration,
 ) -> Result<Verified, Distrust> {
     let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
     let verified = Verified::parse(value).map_err(|e| match e {
@@ -324,13 +320,6 @@ pub fn trusted(
     match (verified.boot_id.as_deref(), boot_id(node)) {
         (Some(a), Some(b)) if a == b => {}
         _ => return Err(Distrust::OtherBoot),
-    }
-    // A minute of clock skew between replicas is tolerated; a record dated further ahead
-    // is not one of ours.
-    if verified.at > now.saturating_add(60)
-        || Duration::from_secs(now.saturating_sub(verified.at)) >= ttl
-    {
-        return Err(Distrust::Expired);
     }
     if verified.topology.settling(target.capacity_block_expected) {
         return Err(Distrust::Incomplete);
@@ -348,13 +337,7 @@ pub fn adopt(node: &LiteNode, scheme: &LabelScheme, target: &Target, lookup: &Lo
     if lookup.knows(&target.instance_id) {
         return;
     }
-    match trusted(
-        node,
-        scheme,
-        target,
-        crate::lookup::cache::unix_now(),
-        lookup.cache_ttl(),
-    ) {
+    match trusted(node, scheme, target) {
         Ok(verified) => {
             // Taken unless another reconcile's answer got there first (then that one stands).
             if lookup.adopt(verified) {
@@ -464,7 +447,7 @@ mod trust {
     }
 
     fn judge(n: &LiteNode) -> Result<Verified, Distrust> {
-        trusted(n, &LabelScheme::default(), &target(), NOW, TTL)
+        trusted(n, &LabelScheme::default(), &target())
     }
 
     #[test]
@@ -480,7 +463,7 @@ mod trust {
     }
 
     #[test]
-    fn a_record_of_this_boot_younger_than_the_ttl_over_unchanged_labels_is_trusted() {
+    fn a_record_of_this_boot_over_unchanged_labels_is_trusted() {
         let n = verified_node(&LabelScheme::default(), 3600, "boot-1");
         let v = judge(&n).expect("trusted");
         assert_eq!(v.topology, answer());
@@ -512,7 +495,7 @@ mod trust {
     fn a_record_edited_by_hand_is_re_verified() {
         let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
         let r = record_of(&mut n);
-        // Made younger by hand, to be trusted for longer.
+        // Its time moved by hand.
         *r = r.replace(&(NOW - 60).to_string(), &NOW.to_string());
         assert_eq!(judge(&n), Err(Distrust::Tampered));
         *record_of(&mut n) = "verified, trust me".into();
@@ -542,7 +525,7 @@ mod trust {
             ..LabelScheme::default()
         };
         assert_eq!(
-            trusted(&n, &padded, &target(), NOW, TTL),
+            trusted(&n, &padded, &target()),
             Err(Distrust::LabelsChanged)
         );
     }
@@ -556,29 +539,20 @@ mod trust {
             ..target()
         };
         assert_eq!(
-            trusted(&n, &LabelScheme::default(), &other, NOW, TTL),
+            trusted(&n, &LabelScheme::default(), &other),
             Err(Distrust::OtherInstance)
         );
     }
 
+    /// The record says since when EC2 has given the answer, not when it was last asked: a
+    /// node whose answer has not changed for days (or whose time says anything at all) is
+    /// trusted as long as the rest holds. Its re-verification comes within the taker's TTL.
     #[test]
-    fn a_record_older_than_the_ttl_or_from_the_future_is_re_verified() {
-        let n = verified_node(&LabelScheme::default(), TTL.as_secs(), "boot-1");
-        assert_eq!(judge(&n), Err(Distrust::Expired));
-        let n = verified_node(&LabelScheme::default(), TTL.as_secs() - 1, "boot-1");
-        assert!(judge(&n).is_ok());
-        // A minute of skew between replicas' clocks is fine, an hour is not.
-        let ahead = |s: u64| {
-            trusted(
-                &verified_node(&LabelScheme::default(), 0, "boot-1"),
-                &LabelScheme::default(),
-                &target(),
-                NOW - s,
-                TTL,
-            )
-        };
-        assert!(ahead(30).is_ok());
-        assert_eq!(ahead(3600), Err(Distrust::Expired));
+    fn a_record_of_any_age_is_trusted() {
+        for age in [0, TTL.as_secs(), 30 * 24 * 3600] {
+            let n = verified_node(&LabelScheme::default(), age, "boot-1");
+            assert_eq!(judge(&n).map(|v| v.at), Ok(NOW - age), "{age} s old");
+        }
     }
 
     #[test]

@@ -6,8 +6,12 @@
 //! every instance again (1,000 calls at 100,000 nodes, minutes of the account's shared budget)
 //! although nothing changed. With the record it takes the answer of the node's last
 //! verification as its own, as long as the record is whole, from this format, about the
-//! instance and boot the node runs now, younger than the cache TTL, and the node's labels are
-//! still what that answer makes of them; anything else is asked about at once.
+//! instance and boot the node runs now, and the node's labels are still what that answer makes
+//! of them; anything else is asked about at once.
+//!
+//! Nothing in the record changes with time alone: `at` says since when EC2 has given this
+//! answer in this boot, and a re-verification that finds the same answer keeps it. So the
+//! record, and the node, are written only when the answer changes, never once per TTL.
 //!
 //! The value is one line of JSON, fields in a fixed order, ending with `sum`: the first 16 hex
 //! digits of the SHA-256 of the line without it. The sum is not a secret (anyone may write an
@@ -28,14 +32,15 @@ pub const VERIFIED_KEY: &str = "ec2-topology-labeler.io/verified";
 pub const VERSION: u32 = 1;
 
 /// What a node's labels were verified against: EC2's answer about its instance in one boot, and
-/// when EC2 gave it.
+/// since when EC2 has given it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     /// The answer (its `instance_id` is the instance's).
     pub topology: InstanceTopology,
     /// The node's `status.nodeInfo.bootID` when asked.
     pub boot_id: Option<String>,
-    /// When EC2 gave the answer, in seconds since the Unix epoch.
+    /// Since when EC2 has given this answer in this boot (its first answer that said so), in
+    /// seconds since the Unix epoch; kept by re-verifications that find it unchanged.
     pub at: u64,
 }
 

@@ -367,6 +367,77 @@ async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Quiet forever (issue 42): with nothing changing, a controller whose answers come due every
+/// 20 s asks EC2 again at each TTL, in full calls (at most ceil(N/100) + 1 a TTL), and writes
+/// no Node over three TTLs: a re-verification that finds the same answer leaves the node's
+/// record as it is. It starts as a new leader, taking the nodes' records on trust.
+async fn quiet_over_three_ttls(env: &Env) -> anyhow::Result<()> {
+    const TTL: Duration = Duration::from_secs(20);
+    let c = env.admin().await?;
+    let ttl_flag = format!("--cache-ttl={}s", TTL.as_secs());
+    e2e::env::restart_labeler_with(env, &[&ttl_flag]).await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    let all = nodes.list(&Default::default()).await?.items;
+    let verified = all
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("ec2-topology-labeler.io/verified"))
+        })
+        .count();
+    ensure!(verified > 0, "no node carries a verification record");
+    // Every EC2 node is looked up (those without a record too): N for the bound.
+    let ec2_nodes = all
+        .iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .is_some_and(|p| p.starts_with("aws:///"))
+        })
+        .count();
+    // The start's own lookups (nodes without a record) settle first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = kube_util::node_writes(&c).await?;
+    let stats_before = env.mock_admin.stats().await?;
+    tokio::time::sleep(TTL * 3).await;
+    let writes = kube_util::node_writes(&c).await? - writes_before;
+    let stats = env.mock_admin.stats().await?;
+    let calls = stats.calls - stats_before.calls;
+    let sizes = &stats.ids_per_call[stats_before.ids_per_call.len()..];
+    let per_ttl = ec2_nodes.div_ceil(100) as u64 + 1;
+    eprintln!(
+        "    {ec2_nodes} EC2 nodes ({verified} with a record), TTL {}s, over three TTLs: {writes} node writes, {calls} EC2 calls (IDs per call {sizes:?}; at most {per_ttl} a TTL)",
+        TTL.as_secs()
+    );
+    let early = match env.labeler.lock().await.as_ref() {
+        Some(l) => metric_sum(
+            &l.metrics().await?,
+            "ec2_topology_labeler_reverified_early_total",
+            &[],
+        ),
+        None => 0.0,
+    };
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    ensure!(writes == 0.0, "{writes} node writes over three quiet TTLs");
+    ensure!(
+        calls >= 2,
+        "EC2 was not asked again ({calls} calls in three TTLs)"
+    );
+    ensure!(
+        calls <= 3 * per_ttl,
+        "{calls} EC2 calls over three TTLs for {ec2_nodes} nodes; at most {per_ttl} a TTL"
+    );
+    ensure!(
+        stats.ids_requested - stats_before.ids_requested >= 2 * verified as u64,
+        "every answer re-verified at least twice in three TTLs"
+    );
+    ensure!(early > 0.0, "answers were taken along ({early})");
+    Ok(())
+}
+
 async fn plan_shows_changes_and_writes_nothing(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     let writes_before = kube_util::node_writes(&c).await?;
@@ -2361,6 +2432,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(dashboard_queries_match_live_metrics, true),
         scenario!(steady_state_is_silent, false),
+        scenario!(quiet_over_three_ttls, true),
         scenario!(uninstall_leaves_only_labels, true),
         scenario!(controller_is_healthy, false),
         scenario!(demo_stops_everything_on_sigterm, false),

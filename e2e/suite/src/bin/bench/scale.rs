@@ -35,7 +35,14 @@ reflector's store and the allocator's overhead, not anything kept per node by ou
 Getting under it means a store of our own (a compact record per node, not a cached `Node`) \
 instead of kube-runtime's reflector.\n\n";
 
+/// One size with one build: a row of docs/benchmarks-scale.csv. Each run replaces the rows of
+/// the sizes and builds it measured and keeps the others, so the table is built up one size and
+/// one build per run (a 100,000-node run alone takes about 40 minutes here).
+#[derive(Clone, Debug)]
 struct ScaleRow {
+    /// When and on what it was measured (UTC date, short commit).
+    date: String,
+    commit: String,
     /// The build measured (`--build`) and its RSS with an empty cluster.
     build: String,
     idle_mib: f64,
@@ -60,6 +67,145 @@ struct ScaleRow {
     restart_calls: u64,
     restart_writes: f64,
     restart_rss_mib: f64,
+    /// One EC2 call per node on the same bucket, in the same run: answers, throttled calls,
+    /// answers per second after the burst.
+    eks_answered: u64,
+    eks_throttled: u64,
+    eks_rate: f64,
+}
+
+/// The CSV's columns, in order.
+const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate";
+
+impl ScaleRow {
+    fn to_csv(&self) -> String {
+        format!(
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2}",
+            self.date,
+            self.commit,
+            self.build,
+            self.nodes,
+            self.shape,
+            self.install_s,
+            self.floor_s,
+            self.calls,
+            self.throttled,
+            self.unfiltered,
+            self.writes,
+            self.peak_rss_mib,
+            self.idle_mib,
+            self.cpu_s,
+            self.lists,
+            self.steady_calls,
+            self.steady_writes,
+            self.steady_rss_mib
+                .iter()
+                .map(|m| format!("{m:.0}"))
+                .collect::<Vec<_>>()
+                .join(";"),
+            self.steady_cpu_s,
+            self.restart_s,
+            self.restart_calls,
+            self.restart_writes,
+            self.restart_rss_mib,
+            self.control_plane_mib,
+            self.eks_answered,
+            self.eks_throttled,
+            self.eks_rate,
+        )
+    }
+
+    fn from_csv(line: &str) -> anyhow::Result<Self> {
+        let f: Vec<&str> = line.split(',').collect();
+        anyhow::ensure!(
+            f.len() == CSV_HEADER.split(',').count(),
+            "{} fields, not {}: {line}",
+            f.len(),
+            CSV_HEADER.split(',').count()
+        );
+        let num = |i: usize| -> anyhow::Result<f64> {
+            f[i].parse::<f64>()
+                .with_context(|| format!("field {i} of {line}"))
+        };
+        let int = |i: usize| -> anyhow::Result<u64> {
+            f[i].parse::<u64>()
+                .with_context(|| format!("field {i} of {line}"))
+        };
+        Ok(Self {
+            date: f[0].into(),
+            commit: f[1].into(),
+            build: f[2].into(),
+            nodes: u32::try_from(int(3)?)?,
+            shape: match f[4] {
+                "Light" => Shape::Light,
+                _ => Shape::Realistic,
+            },
+            install_s: num(5)?,
+            floor_s: num(6)?,
+            calls: int(7)?,
+            throttled: int(8)?,
+            unfiltered: usize::try_from(int(9)?)?,
+            writes: num(10)?,
+            peak_rss_mib: num(11)?,
+            idle_mib: num(12)?,
+            cpu_s: num(13)?,
+            lists: num(14)?,
+            steady_calls: int(15)?,
+            steady_writes: num(16)?,
+            steady_rss_mib: f[17]
+                .split(';')
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<f64>()
+                        .with_context(|| format!("field 17 of {line}"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+            steady_cpu_s: num(18)?,
+            restart_s: num(19)?,
+            restart_calls: int(20)?,
+            restart_writes: num(21)?,
+            restart_rss_mib: num(22)?,
+            control_plane_mib: num(23)?,
+            eks_answered: int(24)?,
+            eks_throttled: int(25)?,
+            eks_rate: num(26)?,
+        })
+    }
+}
+
+/// The rows docs/benchmarks-scale.csv holds (none when it is missing or of an older format).
+fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
+    let Ok(text) = std::fs::read_to_string(csv) else {
+        return Ok(Vec::new());
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(CSV_HEADER) {
+        eprintln!("{}: another format; its rows are not kept", csv.display());
+        return Ok(Vec::new());
+    }
+    lines
+        .filter(|l| !l.trim().is_empty())
+        .map(ScaleRow::from_csv)
+        .collect()
+}
+
+/// `kept` with each row of `new` in place of the row of the same size and build: by size, then
+/// the shipped build (musl) first.
+fn merge_rows(kept: Vec<ScaleRow>, new: &[ScaleRow]) -> Vec<ScaleRow> {
+    let mut rows: Vec<ScaleRow> = kept
+        .into_iter()
+        .filter(|k| !new.iter().any(|n| n.nodes == k.nodes && n.build == k.build))
+        .chain(new.iter().cloned())
+        .collect();
+    let rank = |b: &str| match b {
+        "musl" => 0,
+        "glibc" => 1,
+        _ => 2,
+    };
+    rows.sort_by(|a, b| {
+        (a.nodes, rank(&a.build), &a.build).cmp(&(b.nodes, rank(&b.build), &b.build))
+    });
+    rows
 }
 
 /// Current RSS (MiB) of a process.
@@ -149,6 +295,12 @@ async fn one_size(
     );
     labeler.stop();
     Ok(ScaleRow {
+        // Set by `run`, which measures them once for all sizes.
+        date: String::new(),
+        commit: String::new(),
+        eks_answered: 0,
+        eks_throttled: 0,
+        eks_rate: 0.0,
         build: build.name.clone(),
         idle_mib,
         nodes: n,
@@ -242,6 +394,10 @@ pub async fn run(
     out: &Path,
     started: &str,
 ) -> anyhow::Result<()> {
+    let csv = out.join("benchmarks-scale.csv");
+    // Read first: a CSV this run cannot keep is said before an hour of measuring, not after.
+    let mut kept = load_rows(&csv)?;
+    let commit = commit();
     let mut idle = Vec::new();
     for b in builds {
         let mib = idle_rss(&root.join(&b.name), b).await?;
@@ -255,7 +411,6 @@ pub async fn run(
     );
     let (answered, throttled, rate) = one_call_per_node(window, root).await?;
     eprintln!("  {answered} answered, {throttled} throttled, {rate:.1}/s sustained");
-    let mut rows = Vec::new();
     let mut failed: Vec<(u32, String)> = Vec::new();
     for &n in sizes {
         let shape = if light_from.is_some_and(|l| n >= l) {
@@ -266,7 +421,16 @@ pub async fn run(
         for (b, &idle_mib) in builds.iter().zip(&idle) {
             eprintln!("{n} nodes, build {}: {}", b.name, bin_name(b));
             match one_size(n, shape, &root.join(&b.name), b, idle_mib).await {
-                Ok(row) => rows.push(row),
+                Ok(mut row) => {
+                    row.date = started.to_string();
+                    row.commit = commit.clone();
+                    row.eks_answered = answered;
+                    row.eks_throttled = throttled;
+                    row.eks_rate = rate;
+                    // Written at once: a later size or build that fails keeps this one.
+                    kept = merge_rows(kept, &[row]);
+                    write_report(&kept, out, (window, started), &failed)?;
+                }
                 Err(e) => {
                     // Say where it stopped and go on: a larger size may still run in a lighter
                     // shape.
@@ -275,20 +439,31 @@ pub async fn run(
                 }
             }
         }
-        // Keep what ran even if a larger size fails later.
-        write_report(
-            &rows,
-            builds,
-            (answered, throttled, rate, window),
-            out,
-            started,
-            &failed,
-        )?;
+    }
+    if !failed.is_empty() {
+        write_report(&kept, out, (window, started), &failed)?;
     }
     match failed.first() {
         Some((n, why)) => anyhow::bail!("{n} nodes: {why}"),
         None => Ok(()),
     }
+}
+
+/// The commit measured (short), with `+` when the tree has changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(e2e::repo_root())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{head}+") } else { head }
 }
 
 /// Each build's idle RSS, in words.
@@ -305,40 +480,55 @@ fn idle_text(rows: &[ScaleRow]) -> String {
 
 fn write_report(
     rows: &[ScaleRow],
-    builds: &[Build],
-    (answered, throttled, rate, window): (u64, u64, f64, Duration),
     out: &Path,
-    started: &str,
+    (window, started): (Duration, &str),
     failed: &[(u32, String)],
 ) -> anyhow::Result<()> {
+    // The one-call-per-node figures of the newest row (every row has its run's).
+    let newest = rows
+        .iter()
+        .max_by(|a, b| a.date.cmp(&b.date))
+        .map(|r| (r.eks_answered, r.eks_throttled, r.eks_rate))
+        .unwrap_or_default();
+    let (answered, throttled, rate) = newest;
+    let mut builds: Vec<&str> = Vec::new();
+    for r in rows {
+        if !builds.contains(&r.build.as_str()) {
+            builds.push(&r.build);
+        }
+    }
     let mut md = String::new();
     writeln!(md, "## At scale: 10,000 to 100,000 nodes\n")?;
     writeln!(
         md,
-        "Generated by `make bench-scale` on {started} — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
+        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
         machine(),
         SCALE_RESYNC.as_secs(),
         idle_text(rows),
-        builds_text(builds)
+        builds
+            .iter()
+            .map(|b| format!("**{b}**: {}", build_story(b)))
+            .collect::<Vec<_>>()
+            .join("; ")
     )?;
     writeln!(
         md,
-        "| nodes | build | node shape | install (s) | write floor (s) | ratio | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
     )?;
-    let mut csv = String::from(
-        "build,nodes,shape,install_s,floor_s,ec2_calls,writes,peak_rss_mib,idle_rss_mib,cpu_s,control_plane_mib,restart_calls,one_call_per_node_s\n",
-    );
+    let mut csv = format!("{CSV_HEADER}\n");
     for r in rows {
         let per_node_kib = (r.peak_rss_mib - r.idle_mib).max(0.0) * 1024.0 / f64::from(r.nodes);
         writeln!(
             md,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.2}× | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
+            "| {} | {} | {} {} | {} | {:.1} | {:.1} | {:.2}× | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
             r.nodes,
             r.build,
+            r.date,
+            r.commit,
             match r.shape {
                 Shape::Realistic => "realistic",
                 Shape::Light => "light (no images)",
@@ -369,24 +559,7 @@ fn write_report(
             r.restart_rss_mib,
             r.control_plane_mib,
         )?;
-        let eks = f64::from(r.nodes) / rate.max(0.001);
-        writeln!(
-            csv,
-            "{},{},{:?},{:.2},{:.2},{},{},{:.1},{:.1},{:.2},{:.0},{},{:.0}",
-            r.build,
-            r.nodes,
-            r.shape,
-            r.install_s,
-            r.floor_s,
-            r.calls,
-            r.writes,
-            r.peak_rss_mib,
-            r.idle_mib,
-            r.cpu_s,
-            r.control_plane_mib,
-            r.restart_calls,
-            eks
-        )?;
+        writeln!(csv, "{}", r.to_csv())?;
     }
     for (n, why) in failed {
         writeln!(md, "\nAt {n} nodes the run stopped: {why}")?;
@@ -401,8 +574,8 @@ fn write_report(
         "| nodes | one call per node: calls, time at the measured rate | ours: calls, install time | calls saved |"
     )?;
     writeln!(md, "| ---: | --- | --- | ---: |")?;
-    // Against the first build's (what ships).
-    let first = builds.first().map(|b| b.name.as_str()).unwrap_or_default();
+    // Against the first build's (what ships, when measured).
+    let first = builds.first().copied().unwrap_or_default();
     for r in rows.iter().filter(|r| r.build == first) {
         let eks = f64::from(r.nodes) / rate.max(0.001);
         writeln!(
@@ -424,7 +597,7 @@ fn write_report(
     md.push_str(MEMORY_PROFILE);
     writeln!(
         md,
-        "Reproduce: `make bench-scale` (about 40 minutes; `SCALE_SIZES` picks the sizes)."
+        "Reproduce: `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl` (one size and one build per run, which replaces that row and keeps the others; `SCALE_BUILD=glibc` for the glibc release build; about 5 minutes at 10,000 nodes, 15 at 20,000 and 40 at 100,000 here)."
     )?;
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("benchmarks-scale.md"), &md)?;
@@ -439,4 +612,83 @@ fn write_report(
     }
     println!("{md}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(build: &str, nodes: u32, peak: f64) -> ScaleRow {
+        ScaleRow {
+            date: "2026-12-04".into(),
+            commit: "abc1234+".into(),
+            build: build.into(),
+            idle_mib: 18.0,
+            nodes,
+            shape: Shape::Light,
+            install_s: 30.5,
+            floor_s: 19.1,
+            calls: 101,
+            throttled: 2,
+            unfiltered: 1,
+            writes: 10_000.0,
+            peak_rss_mib: peak,
+            cpu_s: 8.5,
+            control_plane_mib: 2932.0,
+            lists: 40.0,
+            steady_calls: 0,
+            steady_writes: 0.0,
+            steady_rss_mib: vec![75.0, 76.0],
+            steady_cpu_s: 0.8,
+            restart_s: 2.1,
+            restart_calls: 0,
+            restart_writes: 0.0,
+            restart_rss_mib: 75.0,
+            eks_answered: 899,
+            eks_throttled: 725,
+            eks_rate: 20.0,
+        }
+    }
+
+    #[test]
+    fn a_row_reads_back_from_the_csv_as_written() {
+        let r = row("musl", 10_000, 73.0);
+        let back = ScaleRow::from_csv(&r.to_csv()).expect("a row");
+        assert_eq!(back.to_csv(), r.to_csv());
+        assert_eq!(back.steady_rss_mib, vec![75.0, 76.0]);
+        assert!(matches!(back.shape, Shape::Light));
+        assert_eq!(r.to_csv().split(',').count(), CSV_HEADER.split(',').count());
+        assert!(ScaleRow::from_csv("2026-12-04,abc,musl,10000").is_err());
+    }
+
+    #[test]
+    fn a_run_replaces_its_size_and_build_and_keeps_the_other_rows() {
+        let kept = vec![
+            row("glibc", 20_000, 107.0),
+            row("glibc", 10_000, 73.0),
+            row("musl", 10_000, 70.0),
+        ];
+        let rows = merge_rows(kept, &[row("musl", 10_000, 60.0)]);
+        let keys: Vec<(u32, &str, f64)> = rows
+            .iter()
+            .map(|r| (r.nodes, r.build.as_str(), r.peak_rss_mib))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (10_000, "musl", 60.0),
+                (10_000, "glibc", 73.0),
+                (20_000, "glibc", 107.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_committed_csv_is_read_whole() {
+        let rows = load_rows(&e2e::repo_root().join("docs/benchmarks-scale.csv")).expect("rows");
+        assert!(
+            !rows.is_empty(),
+            "docs/benchmarks-scale.csv has rows of this format"
+        );
+    }
 }

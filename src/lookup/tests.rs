@@ -1252,6 +1252,9 @@ async fn a_new_leaders_trusted_answers_are_re_verified_over_its_first_ttl_in_ful
             at: 1_700_000_000,
         }));
     }
+    // Nothing is asked in the first twentieth of the TTL: a restart asks EC2 nothing.
+    let start = resyncs(&fake, &l, n, ttl / 20 - Duration::from_millis(1), 1).await;
+    assert!(start.is_empty(), "{start:?}");
     // Checked every 30 s: every answer re-verified within the first TTL and one resync.
     let first = resyncs(&fake, &l, n, Duration::from_secs(30), 3).await;
     let asked: HashSet<String> = fake.calls().into_iter().flat_map(|(_, ids)| ids).collect();

@@ -1403,23 +1403,29 @@ fn chart_readme_is_generated_from_the_values() {
 }
 
 /// The sizing table in the chart's README holds what `make bench-scale` measured: each row's
-/// request covers the peak measured at that size and its limit leaves half as much again; the
-/// default limit does so for every size measured, and the default request up to 20,000 nodes.
+/// peak is that size's measurement of the binary the image ships (`musl`) where there is one,
+/// else of the other build; its request covers every build's peak at that size and its limit
+/// leaves half as much again; the default limit does so for every size measured, and the
+/// default request up to 20,000 nodes.
 #[test]
 fn sizing_table_follows_the_measurements() {
     let root = e2e::repo_root();
     let csv = std::fs::read_to_string(root.join("docs/benchmarks-scale.csv")).unwrap();
     let header = csv.lines().next().unwrap().split(',');
     let col = |name: &str| header.clone().position(|h| h == name).unwrap();
-    let (nodes_at, peak_at) = (col("nodes"), col("peak_rss_mib"));
-    let measured: BTreeMap<u64, f64> = csv
-        .lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            (f[nodes_at].parse().unwrap(), f[peak_at].parse().unwrap())
-        })
-        .collect();
+    let (nodes_at, peak_at, build_at) = (col("nodes"), col("peak_rss_mib"), col("build"));
+    // Per size: the shipped build's peak (else the other's), and the highest of any build.
+    let mut measured: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut highest: BTreeMap<u64, f64> = BTreeMap::new();
+    for l in csv.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        let (nodes, peak): (u64, f64) = (f[nodes_at].parse().unwrap(), f[peak_at].parse().unwrap());
+        if f[build_at] == "musl" || !measured.contains_key(&nodes) {
+            measured.insert(nodes, peak);
+        }
+        let h = highest.entry(nodes).or_insert(peak);
+        *h = h.max(peak);
+    }
     let mib = |q: &str| -> f64 {
         let q = q.trim().trim_matches('`');
         if let Some(g) = q.strip_suffix("Gi") {
@@ -1440,7 +1446,13 @@ fn sizing_table_follows_the_measurements() {
         .map(|l| {
             let f: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
             let nodes = f[0].replace(',', "").parse().unwrap();
-            let peak = f[1].trim_end_matches(" MiB").parse().unwrap();
+            // "64 MiB (what it was measured on)": the figure first.
+            let peak = f[1]
+                .split(" MiB")
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {e}", f[1]));
             (nodes, (peak, mib(f[2]), mib(f[3])))
         })
         .collect();
@@ -1450,12 +1462,13 @@ fn sizing_table_follows_the_measurements() {
         "one row per size measured"
     );
     for (nodes, (peak, request, limit)) in &table {
-        let m = measured[nodes];
         assert_eq!(
             *peak,
-            m.round(),
-            "{nodes}: the README says {peak}, the run {m}"
+            measured[nodes].round(),
+            "{nodes}: the README says {peak}, the run {}",
+            measured[nodes]
         );
+        let m = highest[nodes];
         assert!(
             *request >= m,
             "{nodes}: request {request} below the peak {m}"
@@ -1470,14 +1483,14 @@ fn sizing_table_follows_the_measurements() {
             .unwrap();
     let limit = mib(values["resources"]["limits"]["memory"].as_str().unwrap());
     let request = mib(values["resources"]["requests"]["memory"].as_str().unwrap());
-    for (nodes, m) in &measured {
+    for (nodes, m) in &highest {
         assert!(
             limit >= 1.5 * m,
             "the default limit {limit} does not hold {nodes} nodes ({m})"
         );
     }
     assert!(
-        request >= measured[&20_000],
+        request >= highest[&20_000],
         "the default request is below use at 20,000 nodes"
     );
 }

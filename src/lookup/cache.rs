@@ -57,6 +57,9 @@ pub struct Entry {
     state: State,
     /// Answers for this boot that could not be turned into labels (see [`Cache::reject`]).
     rejected: u32,
+    /// Taken along in a call that has not come back yet (see [`Cache::due_soonest`]): no
+    /// other call takes it meanwhile.
+    taken: bool,
 }
 
 impl Entry {
@@ -242,6 +245,7 @@ impl Cache {
                     boot_id: boot_id.map(str::to_owned),
                     state,
                     rejected: stale.as_ref().map_or(0, |e| e.rejected),
+                    taken: false,
                 },
             );
         }
@@ -428,6 +432,7 @@ impl Cache {
                 continue;
             };
             if id == except
+                || e.taken
                 || soonest.len() == room && soonest.peek().is_some_and(|(at, _)| refresh_at >= at)
             {
                 continue;
@@ -453,6 +458,7 @@ impl Cache {
                 if let State::Known { refresh_at, .. } = &mut e.state {
                     *refresh_at = now + self.cfg.cache_ttl;
                 }
+                e.taken = true;
                 taken.push((id, was));
             }
         }
@@ -462,26 +468,41 @@ impl Cache {
     /// The answer of a call that refreshed `instance_id` ahead of its time (taken by
     /// [`Cache::due_soonest`] as `was`): recorded as any re-verification is, unless the entry
     /// changed meanwhile (a new boot asked about by its node: that answer stands). A failed call
-    /// (or none: the batcher stopped) puts the entry back as it was, due when it was.
-    pub fn refreshed(&self, instance_id: &str, was: Entry, answer: Option<Answer>, now: Instant) {
+    /// (or none: the batcher stopped) puts the entry back as it was, due when it was. Returns
+    /// whether an answer was recorded.
+    pub fn refreshed(
+        &self,
+        instance_id: &str,
+        was: Entry,
+        answer: Option<Answer>,
+        now: Instant,
+    ) -> bool {
         let mut entries = self.entries();
         let Some(current) = entries.get_mut(instance_id) else {
-            return;
+            return false;
         };
-        let same = current.boot_id == was.boot_id
+        // The same answer of the same boot (a boot ID that appeared meanwhile is the same boot).
+        let same = !rebooted(was.boot_id.as_deref(), current.boot_id.as_deref())
             && matches!((&current.state, &was.state),
                 (State::Known { topology: a, .. }, State::Known { topology: b, .. }) if Arc::ptr_eq(a, b));
         if !same {
-            return;
+            return false;
         }
-        let Some(answer) = answer else {
-            *current = was;
-            return;
+        let boot_id = current.boot_id.take().or(was.boot_id.clone());
+        let recorded = match answer.map(|a| self.next(Some(&was), a, false, now)) {
+            Some((Some(state), _)) => {
+                current.state = state;
+                current.taken = false;
+                true
+            }
+            // A failed call (or none): as it was, due when it was.
+            _ => {
+                *current = was;
+                false
+            }
         };
-        match self.next(Some(&was), answer, false, now) {
-            (Some(state), _) => current.state = state,
-            (None, _) => *current = was,
-        }
+        current.boot_id = boot_id;
+        recorded
     }
 
     fn not_described_backoff(&self, attempts: u32) -> Duration {
@@ -512,16 +533,20 @@ impl Cache {
     /// Take `verified` — the answer a node's verification record holds — as if EC2 had just
     /// given it, when nothing is known about the instance yet (an answer of this process is
     /// never replaced); returns whether it was taken. It is asked again within a TTL of `now`,
-    /// at a point of the TTL set by the instance ID ([`spread`]): a new leader re-verifies the
-    /// fleet it took on trust evenly over its first TTL, as it would in steady state, not all
-    /// at once a TTL after it started.
+    /// at the instance's own moment of the TTL on the wall clock ([`spread`]): a new leader
+    /// re-verifies the fleet it took on trust evenly over its first TTL, as it would in steady
+    /// state, not all at once a TTL after it started, and a run of short-lived leaders still
+    /// re-verifies every instance once a TTL.
     pub fn seed(&self, verified: Verified, now: Instant) -> bool {
         let mut entries = self.entries();
         let instance_id = verified.topology.instance_id.clone();
         if entries.contains_key(&instance_id) {
             return false;
         }
-        let refresh_at = now + spread(&instance_id, self.cfg.cache_ttl);
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let refresh_at = now + spread(&instance_id, self.cfg.cache_ttl, wall);
         entries.insert(
             instance_id,
             Entry {
@@ -534,6 +559,7 @@ impl Cache {
                     verified_at: verified.at,
                 },
                 rejected: 0,
+                taken: false,
             },
         );
         true
@@ -680,17 +706,21 @@ fn in_region(topology: &InstanceTopology, region: &str) -> bool {
         .is_some_and(|r| r == region)
 }
 
-/// Where in `ttl` the instance `instance_id` falls: a fixed point (a hash of the ID), so a
-/// fleet taken on trust spreads evenly over the TTL. Never in its first twentieth: a restart
-/// with nothing changed asks EC2 nothing in its first minutes (18 at the default 6 h).
-pub fn spread(instance_id: &str, ttl: Duration) -> Duration {
+/// How long from now (`wall`: the wall clock now, since the Unix epoch) until the instance
+/// `instance_id` next comes due on its own fixed point of a cycle of `ttl` on the wall clock
+/// (a hash of its ID): a fleet taken on trust spreads evenly over the TTL, and every leader
+/// puts an instance at the same moments, so a run of short-lived leaders (a crash loop, a
+/// rollout every few minutes) still re-verifies each instance once a TTL: whichever leads at
+/// that moment asks.
+pub fn spread(instance_id: &str, ttl: Duration, wall: Duration) -> Duration {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
     instance_id.hash(&mut h);
-    // A fraction of the rest of the TTL in millionths: even enough, and no float.
-    let part = u32::try_from(h.finish() % 1_000_000).unwrap_or(0);
-    let quiet = ttl / 20;
-    quiet + (ttl - quiet) / 1_000_000 * part
+    let cycle = ttl.as_millis().max(1);
+    let phase = u128::from(h.finish()) % cycle;
+    let into = wall.as_millis() % cycle;
+    let wait = (phase + cycle - into) % cycle;
+    Duration::from_millis(u64::try_from(wait).unwrap_or(u64::MAX))
 }
 
 /// Only a change from one known boot to another counts: a boot ID that appears for the first

@@ -310,7 +310,6 @@ impl Lookup {
         if taken.is_empty() {
             return;
         }
-        self.metrics.reverified_early(taken.len());
         let pending = FuturesUnordered::new();
         for (id, was) in taken {
             let (reply, answer) = oneshot::channel();
@@ -327,9 +326,11 @@ impl Lookup {
             }
             pending.push(async move { (id, was, answer.await.ok()) });
         }
-        let cache = self.cache.clone();
+        let (cache, metrics) = (self.cache.clone(), self.metrics.clone());
         tokio::spawn(pending.for_each(move |(id, was, answer)| {
-            cache.refreshed(&id, was, answer, Instant::now());
+            if cache.refreshed(&id, was, answer, Instant::now()) {
+                metrics.reverified_early(1);
+            }
             std::future::ready(())
         }));
     }

@@ -1252,9 +1252,6 @@ async fn a_new_leaders_trusted_answers_are_re_verified_over_its_first_ttl_in_ful
             at: 1_700_000_000,
         }));
     }
-    // Nothing is asked in the first twentieth of the TTL: a restart asks EC2 nothing.
-    let start = resyncs(&fake, &l, n, ttl / 20 - Duration::from_millis(1), 1).await;
-    assert!(start.is_empty(), "{start:?}");
     // Checked every 30 s: every answer re-verified within the first TTL and one resync.
     let first = resyncs(&fake, &l, n, Duration::from_secs(30), 3).await;
     let asked: HashSet<String> = fake.calls().into_iter().flat_map(|(_, ids)| ids).collect();
@@ -1302,4 +1299,119 @@ async fn an_answer_taken_along_in_a_failed_call_is_due_as_before() {
         before + 1,
         "asked again at its own check"
     );
+}
+
+/// Every leader puts an instance at the same moment of a TTL-long cycle on the wall clock: ten
+/// leaders that each live a tenth of the TTL, one after another, between them re-verify every
+/// instance exactly once (a run of short-lived leaders does not leave any answer unverified).
+#[test]
+fn successive_short_lived_leaders_re_verify_every_instance_once_a_ttl() {
+    let ttl = Duration::from_secs(6 * 3600);
+    let start = Duration::from_secs(1_796_300_000);
+    let ids: Vec<String> = (0..1_000).map(id).collect();
+    let mut due_in = vec![0u32; ids.len()];
+    for k in 0..10u32 {
+        let born = start + ttl / 10 * k;
+        for (i, id) in ids.iter().enumerate() {
+            let wait = cache::spread(id, ttl, born);
+            assert!(wait < ttl, "{wait:?}");
+            if wait < ttl / 10 {
+                due_in[i] += 1;
+            }
+        }
+    }
+    assert!(due_in.iter().all(|n| *n == 1), "{due_in:?}");
+    // And any one of them finds about a tenth of the fleet due in its life.
+    let first = ids
+        .iter()
+        .filter(|id| cache::spread(id, ttl, start) < ttl / 10)
+        .count();
+    assert!((60..=140).contains(&first), "{first}");
+}
+
+/// What one call took along is not taken again by another (two answers of a small fleet come
+/// due at once, on two threads): each ID rides one call, and when that call fails every answer
+/// it took is due as before, not a TTL later.
+#[test]
+fn what_one_call_took_along_is_not_taken_again() {
+    let ttl = Duration::from_secs(60);
+    let cache = cache::Cache::new(
+        LookupConfig {
+            cache_ttl: ttl,
+            ..LookupConfig::default()
+        },
+        Instant::now(),
+    );
+    let t0 = Instant::now();
+    for k in 0..50 {
+        let answer = InstanceTopology {
+            instance_id: id(k),
+            instance_type: Some("p5.48xlarge".into()),
+            zone_id: Some("usw2-az1".into()),
+            availability_zone: Some("us-west-2a".into()),
+            network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
+            ..InstanceTopology::default()
+        };
+        cache
+            .record(&id(k), Some("b"), None, Ok(Some(answer)), false, t0)
+            .unwrap();
+    }
+    let due = t0 + ttl + Duration::from_secs(1);
+    let first = cache.due_soonest("us-west-2", &id(0), 99, due);
+    assert_eq!(first.len(), 49, "the rest of the fleet");
+    // The second takes none of those (only the first's own, which its node asks about: the
+    // batcher sends an ID asked twice at once once).
+    let second: Vec<String> = cache
+        .due_soonest("us-west-2", &id(1), 99, due)
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(second, [id(0)], "taken again");
+    // Another region's are never taken.
+    assert!(cache.due_soonest("eu-west-1", &id(0), 99, due).is_empty());
+    // The call failed: each is put back as it was, due, and can be taken again.
+    for (i, was) in first {
+        assert!(!cache.refreshed(&i, was, Some(Err(internal_error())), due));
+    }
+    assert_eq!(cache.due_soonest("us-west-2", &id(0), 99, due).len(), 49);
+}
+
+/// A node's boot ID that appears while its answer rides another's call (the kubelet reports it
+/// shortly after registration) is the same boot: the call's answer is taken, not dropped.
+#[test]
+fn a_boot_id_that_appears_while_taken_along_keeps_the_answer() {
+    let ttl = Duration::from_secs(60);
+    let cache = cache::Cache::new(
+        LookupConfig {
+            cache_ttl: ttl,
+            ..LookupConfig::default()
+        },
+        Instant::now(),
+    );
+    let t0 = Instant::now();
+    let answer = InstanceTopology {
+        instance_id: id(1),
+        instance_type: Some("p5.48xlarge".into()),
+        zone_id: Some("usw2-az1".into()),
+        availability_zone: Some("us-west-2a".into()),
+        network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
+        ..InstanceTopology::default()
+    };
+    cache
+        .record(&id(1), None, None, Ok(Some(answer.clone())), false, t0)
+        .unwrap();
+    let due = t0 + ttl + Duration::from_secs(1);
+    let mut taken = cache.due_soonest("us-west-2", &id(0), 99, due);
+    let (i, was) = taken.pop().expect("taken along");
+    // Its node is looked at meanwhile, now with a boot ID: a cache hit.
+    assert!(matches!(
+        cache.check(&id(1), Some("b"), false, due),
+        cache::Check::Answered(_)
+    ));
+    assert!(cache.refreshed(&i, was, Some(Ok(Some(answer))), due));
+    // Fresh for a TTL from the call, in the boot it now knows.
+    assert!(matches!(
+        cache.check(&id(1), Some("b"), false, due + ttl - Duration::from_secs(1)),
+        cache::Check::Answered(_)
+    ));
 }

@@ -261,11 +261,10 @@ impl Cache {
         capacity_block_expected: bool,
         now: Instant,
     ) -> (Option<State>, Result<Resolved, Ec2Error>) {
-        let stale = stale.cloned();
-        let previous = stale.as_ref().and_then(Entry::topology);
-        let previous_settling = stale.as_ref().map_or(0, Entry::settling);
-        let previous_attempts = stale.as_ref().map_or(0, Entry::attempts);
-        let previous_verified_at = stale.as_ref().map_or(0, Entry::verified_at);
+        let previous = stale.and_then(Entry::topology);
+        let previous_settling = stale.map_or(0, Entry::settling);
+        let previous_attempts = stale.map_or(0, Entry::attempts);
+        let previous_verified_at = stale.map_or(0, Entry::verified_at);
         let (state, resolved) = match answer {
             // EC2 refused this very ID (the batcher isolates refused IDs, so the error is this
             // instance's alone).
@@ -274,7 +273,7 @@ impl Cache {
                 // answer stands, and the ID waits with the refused ones, on their backoff,
                 // instead of riding (and failing) the next ordinary call.
                 Some(topology) => {
-                    let attempts = stale.as_ref().map_or(0, Entry::refusals).saturating_add(1);
+                    let attempts = stale.map_or(0, Entry::refusals).saturating_add(1);
                     let (refresh_at, _) = self.next_ask(now, attempts);
                     (
                         State::Known {
@@ -488,7 +487,8 @@ impl Cache {
         if !same {
             return false;
         }
-        let boot_id = current.boot_id.take().or(was.boot_id.clone());
+        // The boot ID the node reports now, if it appeared meanwhile.
+        let boot_id = current.boot_id.clone().or_else(|| was.boot_id.clone());
         let recorded = match answer.map(|a| self.next(Some(&was), a, false, now)) {
             Some((Some(state), _)) => {
                 current.state = state;
@@ -543,9 +543,7 @@ impl Cache {
         if entries.contains_key(&instance_id) {
             return false;
         }
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let wall = Duration::from_secs(unix_now());
         let refresh_at = now + spread(&instance_id, self.cfg.cache_ttl, wall);
         entries.insert(
             instance_id,
@@ -563,10 +561,6 @@ impl Cache {
             },
         );
         true
-    }
-
-    pub fn ttl(&self) -> Duration {
-        self.cfg.cache_ttl
     }
 
     /// Whether the cache holds anything about `instance_id`.

@@ -353,11 +353,6 @@ impl Lookup {
         self.cache.knows(instance_id)
     }
 
-    /// How long an answer is used before EC2 is asked again.
-    pub fn cache_ttl(&self) -> Duration {
-        self.cache.ttl()
-    }
-
     /// The cached answer for `instance_id` cannot be used (labels cannot be derived from it):
     /// forget it, and ask again after the not-described backoff. Returns that wait.
     pub fn reject(&self, instance_id: &str) -> Duration {

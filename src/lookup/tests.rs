@@ -1116,6 +1116,29 @@ fn short_ttl_lookup(fake: &Fake, ttl: Duration) -> Lookup {
     )
 }
 
+/// A complete answer about `instance_id` in us-west-2a, under the leaf switch `leaf`.
+fn answer_in_us_west_2(instance_id: &str, leaf: &str) -> InstanceTopology {
+    InstanceTopology {
+        instance_id: instance_id.to_string(),
+        instance_type: Some("p5.48xlarge".into()),
+        zone_id: Some("usw2-az1".into()),
+        availability_zone: Some("us-west-2a".into()),
+        network_nodes: vec!["nn-top".into(), "nn-mid".into(), leaf.into()],
+        ..InstanceTopology::default()
+    }
+}
+
+/// The cache alone, answers kept for `ttl`.
+fn short_ttl_cache(ttl: Duration) -> cache::Cache {
+    cache::Cache::new(
+        LookupConfig {
+            cache_ttl: ttl,
+            ..LookupConfig::default()
+        },
+        Instant::now(),
+    )
+}
+
 fn verified_at(r: &Resolved) -> u64 {
     match r {
         Resolved::Topology { verified_at, .. } => *verified_at,
@@ -1131,14 +1154,7 @@ async fn a_re_verification_that_finds_the_same_answer_keeps_the_records_time() {
     let fake = Fake::default();
     let ttl = Duration::from_secs(60);
     let l = short_ttl_lookup(&fake, ttl);
-    let answer = |layer: &str| InstanceTopology {
-        instance_id: id(2),
-        instance_type: Some("p5.48xlarge".into()),
-        zone_id: Some("usw2-az1".into()),
-        availability_zone: Some("us-west-2a".into()),
-        network_nodes: vec!["nn-top".into(), "nn-mid".into(), layer.into()],
-        ..InstanceTopology::default()
-    };
+    let answer = |layer: &str| answer_in_us_west_2(&id(2), layer);
     // Taken from a record written long ago, as a new leader does.
     let since = 1_700_000_000;
     assert!(l.adopt(crate::verified::Verified {
@@ -1240,14 +1256,7 @@ async fn a_new_leaders_trusted_answers_are_re_verified_over_its_first_ttl_in_ful
     let n = 380;
     for k in 0..n {
         assert!(l.adopt(crate::verified::Verified {
-            topology: InstanceTopology {
-                instance_id: id(k * 2),
-                instance_type: Some("p5.48xlarge".into()),
-                zone_id: Some("usw2-az1".into()),
-                availability_zone: Some("us-west-2a".into()),
-                network_nodes: vec!["nn-top".into(), "nn-mid".into(), "nn-leaf-1".into()],
-                ..InstanceTopology::default()
-            },
+            topology: answer_in_us_west_2(&id(k * 2), "nn-leaf-1"),
             boot_id: Some("b".into()),
             at: 1_700_000_000,
         }));
@@ -1335,23 +1344,10 @@ fn successive_short_lived_leaders_re_verify_every_instance_once_a_ttl() {
 #[test]
 fn what_one_call_took_along_is_not_taken_again() {
     let ttl = Duration::from_secs(60);
-    let cache = cache::Cache::new(
-        LookupConfig {
-            cache_ttl: ttl,
-            ..LookupConfig::default()
-        },
-        Instant::now(),
-    );
+    let cache = short_ttl_cache(ttl);
     let t0 = Instant::now();
     for k in 0..50 {
-        let answer = InstanceTopology {
-            instance_id: id(k),
-            instance_type: Some("p5.48xlarge".into()),
-            zone_id: Some("usw2-az1".into()),
-            availability_zone: Some("us-west-2a".into()),
-            network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
-            ..InstanceTopology::default()
-        };
+        let answer = answer_in_us_west_2(&id(k), "nn-leaf-1");
         cache
             .record(&id(k), Some("b"), None, Ok(Some(answer)), false, t0)
             .unwrap();
@@ -1381,22 +1377,9 @@ fn what_one_call_took_along_is_not_taken_again() {
 #[test]
 fn a_boot_id_that_appears_while_taken_along_keeps_the_answer() {
     let ttl = Duration::from_secs(60);
-    let cache = cache::Cache::new(
-        LookupConfig {
-            cache_ttl: ttl,
-            ..LookupConfig::default()
-        },
-        Instant::now(),
-    );
+    let cache = short_ttl_cache(ttl);
     let t0 = Instant::now();
-    let answer = InstanceTopology {
-        instance_id: id(1),
-        instance_type: Some("p5.48xlarge".into()),
-        zone_id: Some("usw2-az1".into()),
-        availability_zone: Some("us-west-2a".into()),
-        network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
-        ..InstanceTopology::default()
-    };
+    let answer = answer_in_us_west_2(&id(1), "nn-leaf-1");
     cache
         .record(&id(1), None, None, Ok(Some(answer.clone())), false, t0)
         .unwrap();

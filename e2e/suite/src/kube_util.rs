@@ -235,3 +235,11 @@ pub async fn last_write_by(client: &Client, manager: &str) -> anyhow::Result<Opt
         .filter_map(|m| m.time.as_ref().map(|t| t.0.to_string()))
         .max())
 }
+
+/// Whether `node` is an EC2 instance (its providerID is `aws:///…`): what the controller looks up.
+pub fn is_ec2(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .is_some_and(|p| p.starts_with("aws:///"))
+}

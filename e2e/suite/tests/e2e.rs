@@ -389,15 +389,7 @@ async fn quiet_over_three_ttls(env: &Env) -> anyhow::Result<()> {
         .count();
     ensure!(verified > 0, "no node carries a verification record");
     // Every EC2 node is looked up (those without a record too): N for the bound.
-    let ec2_nodes = all
-        .iter()
-        .filter(|n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .is_some_and(|p| p.starts_with("aws:///"))
-        })
-        .count();
+    let ec2_nodes = all.iter().filter(|n| kube_util::is_ec2(n)).count();
     // The start's own lookups (nodes without a record) settle first.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes_before = kube_util::node_writes(&c).await?;

@@ -841,12 +841,7 @@ async fn killed_mid_batch(env: &Env) -> anyhow::Result<()> {
         .await?
         .items
         .iter()
-        .filter(|n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .is_some_and(|p| p.starts_with("aws:///"))
-        })
+        .filter(|n| kube_util::is_ec2(n))
         .count() as u64;
     let allowed = 2 + ec2_nodes.div_ceil(100) + 2;
     ensure!(

@@ -532,19 +532,16 @@ impl Cache {
 
     /// Take `verified` — the answer a node's verification record holds — as if EC2 had just
     /// given it, when nothing is known about the instance yet (an answer of this process is
-    /// never replaced); returns whether it was taken. It is asked again within a TTL of `now`,
-    /// at the instance's own moment of the TTL on the wall clock ([`spread`]): a new leader
-    /// re-verifies the fleet it took on trust evenly over its first TTL, as it would in steady
-    /// state, not all at once a TTL after it started, and a run of short-lived leaders still
-    /// re-verifies every instance once a TTL.
+    /// never replaced); returns whether it was taken. It is asked again within a TTL of `now`
+    /// ([`seeded_wait`]).
     pub fn seed(&self, verified: Verified, now: Instant) -> bool {
         let mut entries = self.entries();
         let instance_id = verified.topology.instance_id.clone();
         if entries.contains_key(&instance_id) {
             return false;
         }
-        let wall = Duration::from_secs(unix_now());
-        let refresh_at = now + spread(&instance_id, self.cfg.cache_ttl, wall);
+        let refresh_at =
+            now + seeded_wait(verified.at, &instance_id, self.cfg.cache_ttl, unix_now());
         entries.insert(
             instance_id,
             Entry {
@@ -698,6 +695,22 @@ fn in_region(topology: &InstanceTopology, region: &str) -> bool {
         .as_deref()
         .and_then(crate::provider_id::region_of_zone)
         .is_some_and(|r| r == region)
+}
+
+/// How long a new leader waits to re-verify an answer it took from a node's record, given
+/// since when (`at`) EC2 has given it and the wall clock now (`wall`), both in seconds since the
+/// Unix epoch. A record first given within the last TTL is due when that TTL ends: EC2 was asked
+/// lately (a leader that takes over during a join wave asks nothing about the fleet its
+/// predecessor just verified). An older one (re-verifications that find the same answer keep
+/// `at`) is due at the instance's own moment of the TTL on the wall clock ([`spread`]): a new
+/// leader re-verifies the fleet it took on trust evenly over its first TTL, as in steady state,
+/// not all at once. A record from the future (another leader's clock ahead) counts as old.
+pub fn seeded_wait(at: u64, instance_id: &str, ttl: Duration, wall: u64) -> Duration {
+    let age = Duration::from_secs(wall.saturating_sub(at));
+    if at <= wall && age < ttl {
+        return ttl - age;
+    }
+    spread(instance_id, ttl, Duration::from_secs(wall))
 }
 
 /// How long from now (`wall`: the wall clock now, since the Unix epoch) until the instance

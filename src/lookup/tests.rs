@@ -1398,3 +1398,33 @@ fn a_boot_id_that_appears_while_taken_along_keeps_the_answer() {
         cache::Check::Answered(_)
     ));
 }
+
+/// A record EC2 gave within the last TTL is re-verified when that TTL ends, not earlier (a
+/// leader that takes over during a join wave asks nothing about the fleet its predecessor just
+/// verified); an older one, or one from a clock ahead of ours, falls at the instance's own
+/// moment of the wall-clock cycle.
+#[test]
+fn a_record_given_within_the_last_ttl_is_due_when_that_ttl_ends() {
+    let ttl = Duration::from_secs(6 * 3600);
+    let wall = 1_796_300_000u64;
+    for k in 0..200 {
+        let i = id(k);
+        assert_eq!(
+            cache::seeded_wait(wall - 60, &i, ttl, wall),
+            ttl - Duration::from_secs(60)
+        );
+        assert_eq!(cache::seeded_wait(wall, &i, ttl, wall), ttl);
+        let cycle = cache::spread(&i, ttl, Duration::from_secs(wall));
+        assert_eq!(
+            cache::seeded_wait(wall - ttl.as_secs(), &i, ttl, wall),
+            cycle
+        );
+        assert_eq!(cache::seeded_wait(1_700_000_000, &i, ttl, wall), cycle);
+        assert_eq!(cache::seeded_wait(wall + 60, &i, ttl, wall), cycle);
+    }
+    // Old records spread: some of 200 fall within the first hour (the fresh ones never do).
+    let soon = (0..200)
+        .filter(|k| cache::seeded_wait(1_700_000_000, &id(*k), ttl, wall) < ttl / 6)
+        .count();
+    assert!((10..=60).contains(&soon), "{soon}");
+}

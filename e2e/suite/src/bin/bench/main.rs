@@ -32,6 +32,7 @@ use kube::{
 };
 use mock_ec2::{Faults, Instance, Scenario, TokenBucket};
 
+mod everything;
 mod scale;
 
 #[derive(Parser)]
@@ -56,6 +57,10 @@ struct Args {
     /// nodes without images from `--light-from` on). Writes docs/benchmarks-scale.{md,csv}.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<u32>,
+    /// With `--scale` (one size, one build): every feature on, as the chart turns them on
+    /// (`make bench-scale SCALE_EVERYTHING=1`); writes docs/benchmarks-scale-everything.csv.
+    #[arg(long)]
+    everything: bool,
     /// From this size on, the scale runs use Nodes without their ~40 images (see the report).
     #[arg(long)]
     light_from: Option<u32>,
@@ -329,12 +334,42 @@ struct Env {
 
 impl Env {
     async fn start(dir: &Path, instances: Vec<Instance>, build: &Build) -> anyhow::Result<Self> {
+        Self::start_with(dir, instances, build, &[]).await
+    }
+
+    /// As [`Env::start`]; with `chart_sets` (`KEY=VALUE` each) the controller's RBAC and
+    /// admission policy are the chart's, installed by Helm with those values, instead of the
+    /// default manifest's.
+    async fn start_with(
+        dir: &Path,
+        instances: Vec<Instance>,
+        build: &Build,
+        chart_sets: &[&str],
+    ) -> anyhow::Result<Self> {
         let cp = ControlPlane::start(&dir.join("cluster")).await?;
         let client = cp.admin_client().await?;
         kube_util::ensure_namespace(&client, NAMESPACE).await?;
-        let manifests =
-            std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
-        kube_util::apply_kinds(&client, &manifests, Some(kube_util::RBAC_KINDS), "bench").await?;
+        if chart_sets.is_empty() {
+            let manifests =
+                std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
+            kube_util::apply_kinds(&client, &manifests, Some(kube_util::RBAC_KINDS), "bench")
+                .await?;
+        } else {
+            // The Slurm ConfigMap's namespace, where the chart puts a Role.
+            kube_util::ensure_namespace(&client, "slurm").await?;
+            let chart = e2e::helm::chart();
+            let mut args = vec![
+                "install",
+                "ec2-topology-labeler",
+                chart.to_str().unwrap_or_default(),
+                "--namespace",
+                NAMESPACE,
+            ];
+            for set in chart_sets {
+                args.extend(["--set", set]);
+            }
+            e2e::helm::helm(Some(&cp.admin_kubeconfig), &args)?;
+        }
         let mock = MockProcess::start(&dir.join("mock"), &Scenario { instances }).await?;
         // EC2 as it behaves: 50 ms per call, the account's token bucket.
         mock.admin
@@ -1288,6 +1323,15 @@ async fn main() -> anyhow::Result<()> {
     } else {
         args.builds.clone()
     };
+    if args.everything {
+        let [n] = args.scale[..] else {
+            bail!("--everything takes one size (--scale N)");
+        };
+        let [build] = &builds[..] else {
+            bail!("--everything takes one build");
+        };
+        return everything::run(n, build, &root, &args.out, &started).await;
+    }
     if !args.scale.is_empty() {
         return scale::run(
             &args.scale,

@@ -35,6 +35,9 @@ reflector's store and the allocator's overhead, not anything kept per node by ou
 Getting under it means a store of our own (a compact record per node, not a cached `Node`) \
 instead of kube-runtime's reflector.\n\n";
 
+/// How long the one-call-per-node workers call EC2.
+const ONE_CALL_WINDOW: Duration = Duration::from_secs(40);
+
 /// One size with one build: a row of docs/benchmarks-scale.csv. Each run replaces the rows of
 /// the sizes and builds it measured and keeps the others, so the table is built up one size and
 /// one build per run (a 100,000-node run alone takes about 40 minutes here).
@@ -209,7 +212,7 @@ fn merge_rows(kept: Vec<ScaleRow>, new: &[ScaleRow]) -> Vec<ScaleRow> {
 }
 
 /// Current RSS (MiB) of a process.
-fn rss_now(pid: u32) -> f64 {
+pub(crate) fn rss_now(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -221,7 +224,7 @@ fn rss_now(pid: u32) -> f64 {
 }
 
 /// The controller's RSS with an empty cluster: what every size is measured above.
-async fn idle_rss(root: &Path, build: &Build) -> anyhow::Result<f64> {
+pub(crate) async fn idle_rss(root: &Path, build: &Build) -> anyhow::Result<f64> {
     let env = Env::start(&root.join("idle"), vec![], build).await?;
     let mut labeler = env.labeler("controller-idle")?;
     labeler.wait_ready(Duration::from_secs(60)).await?;
@@ -404,7 +407,7 @@ pub async fn run(
         eprintln!("idle controller ({}): {mib:.1} MiB", b.name);
         idle.push(mib);
     }
-    let window = Duration::from_secs(40);
+    let window = ONE_CALL_WINDOW;
     eprintln!(
         "one EC2 call per node: {}s against the bucket",
         window.as_secs()
@@ -449,8 +452,14 @@ pub async fn run(
     }
 }
 
+/// docs/benchmarks-scale.md again from the CSVs as they are (after a run of another part).
+pub(crate) fn rewrite_report(out: &Path, started: &str) -> anyhow::Result<()> {
+    let rows = load_rows(&out.join("benchmarks-scale.csv"))?;
+    write_report(&rows, out, (ONE_CALL_WINDOW, started), &[])
+}
+
 /// The commit measured (short), with `+` when the tree has changes.
-fn commit() -> String {
+pub(crate) fn commit() -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)
@@ -595,6 +604,9 @@ fn write_report(
         "\n![controller RSS and EC2 calls against nodes](benchmarks-scale.png)\n"
     )?;
     md.push_str(MEMORY_PROFILE);
+    md.push_str(&super::everything::section(&super::everything::load_rows(
+        &out.join("benchmarks-scale-everything.csv"),
+    )?)?);
     writeln!(
         md,
         "Reproduce: `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl` (one size and one build per run, which replaces that row and keeps the others; `SCALE_BUILD=glibc` for the glibc release build; about 5 minutes at 10,000 nodes, 15 at 20,000 and 40 at 100,000 here)."

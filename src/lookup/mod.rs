@@ -50,7 +50,8 @@ pub struct LookupConfig {
     pub batch_max_wait: Duration,
     /// IDs per call (EC2 allows at most 100).
     pub max_batch: usize,
-    /// Answers older than this are refreshed on the next reconcile (normally the periodic resync).
+    /// How often each answer is asked again, at its node's next reconcile (normally the
+    /// periodic resync), with the answers due soonest after it in the same call.
     pub cache_ttl: Duration,
     /// First retry after EC2 did not describe an instance; doubles per attempt.
     pub not_described_retry: Duration,
@@ -125,7 +126,8 @@ pub struct LookupArgs {
     /// while only joining nodes wait and their burst is about to fill the call).
     #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
     pub batch_max_wait: HumanDuration,
-    /// Answers older than this are refreshed (in batches) when their node is next reconciled.
+    /// How often each instance's answer is asked again (re-verified), in full calls: when one
+    /// comes due at its node's next reconcile, the answers due soonest ride its call.
     #[arg(long, env = "LABELER_CACHE_TTL", default_value = "6h")]
     pub cache_ttl: HumanDuration,
     /// First retry after EC2 did not describe an instance (doubles per attempt).

@@ -75,15 +75,21 @@ struct ScaleRow {
     eks_answered: u64,
     eks_throttled: u64,
     eks_rate: f64,
+    /// The floor with our write's body, and under a watch of whole Nodes (0: not measured, in
+    /// rows of the format before).
+    floor_ours_s: f64,
+    floor_watched_s: f64,
 }
 
 /// The CSV's columns, in order.
-const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate";
+const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s";
+/// The format before the floors like ours: its rows are read with those at 0.
+const CSV_HEADER_BEFORE: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate";
 
 impl ScaleRow {
     fn to_csv(&self) -> String {
         format!(
-            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2}",
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2}",
             self.date,
             self.commit,
             self.build,
@@ -115,16 +121,21 @@ impl ScaleRow {
             self.eks_answered,
             self.eks_throttled,
             self.eks_rate,
+            self.floor_ours_s,
+            self.floor_watched_s,
         )
     }
 
     fn from_csv(line: &str) -> anyhow::Result<Self> {
         let f: Vec<&str> = line.split(',').collect();
+        let (now, before) = (
+            CSV_HEADER.split(',').count(),
+            CSV_HEADER_BEFORE.split(',').count(),
+        );
         anyhow::ensure!(
-            f.len() == CSV_HEADER.split(',').count(),
-            "{} fields, not {}: {line}",
+            f.len() == now || f.len() == before,
+            "{} fields, not {now}: {line}",
             f.len(),
-            CSV_HEADER.split(',').count()
         );
         let num = |i: usize| -> anyhow::Result<f64> {
             f[i].parse::<f64>()
@@ -172,6 +183,8 @@ impl ScaleRow {
             eks_answered: int(24)?,
             eks_throttled: int(25)?,
             eks_rate: num(26)?,
+            floor_ours_s: if f.len() > 27 { num(27)? } else { 0.0 },
+            floor_watched_s: if f.len() > 28 { num(28)? } else { 0.0 },
         })
     }
 }
@@ -182,7 +195,7 @@ fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
         return Ok(Vec::new());
     };
     let mut lines = text.lines();
-    if lines.next() != Some(CSV_HEADER) {
+    if !matches!(lines.next(), Some(CSV_HEADER | CSV_HEADER_BEFORE)) {
         eprintln!("{}: another format; its rows are not kept", csv.display());
         return Ok(Vec::new());
     }
@@ -310,6 +323,8 @@ async fn one_size(
         shape,
         install_s: row.seconds,
         floor_s: facts.floor.as_secs_f64(),
+        floor_ours_s: facts.floor_ours.as_secs_f64(),
+        floor_watched_s: facts.floor_watched.as_secs_f64(),
         calls: row.ec2_calls,
         throttled: row.throttled,
         unfiltered: facts.unfiltered,
@@ -510,7 +525,7 @@ fn write_report(
     writeln!(md, "## At scale: 10,000 to 100,000 nodes\n")?;
     writeln!(
         md,
-        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
+        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. Where the rest of the time goes: the same client again with our write's body (the label family and a verification record, under other keys), then once more under a watch that has every modified Node sent to it whole, as the controller's informer does (read and dropped, so the bench's decoding costs nothing); the install's ratio to each is given beside it. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
         machine(),
         SCALE_RESYNC.as_secs(),
         idle_text(rows),
@@ -522,18 +537,18 @@ fn write_report(
     )?;
     writeln!(
         md,
-        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | floor with our body; and watched (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
-        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
     )?;
     let mut csv = format!("{CSV_HEADER}\n");
     for r in rows {
         let per_node_kib = (r.peak_rss_mib - r.idle_mib).max(0.0) * 1024.0 / f64::from(r.nodes);
         writeln!(
             md,
-            "| {} | {} | {} {} | {} | {:.1} | {:.1} | {:.2}× | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
+            "| {} | {} | {} {} | {} | {:.1} | {:.1} | {:.2}× | {} | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
             r.nodes,
             r.build,
             r.date,
@@ -545,6 +560,17 @@ fn write_report(
             r.install_s,
             r.floor_s,
             r.install_s / r.floor_s.max(0.001),
+            if r.floor_ours_s > 0.0 {
+                format!(
+                    "{:.1} ({:.2}×); {:.1} ({:.2}×)",
+                    r.floor_ours_s,
+                    r.install_s / r.floor_ours_s,
+                    r.floor_watched_s,
+                    r.install_s / r.floor_watched_s.max(0.001)
+                )
+            } else {
+                "not measured".into()
+            },
             r.calls,
             r.throttled,
             r.unfiltered,
@@ -659,6 +685,8 @@ mod tests {
             eks_answered: 899,
             eks_throttled: 725,
             eks_rate: 20.0,
+            floor_ours_s: 21.5,
+            floor_watched_s: 24.0,
         }
     }
 

@@ -102,7 +102,7 @@ pub struct UninstallArgs {
     pub slurm_topology_configmap: Option<String>,
     /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
     /// post-delete hook waits for the deleted pods' last renewal to expire).
-    #[arg(long, env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("wait-for-lease"), env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
     pub wait_for_lease: HumanDuration,
     /// Where the Lease is.
     #[command(flatten)]
@@ -180,7 +180,7 @@ pub struct TreeArgs {
     pub output: TreeFormat,
     /// Fail (exit status 1, after printing) when fewer than this many nodes carry complete
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
-    #[arg(long, env = "LABELER_MIN_LABELLED", default_value_t = 0)]
+    #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub min_labelled: usize,
 }
 
@@ -320,17 +320,63 @@ mod tests {
             }
         }
         let mut t = String::from(
-            "| Flag | Environment | Default | Commands | What |\n| --- | --- | --- | --- | --- |\n",
+            "| Flag | Environment | Default | Range | Commands | What |\n| --- | --- | --- | --- | --- | --- |\n",
         );
         for key in &order {
             let (env, default, help, commands) = &flags[key];
+            // The range a value is checked against at start (crate::bounds).
+            let long = key
+                .rsplit("`--")
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches('`');
+            let range = crate::bounds::of(long)
+                .map(|r| r.describe())
+                .unwrap_or_default();
             t.push_str(&format!(
-                "| {key} | {env} | {default} | {} | {} |\n",
+                "| {key} | {env} | {default} | {range} | {} | {} |\n",
                 commands.join(", "),
                 crate::docs::cell(help)
             ));
         }
         crate::docs::check_generated("docs/configuration.md", "flags", &t);
+    }
+
+    /// An absurd duration or count is refused when the command line is parsed, naming the flag
+    /// and its range (it once overflowed `Instant` arithmetic at run time); every default is
+    /// inside its range (clap parses defaults through the same parser).
+    #[test]
+    fn absurd_values_are_refused_at_parse_naming_the_flag_and_its_range() {
+        for (flag, value) in [
+            ("--cache-ttl", "100000000years"),
+            ("--resync-period", "0s"),
+            ("--publish-interval", "1ms"),
+            ("--leader-election-lease-duration", "1000years"),
+            ("--startup-taint-timeout", "400days"),
+            ("--concurrency", "0"),
+            ("--write-concurrency", "65536"),
+            ("--ec2-rate", "NaN"),
+            ("--ec2-burst", "-1"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let err = Cli::try_parse_from(["ec2-topology-labeler", "run", arg.as_str()])
+                .expect_err(flag)
+                .to_string();
+            let range = crate::bounds::of(flag.trim_start_matches("--"))
+                .expect("bounded")
+                .describe();
+            assert!(
+                err.contains(flag) && err.contains(&range),
+                "{flag} {value}: {err}"
+            );
+        }
+        for sub in ["run", "plan", "explain", "tree", "uninstall"] {
+            let args: Vec<&str> = match sub {
+                "explain" => vec!["ec2-topology-labeler", sub, "node-a"],
+                _ => vec!["ec2-topology-labeler", sub],
+            };
+            assert!(Cli::try_parse_from(args).is_ok(), "{sub}'s defaults");
+        }
     }
 
     #[test]

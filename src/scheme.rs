@@ -95,8 +95,7 @@ pub struct LabelArgs {
     /// network node repeated down to this layer, so one Kueue Topology of this many levels
     /// covers a fleet of 3- and 4-layer types (top-first numbering only; see
     /// docs/schedulers.md for the trade-off).
-    #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = clap::value_parser!(u8).range(1..=16))]
-    #[schemars(range(min = 1, max = 16))]
+    #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = crate::bounds::count_flag::<u8>("uniform-depth"))]
     pub uniform_depth: Option<u8>,
     /// Write Slinky's `topology.slinky.slurm.net/spec` annotation on each node
     /// (`<tree topology>:<deepest network node>`), for a NodeSet with `syncTopology`.

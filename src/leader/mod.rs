@@ -61,6 +61,7 @@ pub struct LeaderArgs {
     /// How long a leader's lease lasts without renewal: the longest a failover takes.
     #[arg(
         long,
+        value_parser = crate::bounds::duration_flag("leader-election-lease-duration"),
         env = "LABELER_LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s"
     )]
@@ -68,6 +69,7 @@ pub struct LeaderArgs {
     /// The leader renews this long before its lease would expire.
     #[arg(
         long,
+        value_parser = crate::bounds::duration_flag("leader-election-renew-grace"),
         env = "LABELER_LEADER_ELECTION_RENEW_GRACE",
         default_value = "5s"
     )]

@@ -60,16 +60,16 @@ pub struct Ec2Args {
     pub region: Option<String>,
     /// Sustained DescribeInstanceTopology calls per second (EC2's account-wide bucket refills at
     /// about 20/s and is shared with every other tool).
-    #[arg(long, env = "LABELER_EC2_RATE", default_value_t = 5.0)]
+    #[arg(long, value_parser = crate::bounds::number_flag("ec2-rate"), env = "LABELER_EC2_RATE", default_value_t = 5.0)]
     pub ec2_rate: f64,
     /// Calls allowed back to back.
-    #[arg(long, env = "LABELER_EC2_BURST", default_value_t = 20.0)]
+    #[arg(long, value_parser = crate::bounds::number_flag("ec2-burst"), env = "LABELER_EC2_BURST", default_value_t = 20.0)]
     pub ec2_burst: f64,
     /// Timeout of one call.
-    #[arg(long, env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("ec2-timeout"), env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
     pub ec2_timeout: HumanDuration,
     /// Longest pause every caller takes after EC2 throttles (RequestLimitExceeded).
-    #[arg(long, env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("ec2-throttle-backoff-max"), env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
     pub ec2_throttle_backoff_max: HumanDuration,
 }
 

@@ -119,23 +119,23 @@ struct Request {
 pub struct LookupArgs {
     /// A DescribeInstanceTopology call goes out once no new instance has joined the waiting
     /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
-    #[arg(long, env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("batch-window"), env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
     pub batch_window: HumanDuration,
     /// Longest an instance waits for its call to fill while others keep arriving (an instance
     /// whose node is joining or carries the startup taint: two batch windows at most, three
     /// while only joining nodes wait and their burst is about to fill the call).
-    #[arg(long, env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("batch-max-wait"), env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
     pub batch_max_wait: HumanDuration,
     /// How often each instance's answer is asked again (re-verified), in full calls: when one
     /// comes due at its node's next reconcile, the answers due soonest ride its call.
-    #[arg(long, env = "LABELER_CACHE_TTL", default_value = "6h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("cache-ttl"), env = "LABELER_CACHE_TTL", default_value = "6h")]
     pub cache_ttl: HumanDuration,
     /// First retry after EC2 did not describe an instance (doubles per attempt).
-    #[arg(long, env = "LABELER_NOT_DESCRIBED_RETRY", default_value = "15s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-retry"), env = "LABELER_NOT_DESCRIBED_RETRY", default_value = "15s")]
     pub not_described_retry: HumanDuration,
     /// Longest wait before asking again about an instance EC2 does not describe (an unsupported
     /// instance type).
-    #[arg(long, env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-ttl"), env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
     pub not_described_ttl: HumanDuration,
 }
 

@@ -85,7 +85,7 @@ pub struct PublishArgs {
     pub slurm_topology_configmap: Option<String>,
     /// How often publishers compare what they publish with the labels (nothing is sent when
     /// nothing changed).
-    #[arg(long, env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("publish-interval"), env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
     pub publish_interval: HumanDuration,
 }
 

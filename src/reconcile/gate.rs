@@ -52,7 +52,7 @@ pub struct GateArgs {
     pub startup_taint_when_unsupported: WhenUnsupported,
     /// Release the startup taint anyway this long after the node was created, with a Warning
     /// Event, so that an EC2 outage never strands capacity. No timeout when unset.
-    #[arg(long, env = "LABELER_STARTUP_TAINT_TIMEOUT")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("startup-taint-timeout"), env = "LABELER_STARTUP_TAINT_TIMEOUT")]
     pub startup_taint_timeout: Option<HumanDuration>,
     /// Keep a `TopologyLabeled` condition on every node (status subresource; needs RBAC for
     /// `nodes/status` patch, which the chart always grants: without this flag the condition is

@@ -61,24 +61,24 @@ use crate::{
 pub struct ControllerArgs {
     /// Every node is re-checked against the cached topology this often, spread evenly over the
     /// period.
-    #[arg(long, env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("resync-period"), env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
     pub resync_period: HumanDuration,
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
-    #[arg(long, env = "LABELER_CONCURRENCY", default_value_t = 512)]
+    #[arg(long, value_parser = crate::bounds::count_flag::<u16>("concurrency"), env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
     /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
     /// the load on the API server during a burst.
-    #[arg(long, env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
+    #[arg(long, value_parser = crate::bounds::count_flag::<u16>("write-concurrency"), env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
     pub write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections within
     /// `--conflict-window`), stop correcting it for this long (doubling, up to 1h) and report the
     /// conflict.
-    #[arg(long, env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-backoff"), env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]
     pub conflict_backoff: HumanDuration,
     /// The window in which more than 3 corrections of our labels on one node count as a
     /// conflict. Long enough to catch a writer that reverts them every few minutes (a cloud
     /// controller re-applying its labels at its node status period).
-    #[arg(long, env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-window"), env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
     pub conflict_window: HumanDuration,
 }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use clap::Parser;
 use e2e::helm::{chart, helm};
+use ec2_topology_labeler::bounds::Range;
 use ec2_topology_labeler::config::{
     Cli, ControllerArgs, Ec2Args, GateArgs, LabelArgs, LookupArgs, PublishArgs,
 };
@@ -113,7 +114,8 @@ fn example(key: &str, schema: &Value) -> String {
         (Some("integer"), _) => "7".into(),
         (_, Some(types)) if types.iter().any(|t| t == "integer") => "4".into(),
         (Some("number"), _) => "4".into(),
-        _ if schema.get("pattern").is_some() => "90s".into(),
+        // Inside every duration flag's range (ec2_topology_labeler::bounds).
+        _ if schema.get("pattern").is_some() => "45s".into(),
         _ if key.ends_with("Key") => format!("example.com/{}", key.to_lowercase()),
         _ if key == "layerLabelPrefix" => "example.com/tier-".into(),
         _ => "us-east-2".into(),
@@ -158,7 +160,7 @@ fn every_config_key_becomes_a_flag_the_binary_accepts() {
         panic!("run")
     };
     assert_eq!(run.ec2.ec2_rate, 4.0, "values arrive as given");
-    assert_eq!(run.lookup.batch_window.0.as_secs(), 90);
+    assert_eq!(run.lookup.batch_window.0.as_secs(), 45);
 }
 
 /// Values that would crash-loop the controller (or run two writers) are refused when the chart
@@ -214,6 +216,13 @@ fn schema_refuses_what_the_controller_would_not_run_with() {
             "at '/config/region': 'banana' does not match",
         ),
         (&["config.region=us-west-2b"], "at '/config/region'"),
+        // Counts outside the range the binary checks (ec2_topology_labeler::bounds).
+        (&["config.concurrency=0"], "at '/config/concurrency'"),
+        (
+            &["config.writeConcurrency=100000"],
+            "at '/config/writeConcurrency'",
+        ),
+        (&["config.ec2Rate=0"], "at '/config/ec2Rate'"),
         // Two writers: more than one replica without leader election.
         (
             &["leaderElection.enabled=false"],
@@ -1604,11 +1613,28 @@ pub fn config_schema() -> Value {
                 .into(),
         );
     }
-    for prop in v["properties"]
+    for (key, prop) in v["properties"]
         .as_object_mut()
         .into_iter()
-        .flat_map(|p| p.values_mut())
+        .flat_map(|p| p.iter_mut())
     {
+        // The range the binary checks at start, from the same table: counts and numbers as
+        // minimum and maximum (Helm refuses a value outside), durations in words.
+        match ec2_topology_labeler::bounds::of(&kebab(key)) {
+            Some(Range::Count { min, max }) => {
+                prop["minimum"] = min.into();
+                prop["maximum"] = max.into();
+            }
+            Some(Range::Number { min, max }) => {
+                prop["minimum"] = min.into();
+                prop["maximum"] = max.into();
+            }
+            Some(r @ Range::Duration { .. }) => {
+                let d = prop["description"].as_str().unwrap_or_default().to_string();
+                prop["description"] = format!("{d} Range: {}.", r.describe()).into();
+            }
+            None => {}
+        }
         let types = prop["type"].as_array().cloned();
         if let Some(types) = types {
             let types: Vec<Value> = types.into_iter().filter(|t| t != "null").collect();

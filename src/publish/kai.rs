@@ -204,6 +204,14 @@ impl Publisher for KaiPublisher {
         })
     }
 
+    fn fresh(&self) -> bool {
+        !self.checked.is_empty()
+            && self
+                .checked
+                .values()
+                .all(|(_, at)| at.elapsed() < self.recheck)
+    }
+
     fn reset(&mut self) {
         self.checked.clear();
     }

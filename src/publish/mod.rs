@@ -99,6 +99,13 @@ pub trait Publisher: Send {
     /// Bring what this publisher owns in the cluster in step with `nodes` (empty unless it
     /// needs them); nothing is sent when nothing changed.
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()>;
+    /// Whether what it last made of the nodes still stands and no recheck of the cluster is
+    /// due, so that [`Publisher::publish`] with the same nodes would read and send nothing: the
+    /// loop then skips it (and building the nodes' views) while no node's name or labels
+    /// changed. By default never (published every interval).
+    fn fresh(&self) -> bool {
+        false
+    }
     /// This replica stopped leading: compare with the cluster afresh when it leads again.
     fn reset(&mut self);
 }
@@ -201,14 +208,35 @@ impl Publishers {
     ) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The nodes' names and labels as of the last interval (see `fingerprint`).
+        let mut last: Option<u64> = None;
         loop {
             tick.tick().await;
             if !self.leader.is_leader() {
                 self.list.iter_mut().for_each(|p| p.reset());
+                last = None;
                 continue;
             }
             let synced = synced.load(Ordering::SeqCst);
-            let nodes: Vec<NodeView> = if synced && self.list.iter().any(|p| p.needs_nodes()) {
+            let now = synced.then(|| fingerprint(&reader));
+            let unchanged = now.is_some() && now == last;
+            last = now;
+            // What each publisher needs this interval: nothing while its nodes are as they were
+            // and what it published stands (a quiet cluster costs a hash of the labels).
+            let due: Vec<bool> = self
+                .list
+                .iter()
+                .map(|p| !(unchanged && p.fresh()) && (synced || !p.needs_nodes()))
+                .collect();
+            if !due.contains(&true) {
+                continue;
+            }
+            let wanted = self
+                .list
+                .iter()
+                .zip(&due)
+                .any(|(p, d)| *d && p.needs_nodes());
+            let nodes: Vec<NodeView> = if synced && wanted {
                 reader
                     .state()
                     .iter()
@@ -223,12 +251,129 @@ impl Publishers {
             } else {
                 Vec::new()
             };
-            for p in &mut self.list {
-                if p.needs_nodes() && !synced {
-                    continue;
+            for (p, due) in self.list.iter_mut().zip(due) {
+                if due {
+                    p.publish(&nodes).await;
                 }
-                p.publish(&nodes).await;
             }
         }
+    }
+}
+
+/// What the publishers read of the nodes (each one's name and labels) in one number, the same
+/// whatever order the cache lists them in: equal from one interval to the next when no node
+/// came, went or had a label changed. Hashes the packed labels as they are (no unpacking).
+fn fingerprint(reader: &Store<LiteNode>) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    reader.state().iter().fold(0u64, |sum, n| {
+        let mut h = DefaultHasher::new();
+        n.metadata.name.hash(&mut h);
+        match n.packed_labels() {
+            Some(packed) => packed.hash(&mut h),
+            None => n.metadata.labels.hash(&mut h),
+        }
+        sum.wrapping_add(h.finish())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher::Event};
+    use std::{collections::BTreeMap, sync::Mutex};
+
+    /// Counts its publishes; fresh from its first publish on while `fresh_after` says so.
+    struct Counting {
+        calls: Arc<Mutex<Vec<usize>>>,
+        published: bool,
+        fresh_after: bool,
+    }
+
+    impl Publisher for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn needs_nodes(&self) -> bool {
+            true
+        }
+        fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+            self.calls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(nodes.len());
+            self.published = true;
+            Box::pin(async {})
+        }
+        fn fresh(&self) -> bool {
+            self.fresh_after && self.published
+        }
+        fn reset(&mut self) {
+            self.published = false;
+        }
+    }
+
+    fn node(name: &str, leaf: &str) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.labels = Some(BTreeMap::from([(
+            "topology.k8s.aws/network-node-layer-3".to_string(),
+            leaf.to_string(),
+        )]));
+        n.pack_labels();
+        n
+    }
+
+    /// A publisher whose last publish stands is not called, and no node view is built, while
+    /// no node's labels change; a label change, a node joining or leaving, brings it back. One
+    /// that is never fresh is called every interval.
+    #[tokio::test(start_paused = true)]
+    async fn publishers_are_skipped_while_no_label_changes() {
+        let (reader, mut writer) = reflector::store::<LiteNode>();
+        for k in 0..50 {
+            writer.apply_watcher_event(&Event::Apply(node(&format!("n-{k}"), "nn-leaf-1")));
+        }
+        let (skipping, every) = (Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(vec![])));
+        let list: Vec<Box<dyn Publisher>> = vec![
+            Box::new(Counting {
+                calls: skipping.clone(),
+                published: false,
+                fresh_after: true,
+            }),
+            Box::new(Counting {
+                calls: every.clone(),
+                published: false,
+                fresh_after: false,
+            }),
+        ];
+        let interval = Duration::from_secs(5);
+        let publishers = Publishers {
+            list,
+            interval,
+            leader: Leadership::always(),
+        };
+        let liveness = crate::http::Liveness::default();
+        let synced = Arc::new(AtomicBool::new(true));
+        let task = tokio::spawn(publishers.run(reader, synced, liveness.task("publish")));
+        let count =
+            |c: &Arc<Mutex<Vec<usize>>>| c.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Five intervals of a quiet cluster.
+        tokio::time::sleep(interval * 5 - Duration::from_millis(1)).await;
+        assert_eq!(count(&skipping), [50], "published once, then skipped");
+        assert_eq!(count(&every).len(), 5, "the other every interval");
+        // A label changes: published again, once.
+        writer.apply_watcher_event(&Event::Apply(node("n-7", "nn-leaf-2")));
+        tokio::time::sleep(interval * 3).await;
+        assert_eq!(count(&skipping), [50, 50]);
+        // A node joins, one leaves.
+        writer.apply_watcher_event(&Event::Apply(node("n-50", "nn-leaf-1")));
+        tokio::time::sleep(interval * 2).await;
+        writer.apply_watcher_event(&Event::Delete(node("n-0", "nn-leaf-1")));
+        tokio::time::sleep(interval * 2).await;
+        assert_eq!(count(&skipping), [50, 50, 51, 50]);
+        // The same labels on the same nodes, cached anew: nothing to publish.
+        writer.apply_watcher_event(&Event::Apply(node("n-7", "nn-leaf-2")));
+        tokio::time::sleep(interval * 2).await;
+        assert_eq!(count(&skipping).len(), 4);
+        task.abort();
     }
 }

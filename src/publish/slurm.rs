@@ -283,6 +283,10 @@ impl Publisher for SlurmPublisher {
         })
     }
 
+    fn fresh(&self) -> bool {
+        self.last.is_some_and(|(_, at)| at.elapsed() < self.recheck)
+    }
+
     fn reset(&mut self) {
         self.last = None;
         self.reported = false;

@@ -442,6 +442,12 @@ impl HyperNodeSync {
         Ok(stats)
     }
 
+    /// Whether the last successful sync listed less than `recheck` ago (the same tree would
+    /// send nothing).
+    pub fn fresh(&self) -> bool {
+        self.last.is_some_and(|(_, at)| at.elapsed() < self.recheck)
+    }
+
     /// Forget what was applied (after losing leadership, or an error): the next sync compares
     /// against the cluster again.
     pub fn reset(&mut self) {
@@ -568,6 +574,10 @@ impl super::Publisher for VolcanoPublisher {
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> futures::future::BoxFuture<'a, ()> {
         Box::pin(self.publish_views(nodes))
+    }
+
+    fn fresh(&self) -> bool {
+        self.sync.fresh()
     }
 
     fn reset(&mut self) {

@@ -735,7 +735,7 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
         &[
             "--namespace",
             NAMESPACE,
-            "--reuse-values",
+            "--reset-then-reuse-values",
             "--set",
             "config.resyncPeriod=7s",
             "--wait",
@@ -862,7 +862,7 @@ async fn helm_uninstall_leaves_the_labels(env: &Env) -> anyhow::Result<()> {
         &[
             "--namespace",
             NAMESPACE,
-            "--reuse-values",
+            "--reset-then-reuse-values",
             "--set",
             "uninstallHook.enabled=true",
             "--wait",

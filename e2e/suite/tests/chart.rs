@@ -962,7 +962,17 @@ fn scheduling_defaults_and_their_overrides() {
     let pod = pod_spec(&docs);
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert_eq!(pod["nodeSelector"], json!({ "kubernetes.io/os": "linux" }));
-    assert!(pod["topologySpreadConstraints"].is_null());
+    // Replicas spread across zones where they can (soft), by the pods' own labels.
+    let selector = &kind(&docs, "Deployment")[0]["spec"]["selector"]["matchLabels"];
+    assert_eq!(
+        pod["topologySpreadConstraints"],
+        json!([{ "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                 "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": { "matchLabels": selector } }])
+    );
+    assert!(
+        pod_spec(&render(&["topologySpreadConstraints=null".into()]))["topologySpreadConstraints"]
+            .is_null()
+    );
     assert_eq!(
         kind(&docs, "Deployment")[0]["spec"]["revisionHistoryLimit"],
         10

@@ -830,9 +830,10 @@ async fn survey_discovery(
     }
     let r = survey(c, way, &selector, fleet).await?;
     anyhow::bail!(
-        "{way}: after settling, tiers {:?}, left out {:?}",
+        "{way}: after settling, tiers {:?}, left out {:?}, the HyperNode over all {:?}",
         r.tiers,
-        r.left_out
+        r.left_out,
+        r.whole_spine
     )
 }
 
@@ -1025,8 +1026,11 @@ async fn mixed_ways(
     // Label discovery as the doc configures it (three layers): tier 1 is layer 3, which on a
     // 4-layer node is the network node above its switch.
     use_label_discovery(env, c, None).await?;
+    // Volcano builds the tiers one after another: the survey waits for the spine too.
     let mut r = survey_discovery(c, "label discovery, the doc's 3 levels", fleet, |r| {
-        r.left_out.is_empty() && switches(r) == set(&["nn-vm-l3a", "nn-vm-l3b", "nn-vm-r4"])
+        r.left_out.is_empty()
+            && switches(r) == set(&["nn-vm-l3a", "nn-vm-l3b", "nn-vm-r4"])
+            && r.whole_spine.as_ref().is_some_and(|(t, _)| *t == 3)
     })
     .await?;
     ensure!(
@@ -1103,6 +1107,7 @@ async fn mixed_ways(
         |r| {
             r.left_out.is_empty()
                 && switches(r) == set(&["nn-vm-l3a", "nn-vm-l3b", "nn-vm-l4a", "nn-vm-l4b"])
+                && r.whole_spine.as_ref().is_some_and(|(t, _)| *t == 4)
         },
     )
     .await?;

@@ -17,6 +17,7 @@ use super::*;
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(5);
 /// Publish intervals of steady state.
 const STEADY_INTERVALS: u32 = 12;
+/// The startup taint, as the chart and the flag take it (the nodes carry `PENDING` with it).
 const TAINT: &str = "ec2-topology-labeler.io/topology-pending:NoSchedule";
 const SLURM_CONFIGMAP: &str = "slurm/slurm-topology";
 
@@ -289,7 +290,6 @@ async fn slurm_bytes(client: &Client) -> anyhow::Result<usize> {
 /// Nodes still carrying the startup taint.
 async fn tainted(client: &Client) -> anyhow::Result<usize> {
     let api: Api<Node> = Api::all(client.clone());
-    let key = TAINT.split(':').next().unwrap_or(TAINT);
     let mut left = 0;
     let mut params = kube::api::ListParams::default().limit(500);
     loop {
@@ -301,7 +301,7 @@ async fn tainted(client: &Client) -> anyhow::Result<usize> {
                 n.spec
                     .as_ref()
                     .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| t.iter().any(|t| t.key == key))
+                    .is_some_and(|t| t.iter().any(|t| t.key == PENDING))
             })
             .count();
         match page.metadata.continue_ {
@@ -360,23 +360,7 @@ pub async fn run(
             .len();
         eprintln!("  {k} CRDs from {}", crds.display());
     }
-    let (taint_key, taint_effect) = TAINT.split_once(':').unwrap_or((TAINT, "NoSchedule"));
-    let bodies: Vec<(String, Vec<u8>)> = pairs
-        .iter()
-        .map(|(s, _)| {
-            let mut node = s.node();
-            node.spec
-                .get_or_insert_default()
-                .taints
-                .get_or_insert_default()
-                .push(k8s_openapi::api::core::v1::Taint {
-                    key: taint_key.into(),
-                    effect: taint_effect.into(),
-                    ..Default::default()
-                });
-            Ok((s.name.clone(), serde_json::to_vec(&node)?))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let bodies = pending_bodies(&pairs)?;
     drop(pairs);
     eprintln!("everything on: creating {n} nodes with the startup taint");
     let made = Instant::now();

@@ -705,27 +705,38 @@ async fn apply_each(
     bodies: Vec<(String, serde_json::Value, serde_json::Value)>,
     manager: &str,
 ) -> anyhow::Result<Duration> {
+    let patches = bodies
+        .into_iter()
+        .map(|(name, labels, annotations)| {
+            let mut patch = serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": labels}
+            });
+            if !annotations.is_null() {
+                patch["metadata"]["annotations"] = annotations;
+            }
+            (name, kube::api::Patch::Apply(patch))
+        })
+        .collect();
+    patch_each(client, patches, &kube::api::PatchParams::apply(manager)).await
+}
+
+/// One patch per node, 32 in flight. Returns how long they took.
+async fn patch_each(
+    client: &Client,
+    patches: Vec<(String, kube::api::Patch<serde_json::Value>)>,
+    params: &kube::api::PatchParams,
+) -> anyhow::Result<Duration> {
     let api: Api<Node> = Api::all(client.clone());
     let start = Instant::now();
-    futures::stream::iter(bodies)
-        .map(|(name, labels, annotations)| {
+    futures::stream::iter(patches)
+        .map(|(name, patch)| {
             let api = api.clone();
             async move {
-                let mut patch = serde_json::json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": labels}
-                });
-                if !annotations.is_null() {
-                    patch["metadata"]["annotations"] = annotations;
-                }
-                api.patch(
-                    &name,
-                    &kube::api::PatchParams::apply(manager),
-                    &kube::api::Patch::Apply(&patch),
-                )
-                .await
-                .with_context(|| format!("floor write to {name}"))
-                .map(drop)
+                api.patch(&name, params, &patch)
+                    .await
+                    .with_context(|| format!("floor write to {name}"))
+                    .map(drop)
             }
         })
         .buffer_unordered(32)
@@ -781,13 +792,9 @@ async fn floors_like_ours(
     client: &Client,
     pairs: &[(NodeSpec, Instance)],
 ) -> anyhow::Result<(Duration, Duration)> {
-    let prefixes = ["floor-a.bench.example", "floor-b.bench.example"];
-    let ours = apply_each(
-        client,
-        bodies_like_ours(pairs, prefixes[0]),
-        "bench-floor-ours",
-    )
-    .await?;
+    let a = bodies_like_ours(pairs, "floor-a.bench.example");
+    let b = bodies_like_ours(pairs, "floor-b.bench.example");
+    let ours = apply_each(client, a.clone(), "bench-floor-ours").await?;
     let api: Api<Node> = Api::all(client.clone());
     let rv = api
         .list_metadata(&kube::api::ListParams::default().limit(1))
@@ -804,61 +811,31 @@ async fn floors_like_ours(
         use futures::AsyncReadExt;
         let mut stream = std::pin::pin!(stream);
         let mut buf = vec![0u8; 1 << 16];
-        let mut read = 0usize;
-        while let Ok(k) = stream.read(&mut buf).await {
-            if k == 0 {
-                break;
-            }
-            read += k;
-        }
-        read
+        while stream.read(&mut buf).await.is_ok_and(|k| k > 0) {}
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let watched = apply_each(
-        client,
-        bodies_like_ours(pairs, prefixes[1]),
-        "bench-floor-ours-watched",
-    )
-    .await;
+    let watched = apply_each(client, b.clone(), "bench-floor-ours-watched").await;
     drain.abort();
     let watched = watched?;
     // Both sets of keys go, one merge patch a node.
-    let cleanup: Vec<(String, serde_json::Value)> = bodies_like_ours(pairs, prefixes[0])
-        .into_iter()
-        .zip(bodies_like_ours(pairs, prefixes[1]))
-        .map(|((name, a, ra), (_, b, rb))| {
-            let nulls = |m: &[&serde_json::Value]| -> serde_json::Map<String, serde_json::Value> {
-                m.iter()
-                    .filter_map(|v| v.as_object())
-                    .flat_map(|o| o.keys().map(|k| (k.clone(), serde_json::Value::Null)))
-                    .collect()
-            };
+    let nulls = |m: [&serde_json::Value; 2]| -> serde_json::Map<String, serde_json::Value> {
+        m.iter()
+            .filter_map(|v| v.as_object())
+            .flat_map(|o| o.keys().map(|k| (k.clone(), serde_json::Value::Null)))
+            .collect()
+    };
+    let cleanup = a
+        .iter()
+        .zip(&b)
+        .map(|((name, la, ra), (_, lb, rb))| {
             let patch = serde_json::json!({"metadata": {
-                "labels": nulls(&[&a, &b]),
-                "annotations": nulls(&[&ra, &rb]),
+                "labels": nulls([la, lb]),
+                "annotations": nulls([ra, rb]),
             }});
-            (name, patch)
+            (name.clone(), kube::api::Patch::Merge(patch))
         })
         .collect();
-    futures::stream::iter(cleanup)
-        .map(|(name, patch)| {
-            let api = api.clone();
-            async move {
-                api.patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-                .with_context(|| format!("floor cleanup of {name}"))
-                .map(drop)
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<()>>>()?;
+    patch_each(client, cleanup, &kube::api::PatchParams::default()).await?;
     Ok((ours, watched))
 }
 
@@ -1029,6 +1006,27 @@ impl Shape {
 
 const PENDING: &str = "ec2-topology-labeler.io/topology-pending";
 
+/// Each node of `pairs` as it registers carrying the startup taint (`PENDING:NoSchedule`), as
+/// the bodies [`create_nodes`] sends.
+fn pending_bodies(pairs: &[(NodeSpec, Instance)]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    pairs
+        .iter()
+        .map(|(s, _)| {
+            let mut node = s.node();
+            node.spec
+                .get_or_insert_default()
+                .taints
+                .get_or_insert_default()
+                .push(k8s_openapi::api::core::v1::Taint {
+                    key: PENDING.into(),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                });
+            Ok((s.name.clone(), serde_json::to_vec(&node)?))
+        })
+        .collect()
+}
+
 /// Nodes join at a steady rate, each carrying the startup taint, with the controller run with
 /// `--startup-taint`: latency from each node's creation to its first label and to the taint's
 /// release, seen by a separate watch. Ten seconds of joining per rate (at most 1,000 nodes).
@@ -1076,22 +1074,7 @@ async fn join_rates(rates: &[u32], root: &Path, build: &Build) -> anyhow::Result
     let mut rows = Vec::new();
     for (rate, pairs) in plan {
         let n = pairs.len();
-        let bodies: Vec<(String, Vec<u8>)> = pairs
-            .iter()
-            .map(|(s, _)| {
-                let mut node = s.node();
-                node.spec
-                    .get_or_insert_default()
-                    .taints
-                    .get_or_insert_default()
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: PENDING.into(),
-                        effect: "NoSchedule".into(),
-                        ..Default::default()
-                    });
-                Ok((s.name.clone(), serde_json::to_vec(&node)?))
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let bodies = pending_bodies(&pairs)?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         env.mock.admin.reset_stats().await?;
         let writes0 = env.node_writes().await?;

@@ -28,6 +28,7 @@ pub mod process;
 pub mod publish;
 pub mod retire;
 pub mod scheme;
+pub mod store;
 pub mod tree_cmd;
 pub mod uninstall;
 

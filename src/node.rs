@@ -22,24 +22,68 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// The condition type we own on Nodes.
 pub const CONDITION_TYPE: &str = "TopologyLabeled";
 
-/// `v1` Node, reduced to metadata, `spec.providerID`, `spec.taints`, `status.nodeInfo.bootID`
-/// and our own condition.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LiteNode {
+/// `v1` Node as read from the API server: metadata, `spec.providerID`, `spec.taints`,
+/// `status.nodeInfo.bootID` and our own condition. What the node `Api` gets, patches and
+/// watches; turned into a [`LiteNode`] as soon as it arrives and never kept (its `ObjectMeta`
+/// alone is some 340 bytes, mostly empty fields).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WireNode {
     #[serde(deserialize_with = "lite_meta", default)]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: LiteSpec,
     #[serde(default)]
     pub status: LiteStatus,
+}
+
+/// A Node as the controller keeps it: only the fields a reconcile, the publishers, `tree` and
+/// `explain` read. Read from the API server as a [`WireNode`] (and deserializes from a Node's
+/// JSON the same way).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(from = "WireNode")]
+pub struct LiteNode {
+    pub metadata: LiteMeta,
+    pub spec: LiteSpec,
+    pub status: LiteStatus,
     /// The labels of a node in the cache, packed (see [`LiteNode::pack_labels`]); read through
     /// [`LiteNode::labels`].
-    #[serde(skip)]
     packed_labels: Option<PackedMap>,
     /// The annotations of a node in the cache (our own: the verification record), packed the
     /// same way; read through [`LiteNode::annotations`] and [`LiteNode::annotation`].
-    #[serde(skip)]
     packed_annotations: Option<PackedMap>,
+}
+
+/// The metadata fields we read, under `ObjectMeta`'s names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiteMeta {
+    pub name: Option<String>,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub creation_timestamp: Option<Time>,
+    pub deletion_timestamp: Option<Time>,
+    pub labels: Option<BTreeMap<String, String>>,
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl From<WireNode> for LiteNode {
+    fn from(w: WireNode) -> Self {
+        let m = w.metadata;
+        LiteNode {
+            metadata: LiteMeta {
+                name: m.name,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                creation_timestamp: m.creation_timestamp,
+                deletion_timestamp: m.deletion_timestamp,
+                labels: m.labels,
+                annotations: m.annotations,
+            },
+            spec: w.spec,
+            status: w.status,
+            packed_labels: None,
+            packed_annotations: None,
+        }
+    }
 }
 
 /// Labels (or annotations) in one allocation: `key\0value\0` pairs, in key order. A
@@ -222,7 +266,7 @@ impl LiteStatus {
     }
 }
 
-impl k8s_openapi::Resource for LiteNode {
+impl k8s_openapi::Resource for WireNode {
     const API_VERSION: &'static str = "v1";
     const GROUP: &'static str = "";
     const KIND: &'static str = "Node";
@@ -231,7 +275,7 @@ impl k8s_openapi::Resource for LiteNode {
     type Scope = k8s_openapi::ClusterResourceScope;
 }
 
-impl k8s_openapi::Metadata for LiteNode {
+impl k8s_openapi::Metadata for WireNode {
     type Ty = ObjectMeta;
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
@@ -242,6 +286,38 @@ impl k8s_openapi::Metadata for LiteNode {
 }
 
 impl LiteNode {
+    /// The node's name (empty if it has none, as `ResourceExt::name_any` without a
+    /// `generateName`).
+    pub fn name_any(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    /// The node's name, borrowed.
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+
+    pub fn resource_version(&self) -> Option<String> {
+        self.metadata.resource_version.clone()
+    }
+
+    /// A reference to the node, as `kube::Resource::object_ref` makes one (where Events about
+    /// it point; `kubectl describe node` finds them by its UID).
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: self.metadata.name.clone(),
+            resource_version: self.metadata.resource_version.clone(),
+            uid: self.metadata.uid.clone(),
+            ..Default::default()
+        }
+    }
+
     pub fn provider_id(&self) -> &str {
         self.spec.provider_id.as_deref().unwrap_or("")
     }
@@ -356,7 +432,6 @@ mod tests {
         let n: LiteNode = serde_json::from_value(json).unwrap();
         assert_eq!(n.metadata.name.as_deref(), Some("n1"));
         assert_eq!(n.metadata.resource_version.as_deref(), Some("42"));
-        assert!(n.metadata.managed_fields.is_none());
         assert_eq!(n.provider_id(), "aws:///us-west-2a/i-0123456789abcdef0");
         assert_eq!(n.boot_id(), Some("boot-1"));
         assert_eq!(n.labels()["a"], "b");

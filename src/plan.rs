@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, io::Write, sync::Arc};
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     api::{ListParams, ObjectList},
 };
 use serde::Serialize;
@@ -18,7 +18,7 @@ use crate::{
     labels::{LabelScheme, MapDiff},
     lookup::Lookup,
     metrics::Metrics,
-    node::LiteNode,
+    node::{LiteNode, WireNode},
     reconcile::{
         Assessment, assess,
         gate::{Gate, INSTANCE_TYPE_LABEL, Standing},
@@ -238,12 +238,13 @@ pub fn render_table(plans: &[NodePlan]) -> String {
 }
 
 /// List every node, page by page, keeping only what planning needs.
-pub async fn list_nodes(api: &Api<LiteNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
+pub async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
-        let page: ObjectList<LiteNode> = api.list(&params).await?;
-        for mut node in page.items {
+        let page: ObjectList<WireNode> = api.list(&params).await?;
+        for node in page.items {
+            let mut node = LiteNode::from(node);
             prune(&mut node, scheme);
             out.push(node);
         }
@@ -257,7 +258,7 @@ pub async fn list_nodes(api: &Api<LiteNode>, scheme: &LabelScheme) -> Result<Vec
 pub async fn run(args: PlanArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
-    let api: Api<LiteNode> = Api::all(client.clone());
+    let api: Api<WireNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
     let gate = Gate::from(&args.gate);

@@ -16,12 +16,8 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt};
 use kube::{
-    Api, Client, ResourceExt,
-    runtime::{
-        Controller, WatchStreamExt, controller,
-        reflector::{self, Store},
-        watcher,
-    },
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
 };
 use tracing::{debug, info, warn};
 
@@ -36,15 +32,18 @@ use crate::{
         limiter::Limiter,
     },
     metrics::Metrics,
-    node::LiteNode,
+    node::{LiteNode, WireNode},
     provider_id,
     reconcile::{
         Context, boot_id,
         conflict::GuardConfig,
         error_policy,
         gate::{Gate, INSTANCE_TYPE_LABEL},
-        provider_id_of, reconcile, resync, warm,
+        provider_id_of,
+        queue::{self, Key},
+        reconcile, resync, warm,
     },
+    store::NodeCache,
 };
 
 /// Keep only our label family and annotation: the rest of the Node was never deserialized
@@ -104,7 +103,7 @@ pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metric
 
 /// What `/debug/nodes/NAME` reads, once the controller is wired: the node cache, the context and
 /// this replica's identity.
-type Wired = (Store<LiteNode>, Arc<Context>, String);
+type Wired = (NodeCache, Arc<Context>, String);
 
 /// Run the controller until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -128,7 +127,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let wired = wired.clone();
         Arc::new(move |name: &str| {
             let (reader, ctx, identity) = wired.get()?;
-            let node = reader.get(&reflector::ObjectRef::new(name));
+            let node = reader.get(name);
             let view = crate::explain::controller_view(
                 identity,
                 ctx.leader.is_leader(),
@@ -160,7 +159,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
     let batcher = lookup.clone();
     live.check("ec2 batcher", move || batcher.batcher_running());
-    let nodes: Api<LiteNode> = Api::all(client.clone());
+    let nodes: Api<WireNode> = Api::all(client.clone());
+    let nodes_watch = nodes.clone();
     let resync = args.controller.resync_period.0;
     let mut ctx = Context::new(
         nodes.clone(),
@@ -217,25 +217,26 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let ctx = Arc::new(ctx);
 
-    let (reader, writer) = reflector::store();
+    let (reader, mut feeder) = NodeCache::new();
     let _ = wired.set((reader.clone(), ctx.clone(), identity));
     let prune_scheme = scheme.clone();
-    // Read from the stream itself: the store's own readiness signal wakes a single waiter, and
-    // the controller is already waiting on it.
-    let mark_synced = synced.clone();
     let filter_ctx = ctx.clone();
-    let triggers = watcher(nodes, watcher::Config::default())
+    let mark_synced = synced.clone();
+    let triggers = watcher(nodes_watch, watcher::Config::default())
         .default_backoff()
-        .modify(move |node| prune(node, &prune_scheme))
-        .reflect(writer)
-        .inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone))
-                && !mark_synced.swap(true, Ordering::SeqCst)
-            {
+        .map_ok(move |event| {
+            let done = matches!(event, watcher::Event::InitDone);
+            let touched = feeder.apply(crate::store::map_event(event, |wire| {
+                let mut node = LiteNode::from(wire);
+                prune(&mut node, &prune_scheme);
+                node
+            }));
+            if done && !mark_synced.swap(true, Ordering::SeqCst) {
                 info!("node cache synced");
             }
+            touched
         })
-        .touched_objects()
+        .try_filter_map(|touched| std::future::ready(Ok(touched)))
         .try_filter(move |node| {
             std::future::ready(filter_ctx.records.changed(node, relevant(node)))
         });
@@ -321,30 +322,52 @@ pub async fn run(args: RunArgs) -> Result<()> {
     ));
 
     info!(resync_s = resync.as_secs(), "controller starting");
-    let due = resync::due(reader.clone(), resync);
-    let elected = on_election(elected_rx, reader.clone(), ctx.clone());
-    Controller::for_stream(triggers, reader)
-        .reconcile_on(due)
-        .reconcile_on(elected)
-        .with_config(controller::Config::default().concurrency(args.controller.concurrency))
-        .reconcile_all_on(futures::stream::select(recoveries, kicks_rx))
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                match e {
-                    controller::Error::ObjectNotFound(_)
-                    | controller::Error::ReconcilerFailed(..) => {}
-                    // The watcher relists by itself (after an expired resource version, a restarted
-                    // API server); nothing is lost.
-                    controller::Error::QueueError(e) => {
-                        info!(error = %e, "watch interrupted; resuming")
-                    }
-                    other => warn!(error = %other, "controller event"),
-                }
+    let key = |n: &LiteNode| -> Key { Key::from(n.name()) };
+    let changed = triggers.filter_map(move |event| {
+        std::future::ready(match event {
+            Ok(node) => Some(key(&node)),
+            // The watcher relists by itself (after an expired resource version, a restarted API
+            // server); nothing is lost.
+            Err(e) => {
+                info!(error = %e, "watch interrupted; resuming");
+                None
             }
         })
-        .await;
+    });
+    let due = resync::due(reader.clone(), resync);
+    let elected = on_election(elected_rx, reader.clone(), ctx.clone());
+    let requests = futures::stream::select_all([changed.boxed(), due.boxed(), elected.boxed()]);
+    let ready = {
+        let reader = reader.clone();
+        async move {
+            // Only an error if the watch is gone, and then nothing runs anyway.
+            let _ = reader.wait_until_ready().await;
+        }
+    };
+    let names_of = reader.clone();
+    let get_from = reader.clone();
+    queue::run(
+        queue::Sources {
+            requests,
+            all: futures::stream::select(recoveries, kicks_rx),
+            ready,
+            shutdown: queue::signalled(),
+            concurrency: usize::from(args.controller.concurrency),
+            _node: std::marker::PhantomData,
+        },
+        move |name| get_from.get(name),
+        move || names_of.state().iter().map(|n| key(n)).collect(),
+        move |node: Arc<LiteNode>| {
+            let ctx = ctx.clone();
+            async move {
+                match reconcile(node.clone(), ctx.clone()).await {
+                    Ok(next) => next,
+                    Err(e) => error_policy(node, &e, ctx),
+                }
+            }
+        },
+    )
+    .await;
     if let Some(election) = election {
         election.stop().await;
     }
@@ -359,9 +382,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// verified nodes queued at once: 1.5 s for a joiner behind them).
 pub fn on_election(
     mut elected: futures::channel::mpsc::UnboundedReceiver<()>,
-    reader: Store<LiteNode>,
+    reader: crate::store::NodeCache,
     ctx: Arc<Context>,
-) -> futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<LiteNode>> {
+) -> futures::channel::mpsc::UnboundedReceiver<Key> {
     const CHUNK: usize = 256;
     let (tx, rx) = futures::channel::mpsc::unbounded();
     tokio::spawn(async move {
@@ -378,10 +401,7 @@ pub fn on_election(
             }
             let mut sent_at = ctx.metrics.reconciles_run();
             let mut sent = 0u64;
-            let refs = first
-                .iter()
-                .chain(&rest)
-                .map(|n| reflector::ObjectRef::from_obj(n.as_ref()));
+            let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
             for (k, r) in refs.enumerate() {
                 if k >= first.len() && (k - first.len()) % CHUNK == 0 {
                     // The controller's queue is first come, first served: wait until most of
@@ -461,7 +481,7 @@ struct Retired {
 /// is logged with what to do.
 async fn retire_features_at_start(
     client: Client,
-    reader: reflector::Store<LiteNode>,
+    reader: crate::store::NodeCache,
     retired: Retired,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
@@ -616,7 +636,7 @@ fn kueue_levels(
 /// we labelled carries fewer layers than the Kueue Topology we publish (Kueue leaves it out).
 async fn coverage(
     _alive: crate::http::TaskGuard,
-    reader: Store<LiteNode>,
+    reader: crate::store::NodeCache,
     synced: Arc<AtomicBool>,
     kueue: Option<(String, usize)>,
     every: Duration,
@@ -668,7 +688,7 @@ async fn coverage(
                     &format!(
                         "the node carries {depth} layer label(s), Kueue Topology {name} has {levels} levels: Kueue leaves the node out of topology-aware scheduling"
                     ),
-                    kube::Resource::object_ref(node.as_ref(), &()),
+                    node.object_ref(),
                 );
             }
         }
@@ -678,7 +698,7 @@ async fn coverage(
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
     _alive: crate::http::TaskGuard,
-    reader: Store<LiteNode>,
+    reader: crate::store::NodeCache,
     lookup: Lookup,
     ctx: Arc<Context>,
     resync: Duration,

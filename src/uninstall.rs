@@ -16,7 +16,7 @@ use crate::{
     cleanup::{self, Item},
     config::{OutputFormat, UninstallArgs},
     leader::Leadership,
-    node::LiteNode,
+    node::{LiteNode, WireNode},
 };
 
 /// The Lease, if a controller still holds it (renewed within its lease duration).
@@ -67,12 +67,12 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     }
     let mut items: Vec<Item> = Vec::new();
     // Paginated as the controller's own list is: a whole large fleet is never one response.
-    let nodes: Api<LiteNode> = Api::all(client.clone());
+    let nodes: Api<WireNode> = Api::all(client.clone());
     let mut all: Vec<LiteNode> = Vec::new();
     let mut params = kube::api::ListParams::default().limit(500);
     loop {
         let page = nodes.list(&params).await?;
-        all.extend(page.items);
+        all.extend(page.items.into_iter().map(LiteNode::from));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => break,

@@ -10,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use ec2_topology_labeler::reconcile::Action;
 use ec2_topology_labeler::{
     labels::LabelScheme,
     lookup::limiter::{Limiter, LimiterConfig},
@@ -25,7 +26,7 @@ use ec2_topology_labeler::{
     verified::{VERIFIED_KEY, Verified},
 };
 use http::{Method, Request, Response};
-use kube::{Api, Client, client::Body, runtime::controller::Action};
+use kube::{Api, Client, client::Body};
 use serde_json::{Value, json};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -95,7 +96,7 @@ fn node(labels: &[(&str, &str)]) -> LiteNode {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let mut n = LiteNode::default();
-    n.metadata = kube::api::ObjectMeta {
+    n.metadata = ec2_topology_labeler::node::LiteMeta {
         name: Some("ip-10-0-0-1.us-west-2.compute.internal".into()),
         uid: Some("5c3e1c0e-0000-4000-8000-000000000001".into()),
         labels: Some(labels),
@@ -1039,14 +1040,14 @@ async fn an_unsupported_type_is_released_by_policy_and_kept_otherwise() {
 }
 
 /// `n` nodes on distinct instances, in a node cache as the watch would fill it.
-fn fleet(n: usize) -> kube::runtime::reflector::Store<LiteNode> {
-    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+fn fleet(n: usize) -> ec2_topology_labeler::store::NodeCache {
+    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
     for k in 0..n {
         let mut node = node(&[]);
         node.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
         node.metadata.uid = Some(format!("uid-{k}"));
         node.spec.provider_id = Some(format!("aws:///us-west-2a/i-{k:017x}"));
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(node));
+        writer.apply(kube::runtime::watcher::Event::Apply(node));
     }
     reader
 }
@@ -1149,14 +1150,14 @@ async fn a_new_leader_asks_ec2_nothing_about_verified_nodes() {
     let fake = Fake::default();
     fake.0.describe_all.store(true, Ordering::SeqCst);
     let (ctx, mut handle) = setup(&fake);
-    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
     for k in 0..1_050 {
         let mut n = node(&[]);
         n.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
         n.metadata.uid = Some(format!("uid-{k}"));
         let id = format!("i-{k:017x}");
         n.spec.provider_id = Some(format!("aws:///us-west-2a/{id}"));
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(as_verified(
+        writer.apply(kube::runtime::watcher::Event::Apply(as_verified(
             n,
             shared_answer(&id),
             3_600,
@@ -1188,7 +1189,7 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
     let fake = Fake::default();
     fake.0.describe_all.store(true, Ordering::SeqCst);
     let (ctx, _handle) = setup(&fake);
-    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
     for k in 0..300usize {
         let mut n = node(&[]);
         n.metadata.name = Some(format!("ip-10-0-1-{k}.internal"));
@@ -1224,7 +1225,7 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
             4 => n = as_verified(n, shared_answer(&id), 7 * 3600),
             _ => {}
         }
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+        writer.apply(kube::runtime::watcher::Event::Apply(n));
     }
     warm::warm(&reader, &ctx).await;
     assert_eq!(
@@ -1254,12 +1255,12 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
     use futures::StreamExt;
     let fake = Fake::default();
     let (ctx, _handle) = setup(&fake);
-    let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
     for k in 0..600 {
         let mut n = node(&[("topology.k8s.aws/network-node-layer-1", "nn-1")]);
         n.metadata.name = Some(format!("fleet-{k:03}"));
         n.metadata.uid = Some(format!("uid-{k}"));
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+        writer.apply(kube::runtime::watcher::Event::Apply(n));
     }
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
@@ -1268,7 +1269,7 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
         n.metadata.name = Some(format!("joiner-{k}"));
         n.metadata.uid = Some(format!("uid-j{k}"));
         n.metadata.creation_timestamp = Some(now.clone());
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+        writer.apply(kube::runtime::watcher::Event::Apply(n));
     }
     let (elected, rx) = futures::channel::mpsc::unbounded();
     let mut refs = ec2_topology_labeler::run::on_election(rx, reader, ctx.clone());
@@ -1278,7 +1279,7 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
             .await
             .ok()
             .flatten()
-            .map(|r| r.name)
+            .map(|r| r.to_string())
     };
     let first: Vec<_> = [next().await, next().await, next().await]
         .into_iter()

@@ -21,13 +21,13 @@ use std::{
 
 use clap::Args;
 use futures::future::BoxFuture;
-use kube::{Client, ResourceExt, runtime::reflector::Store};
+use kube::Client;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     duration::HumanDuration, labels::LabelScheme, leader::Leadership, metrics::Metrics,
-    node::LiteNode, tree::NodeView,
+    tree::NodeView,
 };
 
 /// What to publish for schedulers beyond labels.
@@ -202,7 +202,7 @@ impl Publishers {
     /// `synced`; `_alive` tells `/livez` this task runs.
     pub async fn run(
         mut self,
-        reader: Store<LiteNode>,
+        reader: crate::store::NodeCache,
         synced: Arc<AtomicBool>,
         _alive: crate::http::TaskGuard,
     ) {
@@ -263,7 +263,7 @@ impl Publishers {
 /// What the publishers read of the nodes (each one's name and labels) in one number, the same
 /// whatever order the cache lists them in: equal from one interval to the next when no node
 /// came, went or had a label changed. Hashes the packed labels as they are (no unpacking).
-fn fingerprint(reader: &Store<LiteNode>) -> u64 {
+fn fingerprint(reader: &crate::store::NodeCache) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     reader.state().iter().fold(0u64, |sum, n| {
         let mut h = DefaultHasher::new();
@@ -279,7 +279,8 @@ fn fingerprint(reader: &Store<LiteNode>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::runtime::{reflector, watcher::Event};
+    use crate::{node::LiteNode, store::NodeCache};
+    use kube::runtime::watcher::Event;
     use std::{collections::BTreeMap, sync::Mutex};
 
     /// Counts its publishes; fresh from its first publish on while `fresh_after` says so.
@@ -328,9 +329,9 @@ mod tests {
     /// that is never fresh is called every interval.
     #[tokio::test(start_paused = true)]
     async fn publishers_are_skipped_while_no_label_changes() {
-        let (reader, mut writer) = reflector::store::<LiteNode>();
+        let (reader, mut writer) = NodeCache::new();
         for k in 0..50 {
-            writer.apply_watcher_event(&Event::Apply(node(&format!("n-{k}"), "nn-leaf-1")));
+            writer.apply(Event::Apply(node(&format!("n-{k}"), "nn-leaf-1")));
         }
         let (skipping, every) = (Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(vec![])));
         let list: Vec<Box<dyn Publisher>> = vec![
@@ -361,17 +362,17 @@ mod tests {
         assert_eq!(count(&skipping), [50], "published once, then skipped");
         assert_eq!(count(&every).len(), 5, "the other every interval");
         // A label changes: published again, once.
-        writer.apply_watcher_event(&Event::Apply(node("n-7", "nn-leaf-2")));
+        writer.apply(Event::Apply(node("n-7", "nn-leaf-2")));
         tokio::time::sleep(interval * 3).await;
         assert_eq!(count(&skipping), [50, 50]);
         // A node joins, one leaves.
-        writer.apply_watcher_event(&Event::Apply(node("n-50", "nn-leaf-1")));
+        writer.apply(Event::Apply(node("n-50", "nn-leaf-1")));
         tokio::time::sleep(interval * 2).await;
-        writer.apply_watcher_event(&Event::Delete(node("n-0", "nn-leaf-1")));
+        writer.apply(Event::Delete(node("n-0", "nn-leaf-1")));
         tokio::time::sleep(interval * 2).await;
         assert_eq!(count(&skipping), [50, 50, 51, 50]);
         // The same labels on the same nodes, cached anew: nothing to publish.
-        writer.apply_watcher_event(&Event::Apply(node("n-7", "nn-leaf-2")));
+        writer.apply(Event::Apply(node("n-7", "nn-leaf-2")));
         tokio::time::sleep(interval * 2).await;
         assert_eq!(count(&skipping).len(), 4);
         task.abort();

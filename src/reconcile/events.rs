@@ -3,7 +3,7 @@
 //!
 //! Owns: Event text and delivery. Never changes labels.
 
-use kube::{Api, Resource, ResourceExt};
+use kube::Api;
 use tracing::warn;
 
 use super::{Context, conflict::other_owners};
@@ -12,7 +12,7 @@ use crate::{FIELD_MANAGER, events::Reason, labels::NodeDiff, node::LiteNode};
 /// Record an Event on the node (never waits: see [`crate::events`]).
 pub async fn record(ctx: &Context, node: &LiteNode, reason: Reason, note: String) {
     ctx.events
-        .publish(reason, "LabelTopology", &note, node.object_ref(&()));
+        .publish(reason, "LabelTopology", &note, node.object_ref());
 }
 
 /// Someone keeps changing our labels on this node: say who, once per hold.

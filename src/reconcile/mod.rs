@@ -18,6 +18,7 @@ mod decide;
 mod events;
 pub mod gate;
 pub mod nodes;
+pub mod queue;
 pub mod resync;
 mod startup;
 pub mod warm;
@@ -33,7 +34,8 @@ use std::{
 
 use crate::events::Reason;
 use clap::Args;
-use kube::{Api, ResourceExt, runtime::controller::Action};
+use kube::Api;
+pub use queue::Action;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -52,7 +54,7 @@ use crate::{
     leader::Leadership,
     lookup::Lookup,
     metrics::{Metrics, NodeState},
-    node::LiteNode,
+    node::{LiteNode, WireNode},
 };
 
 /// The controller's own behaviour.
@@ -85,7 +87,7 @@ pub struct ControllerArgs {
 /// Everything a reconcile needs. Built once, shared by every reconcile.
 pub struct Context {
     /// Node API (the trimmed Node type the watch uses).
-    pub api: Api<LiteNode>,
+    pub api: Api<WireNode>,
     pub lookup: Lookup,
     pub scheme: LabelScheme,
     /// Region for every node; `None` derives it from each node's zone.
@@ -121,7 +123,7 @@ pub struct Context {
 
 impl Context {
     pub fn new(
-        nodes: Api<LiteNode>,
+        nodes: Api<WireNode>,
         lookup: Lookup,
         scheme: LabelScheme,
         region: Option<String>,

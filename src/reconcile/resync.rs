@@ -15,10 +15,8 @@ use std::{
     time::Duration,
 };
 
+use super::queue::Key;
 use futures::{Stream, StreamExt};
-use kube::runtime::reflector::{ObjectRef, Store};
-
-use crate::node::LiteNode;
 
 /// Ticks per resync period.
 pub const SLOTS: u64 = 100;
@@ -32,7 +30,7 @@ pub fn slot(name: &str) -> u64 {
 
 /// The nodes due at each tick, forever: at tick `k` (every `period / SLOTS`) those whose slot
 /// is `k % SLOTS`, as the cache has them then.
-pub fn due(store: Store<LiteNode>, period: Duration) -> impl Stream<Item = ObjectRef<LiteNode>> {
+pub fn due(store: crate::store::NodeCache, period: Duration) -> impl Stream<Item = Key> {
     let every = (period / SLOTS as u32).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -41,11 +39,11 @@ pub fn due(store: Store<LiteNode>, period: Duration) -> impl Stream<Item = Objec
         async move {
             tick.tick().await;
             let now = k % SLOTS;
-            let refs: Vec<ObjectRef<LiteNode>> = store
+            let refs: Vec<Key> = store
                 .state()
                 .iter()
                 .filter(|n| n.metadata.name.as_deref().is_some_and(|s| slot(s) == now))
-                .map(|n| ObjectRef::from_obj(n.as_ref()))
+                .map(|n| Key::from(n.name()))
                 .collect();
             Some((futures::stream::iter(refs), (tick, k + 1)))
         }
@@ -77,11 +75,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn every_node_comes_up_once_per_period() {
-        let (reader, mut writer) = kube::runtime::reflector::store::<LiteNode>();
+        let (reader, mut writer) = crate::store::NodeCache::new();
         for k in 0..1000 {
-            let mut n = LiteNode::default();
+            let mut n = crate::node::LiteNode::default();
             n.metadata.name = Some(format!("node-{k}"));
-            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+            writer.apply(kube::runtime::watcher::Event::Apply(n));
         }
         let period = Duration::from_secs(100);
         let stream = due(reader, period);
@@ -93,7 +91,7 @@ mod tests {
             if started.elapsed() > period * 2 {
                 break;
             }
-            *seen.entry(r.name).or_default() += 1;
+            *seen.entry(r.to_string()).or_default() += 1;
         }
         assert_eq!(seen.len(), 1000, "every node came up");
         assert!(

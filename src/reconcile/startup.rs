@@ -7,7 +7,6 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
 
 use crate::events::Reason;
 use tracing::{info, warn};

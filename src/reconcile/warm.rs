@@ -19,15 +19,11 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream::FuturesUnordered};
-use kube::runtime::reflector::Store;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{Context, assess};
-use crate::{
-    node::LiteNode,
-    topology::{Ec2Error, MAX_IDS_PER_CALL},
-};
+use crate::topology::{Ec2Error, MAX_IDS_PER_CALL};
 
 /// Lookups in flight during the walk: ten full calls' worth, so the batcher always has a full
 /// call to send while answers come back, and memory stays bounded. A multiple of the IDs a
@@ -45,7 +41,7 @@ pub struct Walked {
 
 /// Look up every node in `store` (those with an instance to look up), at most [`IN_FLIGHT`]
 /// at a time; stop at the first failed call or when this replica stops leading.
-pub async fn warm(store: &Store<LiteNode>, ctx: &Context) -> Walked {
+pub async fn warm(store: &crate::store::NodeCache, ctx: &Context) -> Walked {
     let started = Instant::now();
     let (nodes, stop) = walk(store, ctx).await;
     let took_ms = started.elapsed().as_millis() as u64;
@@ -77,7 +73,7 @@ enum Stop {
 }
 
 /// Nodes looked up, and why the walk stopped early (if it did).
-async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
+async fn walk(store: &crate::store::NodeCache, ctx: &Context) -> (usize, Option<Stop>) {
     let mut in_flight = FuturesUnordered::new();
     let mut done = 0usize;
     // In the order the reconciles come (the initial list's: by name), not the store's hash
@@ -128,7 +124,7 @@ async fn walk(store: &Store<LiteNode>, ctx: &Context) -> (usize, Option<Stop>) {
 
 /// Each time this replica starts leading with a synced node cache: one [`warm`] walk.
 pub async fn on_leading(
-    store: Store<LiteNode>,
+    store: crate::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<std::sync::atomic::AtomicBool>,
 ) {

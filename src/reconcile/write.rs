@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use kube::{
-    Api, ResourceExt,
+    Api,
     api::{Patch, PatchParams},
 };
 use serde_json::json;
@@ -26,7 +26,7 @@ use crate::{
     FIELD_MANAGER, Result,
     labels::{Desired, NodeDiff},
     metrics::Metrics,
-    node::LiteNode,
+    node::{LiteNode, WireNode},
 };
 
 /// The server-side apply body: the full set we manage. Keys the answer was silent on (see
@@ -65,7 +65,7 @@ pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
 /// decoding, a whole Node (~15 kB with its images) for every write: during an install of
 /// thousands of nodes the API server is the bottleneck, and every byte it encodes counts.
 pub async fn write_labels(
-    nodes: &Api<LiteNode>,
+    nodes: &Api<WireNode>,
     node: &LiteNode,
     desired: &Desired,
     diff: &NodeDiff,
@@ -76,7 +76,7 @@ pub async fn write_labels(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let body = Patch::Apply(apply_body(node, desired));
     let applied = if whole {
-        nodes.patch(&name, &params, &body).await?
+        LiteNode::from(nodes.patch(&name, &params, &body).await?)
     } else {
         let req = kube::core::Request::new(nodes.resource_url())
             .patch_metadata(&name, &params, &body)
@@ -137,7 +137,7 @@ pub async fn write_labels(
         )
         .await?;
     metrics.label_write("remove");
-    Ok(patched)
+    Ok(patched.into())
 }
 
 /// Conflicts in a row after which a taint removal gives up (the next reconcile tries again).
@@ -153,7 +153,7 @@ const TAINT_ATTEMPTS: usize = 5;
 /// `leader` says this replica no longer leads (checked before each attempt: a 409 and the read
 /// after it take time, in which the lease can pass to another replica).
 pub async fn release_taint(
-    nodes: &Api<LiteNode>,
+    nodes: &Api<WireNode>,
     node: &LiteNode,
     taint: &StartupTaint,
     must_carry: Option<&BTreeMap<String, String>>,
@@ -193,7 +193,7 @@ pub async fn release_taint(
         match nodes.patch(&name, &params, &Patch::Merge(body)).await {
             Ok(updated) => {
                 metrics.label_write("taint");
-                return Ok(Some(updated));
+                return Ok(Some(updated.into()));
             }
             Err(kube::Error::Api(s)) if s.code == 409 && attempt + 1 < TAINT_ATTEMPTS => {
                 attempt += 1;
@@ -201,7 +201,7 @@ pub async fn release_taint(
                     attempt,
                     "the node changed since it was read; reading it again"
                 );
-                current = std::borrow::Cow::Owned(nodes.get(&name).await?);
+                current = std::borrow::Cow::Owned(nodes.get(&name).await?.into());
                 if current.metadata.uid != node.metadata.uid {
                     // Deleted and re-created under the same name: not the node we decided for.
                     return Ok(None);
@@ -215,7 +215,7 @@ pub async fn release_taint(
 /// Writes the `TopologyLabeled` condition (`body` from [`super::gate::Wanted::patch`]) on the
 /// status subresource; the kubelet's conditions are left alone (strategic merge by type).
 pub async fn write_condition(
-    nodes: &Api<LiteNode>,
+    nodes: &Api<WireNode>,
     name: &str,
     body: serde_json::Value,
     metrics: &Metrics,
@@ -228,5 +228,5 @@ pub async fn write_condition(
         .patch_status(name, &params, &Patch::Strategic(body))
         .await?;
     metrics.label_write("condition");
-    Ok(updated)
+    Ok(updated.into())
 }

@@ -1,0 +1,236 @@
+//! The node cache: every node as the controller keeps it ([`LiteNode`]: the fields a reconcile,
+//! the publishers, `tree` and `explain` read), fed by one watch of the Nodes.
+//!
+//! kube-runtime's reflector keeps whatever type the watch reads, under a key that copies its
+//! name, UID and resourceVersion again; its controller can only read from that. The node as
+//! read from the API server ([`crate::node::WireNode`]) carries a whole `ObjectMeta`; the
+//! cached node carries only what we read, its name once (the set is keyed by the node's own
+//! name), and is built by [`crate::run::prune`] before it is stored.
+//!
+//! As with the reflector, a relist (the first list, or after the watch lost its place) fills a
+//! new set that replaces the old one once complete, so readers never see a half-listed fleet.
+//!
+//! Owns: the cached nodes and whether the first list is in. Never talks to the API server
+//! (the watch feeding it does).
+
+use std::{
+    borrow::Borrow,
+    collections::HashSet,
+    hash::{Hash, Hasher},
+    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
+
+use kube::runtime::watcher::Event;
+
+use crate::node::LiteNode;
+
+/// A cached node, found in the set by its name.
+#[derive(Debug, Clone)]
+struct ByName(Arc<LiteNode>);
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name() == other.0.name()
+    }
+}
+
+impl Eq for ByName {}
+
+impl Hash for ByName {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.name().hash(state);
+    }
+}
+
+impl Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        self.0.name()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    nodes: RwLock<HashSet<ByName>>,
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+/// The cache, for readers (cheap to clone).
+#[derive(Debug, Clone, Default)]
+pub struct NodeCache {
+    shared: Arc<Shared>,
+}
+
+impl NodeCache {
+    /// A cache and the writer that feeds it.
+    pub fn new() -> (Self, Feeder) {
+        let cache = Self::default();
+        let feeder = Feeder {
+            cache: cache.clone(),
+            relist: None,
+        };
+        (cache, feeder)
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, HashSet<ByName>> {
+        // A writer that panicked left a whole set (each write replaces or removes one entry).
+        self.shared
+            .nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashSet<ByName>> {
+        self.shared
+            .nodes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The node called `name`, as last seen.
+    pub fn get(&self, name: &str) -> Option<Arc<LiteNode>> {
+        self.read().get(name).map(|n| n.0.clone())
+    }
+
+    /// Every cached node, as last seen.
+    pub fn state(&self) -> Vec<Arc<LiteNode>> {
+        self.read().iter().map(|n| n.0.clone()).collect()
+    }
+
+    /// How many nodes are cached.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the first list is in.
+    pub fn is_ready(&self) -> bool {
+        *self.shared.ready.borrow()
+    }
+
+    /// Resolves once the first list is in (at once if it is).
+    pub async fn wait_until_ready(&self) {
+        let mut rx = self.shared.ready.subscribe();
+        // Only fails if the sender is gone, and it lives as long as `self`.
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+
+    /// A cache holding `nodes`, already synced (for tests and one-shot commands).
+    pub fn from_nodes(nodes: impl IntoIterator<Item = LiteNode>) -> Self {
+        let cache = Self::default();
+        {
+            let mut set = cache.write();
+            for n in nodes {
+                set.replace(ByName(Arc::new(n)));
+            }
+        }
+        cache.shared.ready.send_replace(true);
+        cache
+    }
+}
+
+/// Applies the watch's events to the cache.
+#[derive(Debug)]
+pub struct Feeder {
+    cache: NodeCache,
+    /// The set a relist is filling (it replaces the cache's when the relist is done).
+    relist: Option<HashSet<ByName>>,
+}
+
+impl Feeder {
+    /// Apply one watch event; returns the node it brought, if any (a deletion brings none: the
+    /// node is gone from the cache, and what we kept about it goes with housekeeping).
+    pub fn apply(&mut self, event: Event<LiteNode>) -> Option<Arc<LiteNode>> {
+        match event {
+            Event::Apply(node) => {
+                let node = Arc::new(node);
+                self.cache.write().replace(ByName(node.clone()));
+                Some(node)
+            }
+            Event::Delete(node) => {
+                self.cache.write().remove(node.name());
+                None
+            }
+            Event::Init => {
+                self.relist = Some(HashSet::new());
+                None
+            }
+            Event::InitApply(node) => {
+                let node = Arc::new(node);
+                self.relist
+                    .get_or_insert_with(HashSet::new)
+                    .replace(ByName(node.clone()));
+                Some(node)
+            }
+            Event::InitDone => {
+                if let Some(set) = self.relist.take() {
+                    *self.cache.write() = set;
+                }
+                self.cache.shared.ready.send_replace(true);
+                None
+            }
+        }
+    }
+}
+
+/// `event` with its node (if any) made by `f`.
+pub fn map_event<A, B>(event: Event<A>, mut f: impl FnMut(A) -> B) -> Event<B> {
+    match event {
+        Event::Apply(a) => Event::Apply(f(a)),
+        Event::Delete(a) => Event::Delete(f(a)),
+        Event::Init => Event::Init,
+        Event::InitApply(a) => Event::InitApply(f(a)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, rv: &str) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.resource_version = Some(rv.into());
+        n
+    }
+
+    #[tokio::test]
+    async fn a_relist_replaces_the_set_when_it_is_complete_and_marks_the_cache_ready() {
+        let (cache, mut feeder) = NodeCache::new();
+        assert!(!cache.is_ready());
+        feeder.apply(Event::Init);
+        assert!(feeder.apply(Event::InitApply(node("a", "1"))).is_some());
+        assert!(
+            cache.get("a").is_none(),
+            "not visible before the list is whole"
+        );
+        feeder.apply(Event::InitApply(node("b", "1")));
+        feeder.apply(Event::InitDone);
+        assert!(cache.is_ready());
+        cache.wait_until_ready().await;
+        assert_eq!(cache.len(), 2);
+        // A change replaces the node; a deletion removes it.
+        feeder.apply(Event::Apply(node("a", "2")));
+        assert_eq!(
+            cache
+                .get("a")
+                .and_then(|n| n.metadata.resource_version.clone()),
+            Some("2".into())
+        );
+        assert!(feeder.apply(Event::Delete(node("b", "2"))).is_none());
+        assert!(cache.get("b").is_none());
+        // A relist that no longer has `a` drops it once done.
+        feeder.apply(Event::Init);
+        feeder.apply(Event::InitApply(node("c", "3")));
+        assert!(
+            cache.get("a").is_some(),
+            "readers see the old set meanwhile"
+        );
+        feeder.apply(Event::InitDone);
+        assert!(cache.get("a").is_none());
+        assert_eq!(cache.state().len(), 1);
+    }
+}

@@ -162,7 +162,7 @@ pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>,
             let name = t.name_any();
             let users: BTreeSet<String> = flavors
                 .iter()
-                .filter(|f| f.data["spec"]["topologyName"].as_str() == Some(name.as_str()))
+                .filter(|f| f.data.pointer("/spec/topologyName").and_then(|v| v.as_str()) == Some(name.as_str()))
                 .map(|f| f.name_any())
                 .collect();
             if users.is_empty() || force {

@@ -212,16 +212,19 @@ pub fn render_table(plans: &[NodePlan]) -> String {
             changes.join(" "),
         ]);
     }
-    let widths: Vec<usize> = (0..3)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
+    let mut widths = [0usize; 3];
     for r in &rows {
-        for (c, w) in widths.iter().enumerate() {
-            out.push_str(&r[c]);
-            out.push_str(&" ".repeat(w - r[c].chars().count() + 2));
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
         }
-        out.push_str(r[3].trim_end());
+    }
+    let mut out = String::new();
+    for [a, b, c, last] in &rows {
+        for (w, cell) in widths.iter().zip([a, b, c]) {
+            out.push_str(cell);
+            out.push_str(&" ".repeat(w - cell.chars().count() + 2));
+        }
+        out.push_str(last.trim_end());
         out.push('\n');
     }
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();

@@ -33,12 +33,12 @@ pub fn owned_keys(
         let Some(fields) = entry.fields_v1.as_ref() else {
             continue;
         };
-        let meta = &fields.0["f:metadata"];
+        let meta = fields.0.get("f:metadata");
         for (set, key) in [
             (&mut labels, "f:labels"),
             (&mut annotations, "f:annotations"),
         ] {
-            if let Some(map) = meta[key].as_object() {
+            if let Some(map) = meta.and_then(|m| m.get(key)).and_then(|v| v.as_object()) {
                 set.extend(
                     map.keys()
                         .filter_map(|k| k.strip_prefix("f:"))
@@ -107,15 +107,17 @@ fn split(
 /// The server-side apply that gives up the retired keys: everything else we own, as it is.
 /// Carries the UID and resourceVersion, so it applies to the node as read or not at all.
 pub fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
-    let mut metadata = json!({ "name": meta.name, "labels": r.keep_labels });
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("name".into(), json!(meta.name));
+    metadata.insert("labels".into(), json!(r.keep_labels));
     if !r.keep_annotations.is_empty() {
-        metadata["annotations"] = json!(r.keep_annotations);
+        metadata.insert("annotations".into(), json!(r.keep_annotations));
     }
     if let Some(uid) = &meta.uid {
-        metadata["uid"] = json!(uid);
+        metadata.insert("uid".into(), json!(uid));
     }
     if let Some(rv) = &meta.resource_version {
-        metadata["resourceVersion"] = json!(rv);
+        metadata.insert("resourceVersion".into(), json!(rv));
     }
     json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
 }

@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! The real EC2 client (AWS SDK) against mock-ec2, a real HTTP server speaking EC2's query
 //! protocol: answers, pagination, throttling, error XML, broken bodies, timeouts, no server.
 

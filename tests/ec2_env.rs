@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! The standard `AWS_ENDPOINT_URL_EC2` override reaches our client through the default chain.
 //! One test in its own binary: it sets process environment variables.
 

@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! Properties of the pure logic, over generated inputs (proptest): whatever EC2 or a node says,
 //! what we would write is valid for Kubernetes, deterministic, idempotent, and independent of
 //! the order things arrive in.

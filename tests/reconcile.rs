@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! The reconciler against a mocked API server (`tower-test`): the exact requests it sends —
 //! method, URI with field manager, content type, body — and that a no-op sends nothing.
 

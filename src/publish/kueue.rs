@@ -57,8 +57,9 @@ pub fn topology_object(api_version: &str, name: &str, levels: &[String]) -> Valu
 
 /// Levels of a Topology object.
 pub fn levels_of(obj: &DynamicObject) -> Vec<String> {
-    obj.data["spec"]["levels"]
-        .as_array()
+    obj.data
+        .pointer("/spec/levels")
+        .and_then(|v| v.as_array())
         .map(|ls| {
             ls.iter()
                 .filter_map(|l| l["nodeLabel"].as_str().map(str::to_owned))

@@ -59,10 +59,11 @@ pub use crate::slurm::{Files, data};
 /// only it when it exists), for fleets about twice as big; else the size that does not fit.
 pub fn fitting(data: &[(String, String)]) -> Result<&[(String, String)], usize> {
     let size = |d: &[(String, String)]| d.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let first = data.get(..1).unwrap_or_default();
     if size(data) <= MAX_BYTES {
         Ok(data)
-    } else if size(&data[..1]) <= MAX_BYTES {
-        Ok(&data[..1])
+    } else if !first.is_empty() && size(first) <= MAX_BYTES {
+        Ok(first)
     } else {
         Err(size(data))
     }

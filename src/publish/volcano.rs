@@ -129,12 +129,16 @@ impl HyperNode {
             .iter()
             .map(|m| match m {
                 Member::Nodes { labels, absent } => {
-                    let mut selector = json!({ "matchLabels": labels });
+                    let mut selector = serde_json::Map::new();
+                    selector.insert("matchLabels".into(), json!(labels));
                     if !absent.is_empty() {
-                        selector["matchExpressions"] = absent
-                            .iter()
-                            .map(|k| json!({ "key": k, "operator": "DoesNotExist" }))
-                            .collect();
+                        selector.insert(
+                            "matchExpressions".into(),
+                            absent
+                                .iter()
+                                .map(|k| json!({ "key": k, "operator": "DoesNotExist" }))
+                                .collect(),
+                        );
                     }
                     json!({ "type": "Node", "selector": { "labelMatch": selector } })
                 }
@@ -225,8 +229,10 @@ pub fn desired(
             };
             let e = entries.entry((tier, id.clone())).or_default();
             e.key = scheme.layer_key(layer);
-            e.parents
-                .insert(j.checked_sub(1).map(|p| (tier + 1, path[p].clone())));
+            e.parents.insert(
+                j.checked_sub(1)
+                    .and_then(|p| Some((tier + 1, path.get(p)?.clone()))),
+            );
             if let Some(child) = path.get(j + 1) {
                 e.children.insert((tier - 1, child.clone()));
             } else {
@@ -402,7 +408,7 @@ impl HyperNodeSync {
             let object = hn.to_object(&self.owner);
             // An unclaimed one is applied once more, to carry our annotation.
             let same = existing.get(&hn.name).is_some_and(|live| {
-                live.data.get("spec") == Some(&object["spec"])
+                live.data.get("spec") == object.get("spec")
                     && claim(live, &self.owner) == Claim::Ours
             });
             if same {

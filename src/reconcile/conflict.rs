@@ -137,8 +137,9 @@ pub fn other_owners(
         .filter(|m| m.manager.as_deref() != Some(ours))
         .filter(|m| {
             m.fields_v1.as_ref().is_some_and(|f| {
-                let labels = &f.0["f:metadata"]["f:labels"];
-                keys.iter().any(|k| labels.get(format!("f:{k}")).is_some())
+                let labels = f.0.pointer("/f:metadata/f:labels");
+                keys.iter()
+                    .any(|k| labels.and_then(|l| l.get(format!("f:{k}"))).is_some())
             })
         })
         .filter_map(|m| m.manager.clone())

@@ -482,7 +482,11 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
             .iter()
             .position(|c| *c == err.category())
             .unwrap_or(0);
-        if once_every(&ctx.operator_error_logged_at[slot], Duration::from_secs(60)) {
+        if ctx
+            .operator_error_logged_at
+            .get(slot)
+            .is_some_and(|at| once_every(at, Duration::from_secs(60)))
+        {
             error!(node = %name, category = err.category(), error = %err, "cannot label nodes until this is fixed; retrying with backoff");
         }
     } else {

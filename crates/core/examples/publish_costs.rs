@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! What the publishers' pure work costs per tick at fleet sizes up to EKS's 100,000 nodes, and
 //! how big Slurm's files get (a ConfigMap holds 1 MiB): prints one row per size.
 //!

@@ -112,7 +112,7 @@ impl LabelScheme {
             .chain(self.placement_group_key.iter())
             .collect();
         for (i, a) in extras.iter().enumerate() {
-            if self.layer_index(a).is_some() || extras[i + 1..].contains(a) {
+            if self.layer_index(a).is_some() || extras.iter().skip(i + 1).any(|b| b == a) {
                 return Err(format!("label key {a:?} is used twice"));
             }
         }
@@ -424,10 +424,9 @@ pub fn diff(
 /// for Kubernetes but never something we write.
 pub fn is_valid_label_value(v: &str) -> bool {
     let b = v.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
+    b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
@@ -444,10 +443,10 @@ pub fn is_valid_label_key(k: &str) -> bool {
             && p.len() <= 253
             && p.split('.').all(|part| {
                 let b = part.as_bytes();
-                !b.is_empty()
-                    && b.len() <= 63
-                    && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-                    && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
+                let lower_or_digit = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+                b.len() <= 63
+                    && b.first().is_some_and(lower_or_digit)
+                    && b.last().is_some_and(lower_or_digit)
                     && b.iter()
                         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
             })

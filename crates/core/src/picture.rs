@@ -48,7 +48,12 @@ impl Class {
     fn colours(self) -> (&'static str, &'static str, bool) {
         match self {
             Class::Layer(n) => (
-                ["#e3f2fd", "#e8f5e9", "#fff8e1", "#f3e5f5"][(n.max(1) - 1) % 4],
+                match (n.max(1) - 1) % 4 {
+                    0 => "#e3f2fd",
+                    1 => "#e8f5e9",
+                    2 => "#fff8e1",
+                    _ => "#f3e5f5",
+                },
                 "#78909c",
                 false,
             ),
@@ -211,7 +216,8 @@ fn members(sink: &mut impl Sink, ids: &mut Ids, nodes: &[TreeNode], depth: usize
     } else {
         order.len()
     };
-    for n in &order[..shown] {
+    let (first, rest) = order.split_at(shown.min(order.len()));
+    for n in first {
         let mut lines = vec![n.name.clone()];
         match n.ready {
             Some(true) => {}
@@ -223,7 +229,6 @@ fn members(sink: &mut impl Sink, ids: &mut Ids, nodes: &[TreeNode], depth: usize
         }
         sink.item(&ids.next("n"), &lines, class_of(n), depth);
     }
-    let rest = &order[shown..];
     if !rest.is_empty() {
         let not_ready = rest.iter().filter(|n| n.ready != Some(true)).count();
         let tainted = rest.iter().filter(|n| n.tainted).count();

@@ -147,7 +147,7 @@ pub fn region_of_zone(zone: &str) -> Option<String> {
         return None;
     }
     let digits: String = numbered.chars().take_while(char::is_ascii_digit).collect();
-    let mut region = parts[..i].join("-");
+    let mut region = parts.get(..i)?.join("-");
     region.push('-');
     region.push_str(&digits);
     is_region_name(&region).then_some(region)

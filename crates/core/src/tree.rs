@@ -65,7 +65,9 @@ pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Optio
     }
     // A network node repeated at the bottom is uniform-depth padding (EC2 never names one
     // switch at two layers): the node hangs under it once.
-    while path.len() > 1 && path[path.len() - 1] == path[path.len() - 2] {
+    while let [.., above, last] = path.as_slice()
+        && above == last
+    {
         path.pop();
     }
     Some(path)
@@ -142,7 +144,10 @@ impl Forest {
                 continue;
             };
             for (i, id) in path.iter().enumerate() {
-                let parent = i.checked_sub(1).map(|p| path[p].as_str());
+                let parent = i
+                    .checked_sub(1)
+                    .and_then(|p| path.get(p))
+                    .map(String::as_str);
                 parents
                     .entry((i + 1, id.as_str()))
                     .or_default()

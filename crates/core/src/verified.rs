@@ -87,7 +87,7 @@ impl Wire {
         // Serialising a struct of strings cannot fail.
         let line = serde_json::to_string(&unsummed).unwrap_or_default();
         let digest = Sha256::digest(line.as_bytes());
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
     }
 }
 

@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! Coverage by instance type and zone, from the nodes' labels.
 
 use ec2_topology_core::{

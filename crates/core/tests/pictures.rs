@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! `tree -o dot` and `tree -o mermaid` judged by the real tools: Graphviz's `dot` draws ours
 //! (Debian's package: `e2e/tools/graphviz.sh`), and the real Mermaid parser accepts ours
 //! (`e2e/tools/mermaid.sh`, npm, in jsdom). Both run by `make test` (its `pictures` step).

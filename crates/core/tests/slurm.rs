@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! Slurm's topology files from the pure tree, against golden files (`UPDATE_GOLDEN=1` rewrites
 //! them; read the diff before committing).
 

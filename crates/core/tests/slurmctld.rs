@@ -1,3 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! Our Slurm files judged by a real slurmctld (`e2e/slurm/install.sh` installs them; `make
 //! test` runs it first): Debian's 22.05 (`topology.conf`, the tree plugin) on this machine and
 //! Debian sid's (26.05 when written: `topology.yaml`, Slinky's dynamic nodes) in a root of its

@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use tokio::{task::JoinSet, time::Instant};
 
 /// A node's name, shared by every place the queue keeps it.
@@ -200,6 +200,15 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
     let mut synced = false;
     let mut stopping = false;
     loop {
+        // Take every change the watch has ready before anything else: the cache and the
+        // records stay current however busy the reconciles are.
+        while !stopping {
+            match requests.next().now_or_never() {
+                Some(Some(key)) => queue.now(key),
+                Some(None) => stopping = true,
+                None => break,
+            }
+        }
         if synced && !stopping {
             while tasks.len() < concurrency {
                 let Some(key) = queue.start() else { break };
@@ -217,8 +226,10 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
             return;
         }
         let timer = queue.next_timer();
+        // Unbiased: while reconciles end back to back, the watch's changes must still be read
+        // (a queue that favoured finished tasks left every write's echo waiting for its event
+        // until the install was over: 19 MB more at its peak at 10,000 nodes).
         tokio::select! {
-            biased;
             () = &mut shutdown, if !stopping => stopping = true,
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 // A reconcile that panicked is not retried by itself; its node comes up again

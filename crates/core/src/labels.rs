@@ -178,7 +178,7 @@ impl LabelScheme {
 }
 
 /// What a node should carry, from one topology answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct Desired {
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,

@@ -814,13 +814,36 @@ async fn survey_discovery(
     let selector = format!("{SOURCE_LABEL}=label");
     let mut repaired = Vec::new();
     // Settling may start a rediscovery from scratch: survey again until it holds.
-    for _ in 0..3 {
-        eventually(
+    for round in 0..3 {
+        let seen = eventually(
             &format!("{way}: HyperNodes for the fleet"),
             WAIT,
             || async { Ok(ready(&survey(c, way, &selector, fleet).await?).then_some(())) },
         )
-        .await?;
+        .await;
+        if let Err(e) = seen {
+            // Volcano v1.14.1's discovery creates from a lister that can lag its own creates
+            // (seen: "Failed to create HyperNode … already exists" while two rebuilds overlap,
+            // the HyperNode left as the earlier rebuild made it) and does not retry: it rebuilds
+            // only when a node's topology labels change or one of its HyperNodes is deleted.
+            // Delete one to have it rebuild from the labels as they are; a wrong label fails
+            // again.
+            let first = discovered(c)
+                .await?
+                .into_iter()
+                .find_map(|h| h.metadata.name);
+            match first {
+                Some(name) if round < 2 => {
+                    eprintln!("    {e:#}; deleting {name} to have Volcano rebuild");
+                    hypernodes(c)
+                        .delete(&name, &DeleteParams::default())
+                        .await?;
+                    repaired.push(name);
+                    continue;
+                }
+                _ => return Err(e),
+            }
+        }
         repaired.extend(settle_discovery(c).await?);
         let mut r = survey(c, way, &selector, fleet).await?;
         if ready(&r) {

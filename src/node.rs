@@ -297,14 +297,6 @@ impl LiteNode {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    pub fn uid(&self) -> Option<&str> {
-        self.metadata.uid.as_deref()
-    }
-
-    pub fn resource_version(&self) -> Option<String> {
-        self.metadata.resource_version.clone()
-    }
-
     /// A reference to the node, as `kube::Resource::object_ref` makes one (where Events about
     /// it point; `kubectl describe node` finds them by its UID).
     pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {

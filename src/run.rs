@@ -339,10 +339,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let requests = futures::stream::select_all([changed.boxed(), due.boxed(), elected.boxed()]);
     let ready = {
         let reader = reader.clone();
-        async move {
-            // Only an error if the watch is gone, and then nothing runs anyway.
-            let _ = reader.wait_until_ready().await;
-        }
+        async move { reader.wait_until_ready().await }
     };
     let names_of = reader.clone();
     let get_from = reader.clone();
@@ -353,7 +350,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
             ready,
             shutdown: queue::signalled(),
             concurrency: usize::from(args.controller.concurrency),
-            _node: std::marker::PhantomData,
         },
         move |name| get_from.get(name),
         move || names_of.state().iter().map(|n| key(n)).collect(),

@@ -96,15 +96,6 @@ impl NodeCache {
         self.read().iter().map(|n| n.0.clone()).collect()
     }
 
-    /// How many nodes are cached.
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Whether the first list is in.
     pub fn is_ready(&self) -> bool {
         *self.shared.ready.borrow()
@@ -115,19 +106,6 @@ impl NodeCache {
         let mut rx = self.shared.ready.subscribe();
         // Only fails if the sender is gone, and it lives as long as `self`.
         let _ = rx.wait_for(|ready| *ready).await;
-    }
-
-    /// A cache holding `nodes`, already synced (for tests and one-shot commands).
-    pub fn from_nodes(nodes: impl IntoIterator<Item = LiteNode>) -> Self {
-        let cache = Self::default();
-        {
-            let mut set = cache.write();
-            for n in nodes {
-                set.replace(ByName(Arc::new(n)));
-            }
-        }
-        cache.shared.ready.send_replace(true);
-        cache
     }
 }
 
@@ -211,7 +189,7 @@ mod tests {
         feeder.apply(Event::InitDone);
         assert!(cache.is_ready());
         cache.wait_until_ready().await;
-        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.state().len(), 2);
         // A change replaces the node; a deletion removes it.
         feeder.apply(Event::Apply(node("a", "2")));
         assert_eq!(

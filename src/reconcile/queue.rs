@@ -138,18 +138,20 @@ impl Queue {
     }
 
     /// Reconciles running.
+    #[cfg(test)]
     pub fn running(&self) -> usize {
         self.running.len()
     }
 
     /// Nodes waiting for a slot.
+    #[cfg(test)]
     pub fn waiting(&self) -> usize {
         self.ready.len()
     }
 }
 
 /// What the loop is given to work with.
-pub struct Sources<T, R, A, Rd, S> {
+pub struct Sources<R, A, Rd, S> {
     /// Nodes to reconcile now: the watch's changes, the resync's slots, an election's sweep.
     pub requests: R,
     /// Every node in the cache, now (on each item).
@@ -160,14 +162,13 @@ pub struct Sources<T, R, A, Rd, S> {
     pub shutdown: S,
     /// At most this many reconciles at once.
     pub concurrency: usize,
-    pub _node: std::marker::PhantomData<T>,
 }
 
 /// Run reconciles until `shutdown` resolves (then the running ones finish) or `requests` ends.
 /// `get` reads a node from the cache (a node gone from it is skipped); `names` lists the cache;
 /// `work` reconciles one node and says what next (errors are the caller's to turn into one).
 pub async fn run<T, R, A, Rd, S, G, N, W, F>(
-    sources: Sources<T, R, A, Rd, S>,
+    sources: Sources<R, A, Rd, S>,
     get: G,
     names: N,
     work: W,
@@ -188,7 +189,6 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
         ready,
         shutdown,
         concurrency,
-        ..
     } = sources;
     let concurrency = concurrency.max(1);
     let mut queue = Queue::default();
@@ -365,9 +365,8 @@ mod tests {
                     stop_rx.await.ok();
                 },
                 concurrency: 3,
-                _node: std::marker::PhantomData::<String>,
             },
-            |name| Some(Arc::new(name.to_string())),
+            |name: &str| Some(Arc::new(name.to_string())),
             Vec::new,
             move |_node| {
                 let (r, m, f) = (r.clone(), m.clone(), f.clone());

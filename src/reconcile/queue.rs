@@ -18,6 +18,7 @@
 use std::{
     collections::{BTreeSet, HashMap, HashSet, VecDeque},
     future::Future,
+    panic::AssertUnwindSafe,
     sync::Arc,
     time::Duration,
 };
@@ -27,6 +28,10 @@ use tokio::{task::JoinSet, time::Instant};
 
 /// A node's name, shared by every place the queue keeps it.
 pub type Key = Arc<str>;
+
+/// When a reconcile panicked, its node is looked at again after this long (a bug, not a
+/// condition that passes quickly: once a minute keeps the log readable and the node in hand).
+pub const AFTER_PANIC: Duration = Duration::from_secs(60);
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,8 +219,24 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
                 let Some(key) = queue.start() else { break };
                 match get(&key) {
                     Some(node) => {
-                        let job = work(node);
-                        tasks.spawn(async move { (key, job.await) });
+                        // A panic is caught inside the task so that its node leaves `running`
+                        // (a JoinError does not say which node it was) and is tried again.
+                        let job = AssertUnwindSafe(work(node)).catch_unwind();
+                        tasks.spawn(async move {
+                            let next = match job.await {
+                                Ok(next) => next,
+                                Err(panic) => {
+                                    tracing::error!(
+                                        node = %key,
+                                        panic = panic_message(panic.as_ref()),
+                                        retry_in = ?AFTER_PANIC,
+                                        "reconcile panicked; this is a bug, please report it"
+                                    );
+                                    Action::requeue(AFTER_PANIC)
+                                }
+                            };
+                            (key, next)
+                        });
                     }
                     // Gone from the cache since it was asked for: nothing to do.
                     None => queue.done(&key, Action::await_change(), Instant::now()),
@@ -232,8 +253,7 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
         tokio::select! {
             () = &mut shutdown, if !stopping => stopping = true,
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                // A reconcile that panicked is not retried by itself; its node comes up again
-                // on its next change or resync slot.
+                // Tasks are never aborted and catch their own panics, so every one ends Ok.
                 if let Ok((key, next)) = done {
                     queue.done(&key, next, Instant::now());
                 }
@@ -251,6 +271,14 @@ pub async fn run<T, R, A, Rd, S, G, N, W, F>(
             () = sleep_until(timer), if timer.is_some() && !stopping => queue.fire(Instant::now()),
         }
     }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -395,5 +423,89 @@ mod tests {
         lp.await.ok();
         assert_eq!(finished.load(Ordering::SeqCst), 9);
         assert_eq!(running.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_panics_does_not_keep_its_node_forever() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Key>();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let lp = tokio::spawn(run(
+            Sources {
+                requests: rx,
+                all: futures::stream::pending(),
+                ready: async {},
+                shutdown: std::future::pending(),
+                concurrency: 1,
+            },
+            |name: &str| Some(Arc::new(name.to_string())),
+            Vec::new,
+            move |_node| {
+                let c = c.clone();
+                async move {
+                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("first reconcile fails");
+                    }
+                    Action::await_change()
+                }
+            },
+        ));
+        tx.unbounded_send(k("a")).ok();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // The node is not stuck as running: a change runs it at once, and the loop lives on.
+        tx.unbounded_send(k("a")).ok();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "a change after the panic runs"
+        );
+        assert!(!lp.is_finished());
+        lp.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_panics_is_tried_again_after_a_while() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Key>();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let lp = tokio::spawn(run(
+            Sources {
+                requests: rx,
+                all: futures::stream::pending(),
+                ready: async {},
+                shutdown: std::future::pending(),
+                concurrency: 1,
+            },
+            |name: &str| Some(Arc::new(name.to_string())),
+            Vec::new,
+            move |_node| {
+                let c = c.clone();
+                async move {
+                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("first reconcile fails");
+                    }
+                    Action::await_change()
+                }
+            },
+        ));
+        tx.unbounded_send(k("a")).ok();
+        tokio::time::sleep(AFTER_PANIC - Duration::from_secs(1)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "not at once: a panic is a bug"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "tried again with no change"
+        );
+        lp.abort();
+        drop(tx);
     }
 }

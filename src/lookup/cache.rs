@@ -5,6 +5,10 @@
 //! again with capped backoff), **refused** (EC2 refused the ID; same backoff). A new boot ID
 //! means the instance may have moved: its entry starts afresh.
 //!
+//! An answer is kept without its instance ID, once for every instance it describes alike (all
+//! instances of one type under one switch in one zone get the same answer but for their ID): at
+//! 100,000 nodes, some thousands of answers instead of 100,000 (about 450 bytes each).
+//!
 //! Owns: the entries and every retry time. Never does I/O: the caller asks EC2 (through the
 //! batcher) and hands the answer to [`Cache::record`]; time is passed in.
 
@@ -28,6 +32,7 @@ pub type Answer = Result<Option<InstanceTopology>, Ec2Error>;
 #[derive(Debug, Clone)]
 enum State {
     Known {
+        /// The answer without its instance ID (the entry's key), shared (see [`Inner::shapes`]).
         topology: Arc<InstanceTopology>,
         /// Asked again from here: after the cache TTL, or soon while `settling`.
         refresh_at: Instant,
@@ -37,7 +42,7 @@ enum State {
         /// or EC2 lags), and how many times in a row: the answer stands (labels are never
         /// stripped on EC2's word alone) and the ID is asked about with the refused ones, on the
         /// not-described backoff, from `refresh_at`.
-        refused: Option<(Ec2Error, u32)>,
+        refused: Option<(Box<Ec2Error>, u32)>,
         /// When EC2 gave `topology` (seconds since the Unix epoch): what the node's
         /// verification record says (see [`crate::verified`]).
         verified_at: u64,
@@ -46,14 +51,15 @@ enum State {
     NotDescribed {
         retry_at: Instant,
         attempts: u32,
-        refused: Option<Ec2Error>,
+        /// Boxed: rare, and an entry of every instance is kept.
+        refused: Option<Box<Ec2Error>>,
     },
 }
 
 /// An instance's entry, as it was when a lookup found it not fresh.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    boot_id: Option<String>,
+    boot_id: Option<Box<str>>,
     state: State,
     /// Answers for this boot that could not be turned into labels (see [`Cache::reject`]).
     rejected: u32,
@@ -106,6 +112,7 @@ impl Entry {
         )
     }
 
+    /// The answer, without its instance ID.
     fn topology(&self) -> Option<Arc<InstanceTopology>> {
         match &self.state {
             State::Known { topology, .. } => Some(topology.clone()),
@@ -149,7 +156,35 @@ pub struct Cache {
     /// Retries are due on a clock shared by every instance, counted from here (see
     /// [`Cache::next_ask`]).
     epoch: Instant,
-    entries: Mutex<HashMap<String, Entry>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<Box<str>, Entry>,
+    /// Every answer an entry holds, without its instance ID, once.
+    shapes: HashSet<Arc<InstanceTopology>>,
+}
+
+impl Inner {
+    /// `topology` without its instance ID, shared with every entry that has the same.
+    fn intern(&mut self, mut topology: InstanceTopology) -> Arc<InstanceTopology> {
+        topology.instance_id = String::new();
+        if let Some(shape) = self.shapes.get(&topology) {
+            return shape.clone();
+        }
+        let shape = Arc::new(topology);
+        self.shapes.insert(shape.clone());
+        shape
+    }
+}
+
+/// The answer about `instance_id` whose shape (the answer without its ID) is `shape`.
+fn whole(shape: &InstanceTopology, instance_id: &str) -> Arc<InstanceTopology> {
+    Arc::new(InstanceTopology {
+        instance_id: instance_id.to_owned(),
+        ..shape.clone()
+    })
 }
 
 impl Cache {
@@ -157,13 +192,13 @@ impl Cache {
         Self {
             cfg,
             epoch,
-            entries: Mutex::default(),
+            inner: Mutex::default(),
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+    fn inner(&self) -> MutexGuard<'_, Inner> {
         // Entries are replaced whole; a panic elsewhere cannot leave one half-written.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What the cache knows about `instance_id` in the boot `boot_id`, at `now`.
@@ -174,15 +209,15 @@ impl Cache {
         capacity_block_expected: bool,
         now: Instant,
     ) -> Check {
-        let mut entries = self.entries();
-        let Some(e) = entries.get_mut(instance_id) else {
+        let mut inner = self.inner();
+        let Some(e) = inner.entries.get_mut(instance_id) else {
             return Check::Ask { stale: None };
         };
         if rebooted(e.boot_id.as_deref(), boot_id) {
             return Check::Ask { stale: None };
         }
         if e.boot_id.is_none() {
-            e.boot_id = boot_id.map(str::to_owned);
+            e.boot_id = boot_id.map(Box::from);
         }
         match &e.state {
             State::Known {
@@ -199,7 +234,7 @@ impl Cache {
                     || !(*settling == 0 && topology.settling(capacity_block_expected))) =>
             {
                 Check::Answered(Resolved::Topology {
-                    topology: topology.clone(),
+                    topology: whole(topology, instance_id),
                     refresh_error: None,
                     recheck_in: (*settling > 0).then(|| *refresh_at - now),
                     verified_at: *verified_at,
@@ -213,7 +248,7 @@ impl Cache {
                 let (retry_in, attempts) = (*retry_at - now, *attempts);
                 Check::Answered(match refused {
                     Some(error) => Resolved::Rejected {
-                        error: error.clone(),
+                        error: (**error).clone(),
                         retry_in,
                         attempts,
                     },
@@ -237,12 +272,20 @@ impl Cache {
         capacity_block_expected: bool,
         now: Instant,
     ) -> Result<Resolved, Ec2Error> {
-        let (state, resolved) = self.next(stale.as_ref(), answer, capacity_block_expected, now);
+        let mut inner = self.inner();
+        let (state, resolved) = self.next(
+            &mut inner,
+            instance_id,
+            stale.as_ref(),
+            answer,
+            capacity_block_expected,
+            now,
+        );
         if let Some(state) = state {
-            self.entries().insert(
-                instance_id.to_string(),
+            inner.entries.insert(
+                instance_id.into(),
                 Entry {
-                    boot_id: boot_id.map(str::to_owned),
+                    boot_id: boot_id.map(Box::from),
                     state,
                     rejected: stale.as_ref().map_or(0, |e| e.rejected),
                     taken: false,
@@ -256,6 +299,8 @@ impl Cache {
     /// stays as it is: a failed call is not cached) and what it means.
     fn next(
         &self,
+        inner: &mut Inner,
+        instance_id: &str,
         stale: Option<&Entry>,
         answer: Answer,
         capacity_block_expected: bool,
@@ -280,11 +325,11 @@ impl Cache {
                             topology: topology.clone(),
                             refresh_at,
                             settling: 0,
-                            refused: Some((e.clone(), attempts)),
+                            refused: Some((Box::new(e.clone()), attempts)),
                             verified_at: previous_verified_at,
                         },
                         Resolved::Topology {
-                            topology,
+                            topology: whole(&topology, instance_id),
                             refresh_error: Some(e),
                             recheck_in: None,
                             verified_at: previous_verified_at,
@@ -299,7 +344,7 @@ impl Cache {
                         State::NotDescribed {
                             retry_at,
                             attempts,
-                            refused: Some(e.clone()),
+                            refused: Some(Box::new(e.clone())),
                         },
                         Resolved::Rejected {
                             error: e,
@@ -326,21 +371,21 @@ impl Cache {
                 // asked for again (at its TTL, or while settling) that says nothing new keeps
                 // that time, so the node's record, and the node, stay as they are. Nothing in
                 // the record moves with time alone: no write without a change, however long.
+                let shape = inner.intern(t);
                 let verified_at = match &previous {
-                    Some(p) if **p == t && previous_verified_at != 0 => previous_verified_at,
+                    Some(p) if *p == shape && previous_verified_at != 0 => previous_verified_at,
                     _ => unix_now(),
                 };
-                let topology = Arc::new(t);
                 (
                     State::Known {
-                        topology: topology.clone(),
+                        topology: shape.clone(),
                         refresh_at,
                         settling,
                         refused: None,
                         verified_at,
                     },
                     Resolved::Topology {
-                        topology,
+                        topology: whole(&shape, instance_id),
                         refresh_error: None,
                         recheck_in,
                         verified_at,
@@ -359,7 +404,7 @@ impl Cache {
                         verified_at: previous_verified_at,
                     },
                     Resolved::Topology {
-                        topology,
+                        topology: whole(&topology, instance_id),
                         refresh_error: None,
                         recheck_in: None,
                         verified_at: previous_verified_at,
@@ -384,7 +429,7 @@ impl Cache {
                     None,
                     match previous {
                         Some(topology) => Ok(Resolved::Topology {
-                            topology,
+                            topology: whole(&topology, instance_id),
                             refresh_error: Some(e),
                             recheck_in: None,
                             verified_at: previous_verified_at,
@@ -416,7 +461,8 @@ impl Cache {
         if room == 0 {
             return Vec::new();
         }
-        let mut entries = self.entries();
+        let mut inner = self.inner();
+        let entries = &mut inner.entries;
         // The `room` soonest: a heap whose top is the latest kept so far.
         let mut soonest: BinaryHeap<(Instant, &str)> = BinaryHeap::with_capacity(room + 1);
         for (id, e) in entries.iter() {
@@ -430,7 +476,7 @@ impl Cache {
             else {
                 continue;
             };
-            if id == except
+            if **id == *except
                 || e.taken
                 || soonest.len() == room && soonest.peek().is_some_and(|(at, _)| refresh_at >= at)
             {
@@ -439,7 +485,7 @@ impl Cache {
             if !in_region(topology, region) {
                 continue;
             }
-            soonest.push((*refresh_at, id.as_str()));
+            soonest.push((*refresh_at, &**id));
             if soonest.len() > room {
                 soonest.pop();
             }
@@ -452,7 +498,7 @@ impl Cache {
             .collect();
         let mut taken = Vec::with_capacity(ids.len());
         for (_, id) in ids {
-            if let Some(e) = entries.get_mut(&id) {
+            if let Some(e) = entries.get_mut(id.as_str()) {
                 let was = e.clone();
                 if let State::Known { refresh_at, .. } = &mut e.state {
                     *refresh_at = now + self.cfg.cache_ttl;
@@ -476,20 +522,27 @@ impl Cache {
         answer: Option<Answer>,
         now: Instant,
     ) -> bool {
-        let mut entries = self.entries();
-        let Some(current) = entries.get_mut(instance_id) else {
+        let mut inner = self.inner();
+        let Some(current) = inner.entries.get(instance_id) else {
             return false;
         };
         // The same answer of the same boot (a boot ID that appeared meanwhile is the same boot).
         let same = !rebooted(was.boot_id.as_deref(), current.boot_id.as_deref())
             && matches!((&current.state, &was.state),
-                (State::Known { topology: a, .. }, State::Known { topology: b, .. }) if Arc::ptr_eq(a, b));
+                (
+                    State::Known { topology: a, verified_at: at_a, .. },
+                    State::Known { topology: b, verified_at: at_b, .. },
+                ) if Arc::ptr_eq(a, b) && at_a == at_b);
         if !same {
             return false;
         }
         // The boot ID the node reports now, if it appeared meanwhile.
         let boot_id = current.boot_id.clone().or_else(|| was.boot_id.clone());
-        let recorded = match answer.map(|a| self.next(Some(&was), a, false, now)) {
+        let next = answer.map(|a| self.next(&mut inner, instance_id, Some(&was), a, false, now));
+        let Some(current) = inner.entries.get_mut(instance_id) else {
+            return false;
+        };
+        let recorded = match next {
             Some((Some(state), _)) => {
                 current.state = state;
                 current.taken = false;
@@ -535,19 +588,20 @@ impl Cache {
     /// never replaced); returns whether it was taken. It is asked again within a TTL of `now`
     /// ([`seeded_wait`]).
     pub fn seed(&self, verified: Verified, now: Instant) -> bool {
-        let mut entries = self.entries();
-        let instance_id = verified.topology.instance_id.clone();
-        if entries.contains_key(&instance_id) {
+        let mut inner = self.inner();
+        let instance_id: Box<str> = verified.topology.instance_id.as_str().into();
+        if inner.entries.contains_key(&instance_id) {
             return false;
         }
         let refresh_at =
             now + seeded_wait(verified.at, &instance_id, self.cfg.cache_ttl, unix_now());
-        entries.insert(
+        let topology = inner.intern(verified.topology);
+        inner.entries.insert(
             instance_id,
             Entry {
-                boot_id: verified.boot_id,
+                boot_id: verified.boot_id.map(Box::from),
                 state: State::Known {
-                    topology: Arc::new(verified.topology),
+                    topology,
                     refresh_at,
                     settling: 0,
                     refused: None,
@@ -562,14 +616,14 @@ impl Cache {
 
     /// Whether the cache holds anything about `instance_id`.
     pub fn knows(&self, instance_id: &str) -> bool {
-        self.entries().contains_key(instance_id)
+        self.inner().entries.contains_key(instance_id)
     }
 
     /// The answer cached for `instance_id` cannot be used (labels cannot be derived from it):
     /// forget it, and ask again after the not-described backoff. Returns that wait.
     pub fn reject(&self, instance_id: &str, now: Instant) -> Duration {
-        let mut entries = self.entries();
-        let Some(e) = entries.get_mut(instance_id) else {
+        let mut inner = self.inner();
+        let Some(e) = inner.entries.get_mut(instance_id) else {
             return self.cfg.not_described_retry;
         };
         e.rejected = e.rejected.saturating_add(1);
@@ -582,27 +636,35 @@ impl Cache {
         retry_in
     }
 
-    /// Keep only the entries of instances some node still runs on; returns how many went.
-    /// Age plays no part: an instance retried with a long backoff keeps its backoff.
+    /// Keep only the entries of instances some node still runs on (and the answers they
+    /// hold); returns how many went. Age plays no part: an instance retried with a long
+    /// backoff keeps its backoff.
     pub fn retain(&self, live: &HashSet<String>) -> usize {
-        let mut entries = self.entries();
-        let before = entries.len();
-        entries.retain(|id, _| live.contains(id));
-        before - entries.len()
+        let mut inner = self.inner();
+        let before = inner.entries.len();
+        inner.entries.retain(|id, _| live.contains(&**id));
+        inner.shapes.retain(|shape| Arc::strong_count(shape) > 1);
+        before - inner.entries.len()
+    }
+
+    /// How many distinct answers (without their instance IDs) the entries hold.
+    #[cfg(test)]
+    pub fn shapes(&self) -> usize {
+        self.inner().shapes.len()
     }
 
     pub fn len(&self) -> usize {
-        self.entries().len()
+        self.inner().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries().is_empty()
+        self.inner().entries.is_empty()
     }
 
     /// What the cache holds about `instance_id` at `now` (for `explain`).
     pub fn inspect(&self, instance_id: &str, now: Instant) -> Option<CacheView> {
-        let entries = self.entries();
-        let e = entries.get(instance_id)?;
+        let inner = self.inner();
+        let e = inner.entries.get(instance_id)?;
         let secs = |d: Duration| d.as_secs();
         let view = match &e.state {
             State::Known {
@@ -612,7 +674,7 @@ impl Cache {
                 refused,
                 ..
             } => CacheView {
-                boot_id: e.boot_id.clone(),
+                boot_id: e.boot_id.as_deref().map(str::to_owned),
                 state: if refused.is_some() {
                     "refused"
                 } else if *settling > 0 {
@@ -621,7 +683,10 @@ impl Cache {
                     "known"
                 }
                 .to_string(),
-                topology: Some((**topology).clone()),
+                topology: Some(InstanceTopology {
+                    instance_id: instance_id.to_owned(),
+                    ..(**topology).clone()
+                }),
                 // A complete answer is kept for the cache TTL: its age follows from when it is
                 // due again.
                 age_s: (*settling == 0 && refused.is_none()).then(|| {
@@ -640,7 +705,7 @@ impl Cache {
                 attempts,
                 refused,
             } => CacheView {
-                boot_id: e.boot_id.clone(),
+                boot_id: e.boot_id.as_deref().map(str::to_owned),
                 state: if refused.is_some() {
                     "refused"
                 } else {

@@ -1428,3 +1428,44 @@ fn a_record_given_within_the_last_ttl_is_due_when_that_ttl_ends() {
         .count();
     assert!((10..=60).contains(&soon), "{soon}");
 }
+
+/// Instances that EC2 places alike (one type, one zone, one switch) share one kept answer;
+/// each still reads its own instance ID back, from an answer EC2 gave or a record taken; and
+/// an answer no instance holds any more goes with housekeeping.
+#[test]
+fn answers_alike_but_for_the_instance_are_kept_once() {
+    let cache = short_ttl_cache(Duration::from_secs(600));
+    let t0 = Instant::now();
+    for k in 0..30 {
+        let leaf = if k < 20 { "nn-leaf-1" } else { "nn-leaf-2" };
+        let answer = answer_in_us_west_2(&id(k), leaf);
+        cache
+            .record(&id(k), Some("b"), None, Ok(Some(answer)), false, t0)
+            .unwrap();
+    }
+    assert!(cache.seed(
+        crate::verified::Verified {
+            topology: answer_in_us_west_2(&id(30), "nn-leaf-2"),
+            boot_id: Some("b".into()),
+            at: 1_700_000_000,
+        },
+        t0,
+    ));
+    assert_eq!(cache.len(), 31);
+    assert_eq!(cache.shapes(), 2, "two switches, two answers kept");
+    for k in [0, 19, 20, 30] {
+        let cache::Check::Answered(Resolved::Topology { topology, .. }) =
+            cache.check(&id(k), Some("b"), false, t0)
+        else {
+            panic!("{k} is known");
+        };
+        let leaf = if k < 20 { "nn-leaf-1" } else { "nn-leaf-2" };
+        assert_eq!(*topology, answer_in_us_west_2(&id(k), leaf));
+        let view = cache.inspect(&id(k), t0).unwrap();
+        assert_eq!(view.topology.unwrap().instance_id, id(k));
+    }
+    // The instances under the second switch are gone: so is its answer.
+    let live: HashSet<String> = (0..20).map(id).collect();
+    assert_eq!(cache.retain(&live), 11);
+    assert_eq!(cache.shapes(), 1);
+}

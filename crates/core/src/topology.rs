@@ -4,7 +4,7 @@
 use std::future::Future;
 
 /// One instance as `DescribeInstanceTopology` describes it, in our own terms.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceTopology {
     pub instance_id: String,

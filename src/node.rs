@@ -11,7 +11,11 @@
 //!
 //! Owns: how a Node is read (serde skips the rest). Never writes one.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
 
 use k8s_openapi::{
     api::core::v1::Taint,
@@ -91,9 +95,10 @@ impl From<WireNode> for LiteNode {
 /// (a 544-byte tree node and a dozen small strings); this costs their length (about 300 bytes).
 /// The one annotation a cached node keeps, our ~400-byte verification record, costs about 1 KiB
 /// in a map and its length packed. `\0` is valid in no key nor label value; a map with one
-/// anywhere (an annotation value may hold any text) is not packed.
+/// anywhere (an annotation value may hold any text) is not packed. Cheap to clone: nodes with
+/// the same labels share one (see [`LabelSets`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PackedMap(Box<str>);
+pub struct PackedMap(Arc<str>);
 
 impl PackedMap {
     pub fn pack(labels: &BTreeMap<String, String>) -> Option<Self> {
@@ -111,7 +116,7 @@ impl PackedMap {
             s.push_str(v);
             s.push('\0');
         }
-        Some(Self(s.into_boxed_str()))
+        Some(Self(s.into()))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -119,10 +124,51 @@ impl PackedMap {
         std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
     }
 
+    /// Whether `self` and `other` are one allocation (shared, not only equal).
+    pub fn shares(&self, other: &PackedMap) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     pub fn unpack(&self) -> BTreeMap<String, String> {
         self.iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect()
+    }
+}
+
+/// The label sets of cached nodes, each kept once. What a cached node keeps of its labels (our
+/// family, its instance type and zone) is the same for every node of one instance type under
+/// one switch: at 100,000 nodes, a few thousand sets of about 300 bytes instead of 100,000.
+#[derive(Debug, Default)]
+pub struct LabelSets {
+    sets: HashSet<PackedMap>,
+    /// How many sets were in use at the last sweep.
+    swept: usize,
+}
+
+impl LabelSets {
+    /// The set equal to `packed`, shared.
+    pub fn share(&mut self, packed: PackedMap) -> PackedMap {
+        if let Some(shared) = self.sets.get(&packed) {
+            return shared.clone();
+        }
+        // Sets no node holds any more go when the count has doubled since the last sweep (at
+        // least 1,024 apart): bounded, at a constant cost per set.
+        if self.sets.len() >= self.swept.saturating_mul(2).max(1024) {
+            self.sets.retain(|s| Arc::strong_count(&s.0) > 1);
+            self.swept = self.sets.len();
+        }
+        self.sets.insert(packed.clone());
+        packed
+    }
+
+    /// How many sets are kept (some may be held by no node until the next sweep).
+    pub fn len(&self) -> usize {
+        self.sets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
     }
 }
 
@@ -344,6 +390,13 @@ impl LiteNode {
     /// cache (thousands of them), read through [`LiteNode::labels`].
     pub fn pack_labels(&mut self) {
         pack(&mut self.metadata.labels, &mut self.packed_labels);
+    }
+
+    /// Packed labels equal to another node's share its allocation.
+    pub fn share_labels(&mut self, sets: &mut LabelSets) {
+        if let Some(packed) = self.packed_labels.take() {
+            self.packed_labels = Some(sets.share(packed));
+        }
     }
 
     /// The packed labels, for hashing what changed.

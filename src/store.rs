@@ -22,7 +22,7 @@ use std::{
 
 use kube::runtime::watcher::Event;
 
-use crate::node::LiteNode;
+use crate::node::{LabelSets, LiteNode};
 
 /// A cached node, found in the set by its name.
 #[derive(Debug, Clone)]
@@ -67,6 +67,7 @@ impl NodeCache {
         let feeder = Feeder {
             cache: cache.clone(),
             relist: None,
+            labels: LabelSets::default(),
         };
         (cache, feeder)
     }
@@ -115,6 +116,8 @@ pub struct Feeder {
     cache: NodeCache,
     /// The set a relist is filling (it replaces the cache's when the relist is done).
     relist: Option<HashSet<ByName>>,
+    /// The cached nodes' label sets, each kept once.
+    labels: LabelSets,
 }
 
 impl Feeder {
@@ -122,7 +125,8 @@ impl Feeder {
     /// node is gone from the cache, and what we kept about it goes with housekeeping).
     pub fn apply(&mut self, event: Event<LiteNode>) -> Option<Arc<LiteNode>> {
         match event {
-            Event::Apply(node) => {
+            Event::Apply(mut node) => {
+                node.share_labels(&mut self.labels);
                 let node = Arc::new(node);
                 self.cache.write().replace(ByName(node.clone()));
                 Some(node)
@@ -135,7 +139,8 @@ impl Feeder {
                 self.relist = Some(HashSet::new());
                 None
             }
-            Event::InitApply(node) => {
+            Event::InitApply(mut node) => {
+                node.share_labels(&mut self.labels);
                 let node = Arc::new(node);
                 self.relist
                     .get_or_insert_with(HashSet::new)
@@ -210,5 +215,57 @@ mod tests {
         feeder.apply(Event::InitDone);
         assert!(cache.get("a").is_none());
         assert_eq!(cache.state().len(), 1);
+    }
+
+    /// Nodes with the same labels (as the cache keeps them) share them; a changed node gets
+    /// its own again.
+    #[test]
+    fn nodes_with_the_same_labels_share_them() {
+        let (cache, mut feeder) = NodeCache::new();
+        let labelled = |name: &str, leaf: &str| {
+            let mut n = node(name, "1");
+            n.metadata.labels = Some(
+                [("topology.k8s.aws/network-node-layer-3", leaf)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            n.pack_labels();
+            n
+        };
+        feeder.apply(Event::Init);
+        for i in 0..10 {
+            feeder.apply(Event::InitApply(labelled(&format!("a{i}"), "nn-1")));
+        }
+        feeder.apply(Event::InitApply(labelled("b", "nn-2")));
+        feeder.apply(Event::InitDone);
+        assert_eq!(feeder.labels.len(), 2);
+        let (a0, a9, b) = (
+            cache.get("a0").unwrap(),
+            cache.get("a9").unwrap(),
+            cache.get("b").unwrap(),
+        );
+        assert!(
+            a0.packed_labels()
+                .unwrap()
+                .shares(a9.packed_labels().unwrap())
+        );
+        assert!(
+            !a0.packed_labels()
+                .unwrap()
+                .shares(b.packed_labels().unwrap())
+        );
+        assert_eq!(
+            b.label("topology.k8s.aws/network-node-layer-3").as_deref(),
+            Some("nn-2")
+        );
+        // a0 moved to nn-2: it shares b's labels now.
+        feeder.apply(Event::Apply(labelled("a0", "nn-2")));
+        let a0 = cache.get("a0").unwrap();
+        assert!(
+            a0.packed_labels()
+                .unwrap()
+                .shares(b.packed_labels().unwrap())
+        );
     }
 }

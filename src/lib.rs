@@ -16,6 +16,7 @@ pub mod duration;
 pub mod events;
 pub mod explain;
 pub mod http;
+pub mod intern;
 pub mod reconcile;
 pub mod run;
 

@@ -11,17 +11,19 @@
 //!
 //! Owns: how a Node is read (serde skips the rest). Never writes one.
 
-use std::{
-    borrow::Cow,
-    collections::{BTreeMap, HashSet},
-    sync::Arc,
-};
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::Taint,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
 use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::{
+    intern::Interner,
+    topology::InstanceTopology,
+    verified::{VERIFIED_KEY, Verified},
+};
 
 /// The condition type we own on Nodes.
 pub const CONDITION_TYPE: &str = "TopologyLabeled";
@@ -52,9 +54,13 @@ pub struct LiteNode {
     /// The labels of a node in the cache, packed (see [`LiteNode::pack_labels`]); read through
     /// [`LiteNode::labels`].
     packed_labels: Option<PackedMap>,
-    /// The annotations of a node in the cache (our own: the verification record), packed the
-    /// same way; read through [`LiteNode::annotations`] and [`LiteNode::annotation`].
+    /// The annotations of a node in the cache (our own), packed the same way but for the
+    /// verification record (in `record`); read through [`LiteNode::annotations`] and
+    /// [`LiteNode::annotation`].
     packed_annotations: Option<PackedMap>,
+    /// The verification record of a node in the cache, kept as its parts (a third of its
+    /// text, the answer shared).
+    record: Option<KeptRecord>,
 }
 
 /// The metadata fields we read, under `ObjectMeta`'s names.
@@ -86,6 +92,7 @@ impl From<WireNode> for LiteNode {
             status: w.status,
             packed_labels: None,
             packed_annotations: None,
+            record: None,
         }
     }
 }
@@ -96,7 +103,7 @@ impl From<WireNode> for LiteNode {
 /// The one annotation a cached node keeps, our ~400-byte verification record, costs about 1 KiB
 /// in a map and its length packed. `\0` is valid in no key nor label value; a map with one
 /// anywhere (an annotation value may hold any text) is not packed. Cheap to clone: nodes with
-/// the same labels share one (see [`LabelSets`]).
+/// the same labels share one (see [`Sharing`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PackedMap(Arc<str>);
 
@@ -136,39 +143,62 @@ impl PackedMap {
     }
 }
 
-/// The label sets of cached nodes, each kept once. What a cached node keeps of its labels (our
+/// What cached nodes share, each kept once. What a cached node keeps of its labels (our
 /// family, its instance type and zone) is the same for every node of one instance type under
-/// one switch: at 100,000 nodes, a few thousand sets of about 300 bytes instead of 100,000.
+/// one switch, and so is the answer in its verification record but for the instance ID: at
+/// 100,000 nodes, a few thousand of each instead of 100,000 (about 300 bytes each).
 #[derive(Debug, Default)]
-pub struct LabelSets {
-    sets: HashSet<PackedMap>,
-    /// How many sets were in use at the last sweep.
-    swept: usize,
+pub struct Sharing {
+    labels: Interner<str>,
+    answers: Interner<InstanceTopology>,
 }
 
-impl LabelSets {
-    /// The set equal to `packed`, shared.
-    pub fn share(&mut self, packed: PackedMap) -> PackedMap {
-        if let Some(shared) = self.sets.get(&packed) {
-            return shared.clone();
+impl Sharing {
+    /// How many label sets and answers are kept (some may be held by no node until the next
+    /// sweep).
+    pub fn len(&self) -> (usize, usize) {
+        (self.labels.len(), self.answers.len())
+    }
+}
+
+/// A verification record as a cached node keeps it: its answer without the instance ID,
+/// shared (see [`Sharing`]), and what is the node's own. Only a record that encodes back to
+/// exactly its text is kept this way (any other is kept as text), so it reads back as it was.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeptRecord {
+    instance_id: Box<str>,
+    boot_id: Option<Box<str>>,
+    at: u64,
+    answer: Arc<InstanceTopology>,
+}
+
+impl KeptRecord {
+    fn keep(text: &str) -> Option<Self> {
+        let verified = Verified::parse(text).ok()?;
+        if verified.encode() != text {
+            return None;
         }
-        // Sets no node holds any more go when the count has doubled since the last sweep (at
-        // least 1,024 apart): bounded, at a constant cost per set.
-        if self.sets.len() >= self.swept.saturating_mul(2).max(1024) {
-            self.sets.retain(|s| Arc::strong_count(&s.0) > 1);
-            self.swept = self.sets.len();
-        }
-        self.sets.insert(packed.clone());
-        packed
+        let mut answer = verified.topology;
+        let instance_id = std::mem::take(&mut answer.instance_id).into_boxed_str();
+        Some(Self {
+            instance_id,
+            boot_id: verified.boot_id.map(String::into_boxed_str),
+            at: verified.at,
+            answer: Arc::new(answer),
+        })
     }
 
-    /// How many sets are kept (some may be held by no node until the next sweep).
-    pub fn len(&self) -> usize {
-        self.sets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sets.is_empty()
+    /// The record's text, as it was on the node.
+    fn text(&self) -> String {
+        Verified {
+            topology: InstanceTopology {
+                instance_id: self.instance_id.to_string(),
+                ..(*self.answer).clone()
+            },
+            boot_id: self.boot_id.as_deref().map(str::to_owned),
+            at: self.at,
+        }
+        .encode()
     }
 }
 
@@ -392,10 +422,14 @@ impl LiteNode {
         pack(&mut self.metadata.labels, &mut self.packed_labels);
     }
 
-    /// Packed labels equal to another node's share its allocation.
-    pub fn share_labels(&mut self, sets: &mut LabelSets) {
+    /// Packed labels equal to another node's, and a kept record's answer equal to another
+    /// node's, share their allocation.
+    pub fn share(&mut self, sharing: &mut Sharing) {
         if let Some(packed) = self.packed_labels.take() {
-            self.packed_labels = Some(sets.share(packed));
+            self.packed_labels = Some(PackedMap(sharing.labels.share(packed.0)));
+        }
+        if let Some(record) = self.record.as_mut() {
+            record.answer = sharing.answers.share(record.answer.clone());
         }
     }
 
@@ -405,17 +439,45 @@ impl LiteNode {
     }
 
     pub fn annotations(&self) -> Cow<'_, BTreeMap<String, String>> {
-        whole(&self.metadata.annotations, &self.packed_annotations)
+        let whole = whole(&self.metadata.annotations, &self.packed_annotations);
+        match &self.record {
+            None => whole,
+            Some(record) => {
+                let mut all = whole.into_owned();
+                all.insert(VERIFIED_KEY.to_owned(), record.text());
+                Cow::Owned(all)
+            }
+        }
     }
 
     /// The value of the annotation `key`, if any (without unpacking).
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        value(&self.metadata.annotations, &self.packed_annotations, key)
+    pub fn annotation(&self, key: &str) -> Option<Cow<'_, str>> {
+        match &self.record {
+            Some(record) if key == VERIFIED_KEY => Some(Cow::Owned(record.text())),
+            _ => {
+                value(&self.metadata.annotations, &self.packed_annotations, key).map(Cow::Borrowed)
+            }
+        }
     }
 
-    /// As [`LiteNode::pack_labels`], for the annotations.
+    /// As [`LiteNode::pack_labels`], for the annotations; a verification record is kept as
+    /// its parts (see [`KeptRecord`]).
     pub fn pack_annotations(&mut self) {
+        if let Some(map) = self.metadata.annotations.as_mut() {
+            if let Some(record) = map.get(VERIFIED_KEY).and_then(|t| KeptRecord::keep(t)) {
+                map.remove(VERIFIED_KEY);
+                self.record = Some(record);
+            }
+            if map.is_empty() {
+                self.metadata.annotations = None;
+            }
+        }
         pack(&mut self.metadata.annotations, &mut self.packed_annotations);
+    }
+
+    /// The verification record as kept, for hashing what changed.
+    pub fn kept_record(&self) -> Option<&KeptRecord> {
+        self.record.as_ref()
     }
 
     /// The packed annotations, for hashing what changed.
@@ -560,10 +622,13 @@ mod tests {
         );
         assert_eq!(*n.annotations(), annotations);
         assert_eq!(
-            n.annotation("ec2-topology-labeler.io/verified"),
+            n.annotation("ec2-topology-labeler.io/verified").as_deref(),
             Some(record)
         );
-        assert_eq!(n.annotation("ec2-topology-labeler.io/other"), Some(""));
+        assert_eq!(
+            n.annotation("ec2-topology-labeler.io/other").as_deref(),
+            Some("")
+        );
         assert_eq!(n.annotation("missing"), None);
         // A value with a NUL (an annotation may hold any text) cannot be packed: kept as it is,
         // and read the same.
@@ -574,12 +639,75 @@ mod tests {
         assert_eq!(kept.metadata.annotations.as_ref(), Some(&odd), "not packed");
         assert!(kept.packed_annotations().is_none());
         assert_eq!(
-            kept.annotation("ec2-topology-labeler.io/verified"),
+            kept.annotation("ec2-topology-labeler.io/verified")
+                .as_deref(),
             Some("a\0b")
         );
         let mut none = LiteNode::default();
         none.pack_annotations();
         assert!(none.annotations().is_empty() && none.packed_annotations().is_none());
+    }
+
+    fn record(instance: &str, leaf: &str) -> String {
+        Verified {
+            topology: InstanceTopology {
+                instance_id: instance.into(),
+                instance_type: Some("p5.48xlarge".into()),
+                availability_zone: Some("us-west-2a".into()),
+                zone_id: Some("usw2-az1".into()),
+                network_nodes: vec!["nn-top".into(), "nn-mid".into(), leaf.into()],
+                ..InstanceTopology::default()
+            },
+            boot_id: Some("5d3a1c2e-8f4b-4a6c-9e7d-0b1f2a3c4d5e".into()),
+            at: 1_796_300_000,
+        }
+        .encode()
+    }
+
+    fn cached(annotations: &[(&str, &str)], sharing: &mut Sharing) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.annotations = Some(map(annotations));
+        n.pack_annotations();
+        n.share(sharing);
+        n
+    }
+
+    /// A record we wrote is kept as its parts, its answer shared by the nodes under one
+    /// switch, and reads back as the very text it was; any other value under the record's key
+    /// (a record edited by hand, a sum that does not match) is kept as its text.
+    #[test]
+    fn a_record_is_kept_as_its_parts_and_reads_back_as_it_was() {
+        let mut sharing = Sharing::default();
+        let (a, b, c) = (
+            record("i-0aaaaaaaaaaaaaaaa", "nn-leaf-1"),
+            record("i-0bbbbbbbbbbbbbbbb", "nn-leaf-1"),
+            record("i-0cccccccccccccccc", "nn-leaf-2"),
+        );
+        let other = ("ec2-topology-labeler.io/other", "x");
+        let na = cached(&[(VERIFIED_KEY, &a), other], &mut sharing);
+        let nb = cached(&[(VERIFIED_KEY, &b)], &mut sharing);
+        let nc = cached(&[(VERIFIED_KEY, &c)], &mut sharing);
+        for (n, text) in [(&na, &a), (&nb, &b), (&nc, &c)] {
+            assert!(n.kept_record().is_some(), "kept as its parts");
+            assert_eq!(n.annotation(VERIFIED_KEY).as_deref(), Some(text.as_str()));
+            assert_eq!(
+                n.annotations().get(VERIFIED_KEY).map(String::as_str),
+                Some(text.as_str())
+            );
+        }
+        assert_eq!(*na.annotations(), map(&[(VERIFIED_KEY, &a), other]));
+        assert!(nb.metadata.annotations.is_none() && nb.packed_annotations().is_none());
+        assert_eq!(sharing.len().1, 2, "two switches, two answers kept");
+        let answer = |n: &LiteNode| n.kept_record().map(|r| r.answer.clone());
+        assert!(Arc::ptr_eq(&answer(&na).unwrap(), &answer(&nb).unwrap()));
+        // Not what we wrote: kept as text, read back as it is.
+        let spaced = a.replacen(',', ", ", 1);
+        let tampered = a.replacen("nn-leaf-1", "nn-leaf-9", 1);
+        for text in [spaced, tampered, "{}".to_string()] {
+            let n = cached(&[(VERIFIED_KEY, &text)], &mut sharing);
+            assert!(n.kept_record().is_none(), "{text}");
+            assert_eq!(n.annotation(VERIFIED_KEY).as_deref(), Some(text.as_str()));
+        }
     }
 
     #[test]

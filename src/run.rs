@@ -80,6 +80,7 @@ fn relevant(node: &LiteNode) -> u64 {
     node.packed_labels().hash(&mut h);
     node.metadata.annotations.hash(&mut h);
     node.packed_annotations().hash(&mut h);
+    node.kept_record().hash(&mut h);
     provider_id_of(node).hash(&mut h);
     boot_id(node).hash(&mut h);
     // The startup gate acts on taints (one added or removed) and on our condition.

@@ -22,7 +22,7 @@ use std::{
 
 use kube::runtime::watcher::Event;
 
-use crate::node::{LabelSets, LiteNode};
+use crate::node::{LiteNode, Sharing};
 
 /// A cached node, found in the set by its name.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ impl NodeCache {
         let feeder = Feeder {
             cache: cache.clone(),
             relist: None,
-            labels: LabelSets::default(),
+            sharing: Sharing::default(),
         };
         (cache, feeder)
     }
@@ -116,8 +116,8 @@ pub struct Feeder {
     cache: NodeCache,
     /// The set a relist is filling (it replaces the cache's when the relist is done).
     relist: Option<HashSet<ByName>>,
-    /// The cached nodes' label sets, each kept once.
-    labels: LabelSets,
+    /// What the cached nodes share.
+    sharing: Sharing,
 }
 
 impl Feeder {
@@ -126,7 +126,7 @@ impl Feeder {
     pub fn apply(&mut self, event: Event<LiteNode>) -> Option<Arc<LiteNode>> {
         match event {
             Event::Apply(mut node) => {
-                node.share_labels(&mut self.labels);
+                node.share(&mut self.sharing);
                 let node = Arc::new(node);
                 self.cache.write().replace(ByName(node.clone()));
                 Some(node)
@@ -140,7 +140,7 @@ impl Feeder {
                 None
             }
             Event::InitApply(mut node) => {
-                node.share_labels(&mut self.labels);
+                node.share(&mut self.sharing);
                 let node = Arc::new(node);
                 self.relist
                     .get_or_insert_with(HashSet::new)
@@ -239,7 +239,7 @@ mod tests {
         }
         feeder.apply(Event::InitApply(labelled("b", "nn-2")));
         feeder.apply(Event::InitDone);
-        assert_eq!(feeder.labels.len(), 2);
+        assert_eq!(feeder.sharing.len().0, 2);
         let (a0, a9, b) = (
             cache.get("a0").unwrap(),
             cache.get("a9").unwrap(),

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::{LookupConfig, Resolved};
 use crate::{
+    intern::Interner,
     topology::{Ec2Error, InstanceTopology},
     verified::Verified,
 };
@@ -163,19 +164,14 @@ pub struct Cache {
 struct Inner {
     entries: HashMap<Box<str>, Entry>,
     /// Every answer an entry holds, without its instance ID, once.
-    shapes: HashSet<Arc<InstanceTopology>>,
+    shapes: Interner<InstanceTopology>,
 }
 
 impl Inner {
     /// `topology` without its instance ID, shared with every entry that has the same.
     fn intern(&mut self, mut topology: InstanceTopology) -> Arc<InstanceTopology> {
         topology.instance_id = String::new();
-        if let Some(shape) = self.shapes.get(&topology) {
-            return shape.clone();
-        }
-        let shape = Arc::new(topology);
-        self.shapes.insert(shape.clone());
-        shape
+        self.shapes.share(Arc::new(topology))
     }
 }
 
@@ -643,7 +639,7 @@ impl Cache {
         let mut inner = self.inner();
         let before = inner.entries.len();
         inner.entries.retain(|id, _| live.contains(&**id));
-        inner.shapes.retain(|shape| Arc::strong_count(shape) > 1);
+        inner.shapes.sweep();
         before - inner.entries.len()
     }
 

@@ -307,7 +307,7 @@ pub fn trusted(
     target: &Target,
 ) -> Result<Verified, Distrust> {
     let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
-    let verified = Verified::parse(value).map_err(|e| match e {
+    let verified = Verified::parse(&value).map_err(|e| match e {
         RecordError::Unreadable(_) => Distrust::Unreadable,
         RecordError::OtherVersion(_) => Distrust::OtherVersion,
         RecordError::Tampered => Distrust::Tampered,

@@ -70,7 +70,6 @@ pub struct LiteMeta {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub creation_timestamp: Option<Time>,
-    pub deletion_timestamp: Option<Time>,
     pub labels: Option<BTreeMap<String, String>>,
     pub annotations: Option<BTreeMap<String, String>>,
 }
@@ -84,7 +83,6 @@ impl From<WireNode> for LiteNode {
                 uid: m.uid,
                 resource_version: m.resource_version,
                 creation_timestamp: m.creation_timestamp,
-                deletion_timestamp: m.deletion_timestamp,
                 labels: m.labels,
                 annotations: m.annotations,
             },

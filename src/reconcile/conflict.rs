@@ -48,11 +48,20 @@ pub enum Verdict {
 }
 
 /// One node's history of corrections, kept in its record (see `super::nodes`).
+/// 32 bytes for a node nobody fights over (nearly all of them; a record is kept for every node):
+/// what a fight needs is boxed.
 #[derive(Debug, Default, Clone)]
 pub struct History {
     /// Hash of the boot ID the history is about (a hash, not the 36-byte ID: one per node).
     boot: Option<u64>,
     wrote: bool,
+    /// Made at the first correction in a boot.
+    fight: Option<Box<Fight>>,
+}
+
+/// The corrections of one boot, and the holds they led to.
+#[derive(Debug, Default, Clone)]
+struct Fight {
     corrections: VecDeque<Instant>,
     held_until: Option<Instant>,
     holds: u32,
@@ -61,7 +70,10 @@ pub struct History {
 impl History {
     /// Are writes to this node held at `now`?
     pub fn holding(&self, now: Instant) -> bool {
-        self.held_until.is_some_and(|until| now < until)
+        self.fight
+            .as_ref()
+            .and_then(|f| f.held_until)
+            .is_some_and(|until| now < until)
     }
 
     /// May we write this node's labels now?
@@ -84,36 +96,39 @@ impl History {
                 ..History::default()
             };
         }
-        if let Some(until) = self.held_until {
+        if let Some(fight) = self.fight.as_mut()
+            && let Some(until) = fight.held_until
+        {
             if now < until {
                 return Verdict::Hold {
                     until,
                     first: false,
                 };
             }
-            self.held_until = None;
+            fight.held_until = None;
         }
         if !self.wrote {
             return Verdict::Write;
         }
         // We labelled this node during this boot already: this write corrects someone.
-        self.corrections.push_back(now);
-        while self
+        let fight = self.fight.get_or_insert_with(Box::default);
+        fight.corrections.push_back(now);
+        while fight
             .corrections
             .front()
             .is_some_and(|t| now.saturating_duration_since(*t) > cfg.window)
         {
-            self.corrections.pop_front();
+            fight.corrections.pop_front();
         }
-        if self.corrections.len() > cfg.max_corrections {
-            self.holds = self.holds.saturating_add(1);
+        if fight.corrections.len() > cfg.max_corrections {
+            fight.holds = fight.holds.saturating_add(1);
             let pause = cfg
                 .backoff
-                .saturating_mul(1u32 << (self.holds - 1).min(16))
+                .saturating_mul(1u32 << (fight.holds - 1).min(16))
                 .min(cfg.backoff_max);
             let until = now + pause;
-            self.held_until = Some(until);
-            self.corrections.clear();
+            fight.held_until = Some(until);
+            fight.corrections.clear();
             return Verdict::Hold { until, first: true };
         }
         Verdict::Write

@@ -247,7 +247,7 @@ pub fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
 
 /// Every node's record.
 pub struct Nodes {
-    records: Mutex<HashMap<String, NodeRecord>>,
+    records: Mutex<HashMap<Box<str>, NodeRecord>>,
     metrics: Arc<Metrics>,
 }
 
@@ -259,7 +259,7 @@ impl Nodes {
         }
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<String, NodeRecord>> {
+    fn records(&self) -> MutexGuard<'_, HashMap<Box<str>, NodeRecord>> {
         // A record is updated in place by small, total steps: a panic elsewhere cannot leave one
         // half-written.
         self.records.lock().unwrap_or_else(|e| e.into_inner())
@@ -273,7 +273,7 @@ impl Nodes {
         if let Some(r) = records.get_mut(name) {
             return f(r);
         }
-        f(records.entry(name.to_owned()).or_default())
+        f(records.entry(name.into()).or_default())
     }
 
     /// Record where `node` stands (and move it between the state gauges).
@@ -302,7 +302,7 @@ impl Nodes {
     pub fn retain(&self, live: &HashSet<String>) {
         let mut records = self.records();
         records.retain(|name, r| {
-            let keep = live.contains(name);
+            let keep = live.contains(&**name);
             if !keep {
                 self.metrics.node_state_changed(r.state.as_ref(), None);
             }

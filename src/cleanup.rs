@@ -81,13 +81,13 @@ async fn ours(client: &Client, ar: &ApiResource) -> Result<Vec<DynamicObject>, k
 }
 
 /// Names of nodes carrying our condition, among `nodes` (the node cache, or a fresh list).
-pub fn with_condition<'a>(
-    nodes: impl IntoIterator<Item = &'a crate::node::LiteNode>,
+pub fn with_condition<N: std::borrow::Borrow<crate::node::LiteNode>>(
+    nodes: impl IntoIterator<Item = N>,
 ) -> Vec<String> {
     nodes
         .into_iter()
-        .filter(|n| n.topology_condition().is_some())
-        .map(|n| n.name_any())
+        .filter(|n| n.borrow().topology_condition().is_some())
+        .map(|n| n.borrow().name_any())
         .collect()
 }
 

@@ -353,7 +353,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             concurrency: usize::from(args.controller.concurrency),
         },
         move |name| get_from.get(name),
-        move || names_of.state().iter().map(|n| key(n)).collect(),
+        move || {
+            names_of
+                .state()
+                .iter()
+                .map(|n| Key::from(n.name()))
+                .collect()
+        },
         move |node: Arc<LiteNode>| {
             let ctx = ctx.clone();
             async move {
@@ -389,7 +395,7 @@ pub fn on_election(
             let (first, rest): (Vec<_>, Vec<_>) = reader
                 .state()
                 .into_iter()
-                .partition(|n| crate::reconcile::urgent(n, &ctx));
+                .partition(|n| crate::reconcile::urgent(&n.expand(), &ctx));
             if !first.is_empty() {
                 debug!(
                     nodes = first.len(),
@@ -498,7 +504,7 @@ async fn retire_features_at_start(
     if retired.condition {
         let nodes = reader.state();
         items.extend(
-            crate::cleanup::with_condition(nodes.iter().map(|n| n.as_ref()))
+            crate::cleanup::with_condition(nodes.iter().map(|n| n.expand()))
                 .into_iter()
                 .map(|name| crate::cleanup::Item {
                     kind: "condition",

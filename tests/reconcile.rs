@@ -1077,7 +1077,7 @@ async fn the_walk_at_start_fills_every_call_and_leaves_reconciles_cache_hits() {
     let before = fake.0.calls.lock().unwrap().len();
     let node = store.state().into_iter().next().expect("a node");
     drop(handle);
-    let _ = reconcile(node, ctx.clone()).await;
+    let _ = reconcile(std::sync::Arc::new(node.expand()), ctx.clone()).await;
     assert_eq!(fake.0.calls.lock().unwrap().len(), before, "a cache hit");
 }
 
@@ -1178,9 +1178,12 @@ async fn a_new_leader_asks_ec2_nothing_about_verified_nodes() {
     );
     assert_eq!(ctx.lookup.cached(), 1_050, "every record taken");
     for n in reader.state().into_iter().take(20) {
-        without_requests(&mut handle, reconcile(n, ctx.clone()))
-            .await
-            .expect("nothing to do");
+        without_requests(
+            &mut handle,
+            reconcile(std::sync::Arc::new(n.expand()), ctx.clone()),
+        )
+        .await
+        .expect("nothing to do");
     }
     assert!(fake.0.calls.lock().unwrap().is_empty());
     assert_no_more_requests(ctx, handle).await;

@@ -267,10 +267,10 @@ fn fingerprint(reader: &crate::store::NodeCache) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     reader.state().iter().fold(0u64, |sum, n| {
         let mut h = DefaultHasher::new();
-        n.metadata.name.hash(&mut h);
+        n.name().hash(&mut h);
         match n.packed_labels() {
             Some(packed) => packed.hash(&mut h),
-            None => n.metadata.labels.hash(&mut h),
+            None => n.plain_labels_for_hash().hash(&mut h),
         }
         sum.wrapping_add(h.finish())
     })

@@ -42,7 +42,7 @@ pub fn due(store: crate::store::NodeCache, period: Duration) -> impl Stream<Item
             let refs: Vec<Key> = store
                 .state()
                 .iter()
-                .filter(|n| n.metadata.name.as_deref().is_some_and(|s| slot(s) == now))
+                .filter(|n| slot(n.name()) == now)
                 .map(|n| Key::from(n.name()))
                 .collect();
             Some((futures::stream::iter(refs), (tick, k + 1)))

@@ -79,8 +79,9 @@ async fn walk(store: &crate::store::NodeCache, ctx: &Context) -> (usize, Option<
     // In the order the reconciles come (the initial list's: by name), not the store's hash
     // order: the first reconciles then ask for what the walk's first calls carry.
     let mut nodes = store.state();
-    nodes.sort_unstable_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    nodes.sort_unstable_by(|a, b| a.name().cmp(b.name()));
     for node in nodes {
+        let node = node.expand();
         let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) else {
             continue;
         };

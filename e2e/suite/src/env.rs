@@ -388,10 +388,12 @@ pub fn run_trials(
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     // Stop the controller, mock-ec2, kube-apiserver and etcd (by PID) before exiting.
+    let dir = env.dir.clone();
     match Arc::try_unwrap(env) {
         Ok(env) => drop(env),
         Err(_) => eprintln!("environment still shared at exit; processes stop on exit"),
     }
+    crate::remove_work_dir(&dir, !conclusion.has_failed());
     conclusion
 }
 

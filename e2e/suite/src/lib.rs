@@ -94,6 +94,19 @@ pub fn work_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Remove a working directory when the run it served passed (etcd's data alone is 0.5 to 2 GB
+/// a run: kept, they filled a developer's disk in a day). A failed run keeps it for its logs,
+/// and so does any run with `EC2TL_KEEP_WORK=1`.
+pub fn remove_work_dir(dir: &std::path::Path, passed: bool) {
+    if !passed || std::env::var_os("EC2TL_KEEP_WORK").is_some_and(|v| v == "1") {
+        eprintln!("working directory kept: {}", dir.display());
+        return;
+    }
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        eprintln!("could not remove {}: {e}", dir.display());
+    }
+}
+
 /// The SHA-256 of `bytes`, in lowercase hex (an OCI digest without its `sha256:`).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};

@@ -1452,6 +1452,13 @@ async fn main() -> anyhow::Result<()> {
     e2e::init_tls();
     let args = Args::parse();
     let root = e2e::work_dir("ec2tl-bench")?;
+    let result = bench(&args, &root).await;
+    // The clusters' etcd data (1 to 2 GB a run) goes unless the run failed.
+    e2e::remove_work_dir(&root, result.is_ok());
+    result
+}
+
+async fn bench(args: &Args, root: &std::path::Path) -> anyhow::Result<()> {
     let started = String::from_utf8(
         Command::new("date")
             .arg("-u")
@@ -1476,14 +1483,14 @@ async fn main() -> anyhow::Result<()> {
         let [build] = &builds[..] else {
             bail!("--everything takes one build");
         };
-        return everything::run(n, build, &root, &args.out, &started).await;
+        return everything::run(n, build, root, &args.out, &started).await;
     }
     if !args.scale.is_empty() {
         return scale::run(
             &args.scale,
             args.light_from,
             &builds,
-            &root,
+            root,
             &args.out,
             &started,
         )
@@ -1539,7 +1546,10 @@ async fn main() -> anyhow::Result<()> {
     if !chart.success() {
         eprintln!("chart rendering failed; the table and CSV are written");
     }
-    eprintln!("work directory: {}", root.display());
+    eprintln!(
+        "work directory (removed when the run passes): {}",
+        root.display()
+    );
     Ok(())
 }
 

@@ -1529,7 +1529,7 @@ async fn bench(args: &Args, root: &std::path::Path) -> anyhow::Result<()> {
         }
     }
     if !args.no_baseline {
-        rows.push(baseline(args.baseline, &root, &mut timeline).await?);
+        rows.push(baseline(args.baseline, root, &mut timeline).await?);
     }
     std::fs::create_dir_all(&args.out)?;
     let mut csv = String::from("series,seconds,labelled\n");

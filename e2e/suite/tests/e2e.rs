@@ -726,6 +726,19 @@ async fn startup_gate_steps(env: &Env, c: &Client, timeout_s: u64) -> anyhow::Re
     );
     released(c, &unsupported.name, ("False", "NotDescribed"), WAIT).await?;
     released(c, &fargate.name, ("False", "Skipped"), WAIT).await?;
+    // The Event is created after the write that released the taint: wait for it, then make
+    // sure there is one.
+    eventually(
+        "an Event saying why the unsupported node was released",
+        WAIT,
+        || async {
+            Ok(
+                (event_count(c, &unsupported.name, "StartupTaintReleased").await? >= 1)
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
     ensure!(
         event_count(c, &unsupported.name, "StartupTaintReleased").await? == 1,
         "one Event saying why the unsupported node was released"
@@ -796,9 +809,14 @@ async fn startup_gate_steps(env: &Env, c: &Client, timeout_s: u64) -> anyhow::Re
         "the taint added meanwhile was lost: {:?}",
         taint_keys(&n)
     );
+    // The Event follows the release's write (CI saw the release and not yet the Event).
+    eventually("a Warning Event for the timeout", WAIT, || async {
+        Ok((event_count(c, &down.name, "StartupTaintTimedOut").await? >= 1).then_some(()))
+    })
+    .await?;
     ensure!(
         event_count(c, &down.name, "StartupTaintTimedOut").await? == 1,
-        "a Warning Event for the timeout"
+        "one Warning Event for the timeout"
     );
     // EC2 back: the labels come, the condition turns True.
     env.mock_admin.set_faults(&Faults::default()).await?;

@@ -425,8 +425,12 @@ mod tests {
         assert_eq!(running.load(Ordering::SeqCst), 0);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_reconcile_that_panics_does_not_keep_its_node_forever() {
+    type Running = tokio::task::JoinHandle<()>;
+    type Calls = Arc<std::sync::atomic::AtomicUsize>;
+
+    /// A loop of one reconcile at a time whose first reconcile panics; its requests, the
+    /// reconciles started so far, and the loop.
+    fn first_reconcile_panics() -> (futures::channel::mpsc::UnboundedSender<Key>, Calls, Running) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let (tx, rx) = futures::channel::mpsc::unbounded::<Key>();
         let calls = Arc::new(AtomicUsize::new(0));
@@ -451,6 +455,13 @@ mod tests {
                 }
             },
         ));
+        (tx, calls, lp)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_panics_does_not_keep_its_node_forever() {
+        use std::sync::atomic::Ordering;
+        let (tx, calls, lp) = first_reconcile_panics();
         tx.unbounded_send(k("a")).ok();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -468,30 +479,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reconcile_that_panics_is_tried_again_after_a_while() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let (tx, rx) = futures::channel::mpsc::unbounded::<Key>();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let c = calls.clone();
-        let lp = tokio::spawn(run(
-            Sources {
-                requests: rx,
-                all: futures::stream::pending(),
-                ready: async {},
-                shutdown: std::future::pending(),
-                concurrency: 1,
-            },
-            |name: &str| Some(Arc::new(name.to_string())),
-            Vec::new,
-            move |_node| {
-                let c = c.clone();
-                async move {
-                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
-                        panic!("first reconcile fails");
-                    }
-                    Action::await_change()
-                }
-            },
-        ));
+        use std::sync::atomic::Ordering;
+        let (tx, calls, lp) = first_reconcile_panics();
         tx.unbounded_send(k("a")).ok();
         tokio::time::sleep(AFTER_PANIC - Duration::from_secs(1)).await;
         assert_eq!(

@@ -41,4 +41,6 @@ async fn two_control_planes_start_side_by_side_and_stop_cleanly() {
     one.stop();
     two.stop();
     assert!(pids.iter().all(|p| !running(*p)), "no process left behind");
+    e2e::remove_work_dir(&a, true);
+    e2e::remove_work_dir(&b, true);
 }

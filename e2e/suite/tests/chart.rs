@@ -181,6 +181,11 @@ fn schema_refuses_what_the_controller_would_not_run_with() {
             "at '/leaderElection/renewGrace'",
         ),
         (&["config.batchWindow=soon"], "at '/config/batchWindow'"),
+        // An exemption from exclusive keys names someone.
+        (
+            &["admissionPolicy.exclusiveKeysExempt[0]="],
+            "at '/admissionPolicy/exclusiveKeysExempt/0'",
+        ),
         (
             &["config.resyncPeriod=5bananas"],
             "at '/config/resyncPeriod'",
@@ -1295,6 +1300,72 @@ fn admission_policy_follows_the_api_and_the_configuration() {
     );
 }
 
+/// `admissionPolicy.exclusiveKeys`: off by default; on, a second policy and its binding match
+/// every writer of Nodes (create and update) but the controller, the uninstall hook and the
+/// exempt, and name this configuration's keys (the e2e suite runs it in a real API server).
+#[test]
+fn exclusive_keys_policy_is_opt_in_and_exempts_the_controller() {
+    let api = ["--api-versions", VAP_API];
+    let named = |docs: &[Value], kind_: &str| -> usize {
+        kind(docs, kind_)
+            .iter()
+            .filter(|d| {
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("-exclusive-keys")
+            })
+            .count()
+    };
+    let docs = render_with(&api, &[]);
+    assert_eq!(
+        named(&docs, "ValidatingAdmissionPolicy"),
+        0,
+        "off by default"
+    );
+    let docs = render_with(
+        &api,
+        &[
+            "admissionPolicy.exclusiveKeys=true".into(),
+            "admissionPolicy.exclusiveKeysExempt={breakglass}".into(),
+            "config.layerLabelPrefix=example.com/layer-".into(),
+        ],
+    );
+    assert_eq!(named(&docs, "ValidatingAdmissionPolicy"), 1);
+    assert_eq!(named(&docs, "ValidatingAdmissionPolicyBinding"), 1);
+    let policy = kind(&docs, "ValidatingAdmissionPolicy")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-exclusive-keys")
+        .unwrap();
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+        json!(["CREATE", "UPDATE"])
+    );
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    for who in [
+        "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler",
+        "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler-uninstall",
+        "breakglass",
+    ] {
+        assert!(
+            condition.contains(&format!("\"{who}\"")),
+            "{who} exempt: {condition}"
+        );
+    }
+    let cel = policy["spec"]["validations"].to_string();
+    assert!(
+        cel.contains(r#"k.startsWith(\"example.com/layer-\")"#),
+        "{cel}"
+    );
+    assert!(
+        !cel.contains("network-node-layer-"),
+        "the default family is not this configuration's: {cel}"
+    );
+    assert!(cel.contains("ec2-topology-labeler.io/verified"), "{cel}");
+}
+
 /// `helm test`: the pod runs `tree --min-labelled=1` with the configuration's label flags (all
 /// the binary's `tree` reads, and nothing else: the binary parses them), the controller's image
 /// and ServiceAccount, and not the controller's selector labels (its ReplicaSet would adopt it).
@@ -1752,7 +1823,16 @@ pub fn values_schema() -> Value {
                 "name": { "anyOf": [dns_name(), { "const": "" }] },
                 "annotations": string_map()
             })),
-            "admissionPolicy": closed(json!({ "enabled": boolean() })),
+            "admissionPolicy": closed(json!({
+                "enabled": boolean(),
+                "exclusiveKeys": boolean(),
+                // Usernames or groups (a username may hold ':'; none is empty).
+                "exclusiveKeysExempt": {
+                    "type": "array",
+                    "items": { "type": "string", "minLength": 1, "maxLength": 253 },
+                    "uniqueItems": true
+                }
+            })),
             "config": config_schema(),
             "extraArgs": { "type": "array", "items": { "type": "string", "pattern": "^--[a-z]" } },
             "extraEnv": objects(),

@@ -48,7 +48,9 @@ use volcano::{
 mod admission;
 #[path = "e2e/manifests.rs"]
 mod manifests;
-use admission::admission_policy_limits_the_controllers_node_writes;
+use admission::{
+    admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
+};
 use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
 #[path = "e2e/dashboard.rs"]
 mod dashboard;
@@ -2425,6 +2427,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(turned_off_extras_are_removed_at_start_up, true),
         scenario!(turned_off_features_are_retired_at_start_up, true),
         scenario!(admission_policy_limits_the_controllers_node_writes, true),
+        scenario!(exclusive_keys_refuse_every_other_writer, true),
         scenario!(deploy_manifests_apply_cleanly, false),
         scenario!(tree_min_labelled_checks_the_labels, false),
         scenario!(startup_taint_and_condition, true),

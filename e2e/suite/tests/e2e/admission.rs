@@ -336,3 +336,160 @@ pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> a
     let want = e2e::env::expected(&["nn-adm-spine", "nn-adm-agg", "nn-adm-leaf"], &[]);
     kube_util::wait_for_topology(&admin, name, &want, WAIT).await
 }
+
+/// `admissionPolicy.exclusiveKeys`, enforced by the real API server: the chart's second policy,
+/// rendered as this suite installs the chart plus that value, refuses an administrator setting,
+/// changing or removing the controller's label or annotation keys (on update and on create, as a
+/// kubelet registering with `--node-labels` would), and leaves other keys and the controller's
+/// ServiceAccount alone. Its binding is narrowed to this scenario's nodes by a label: the rest of
+/// the suite writes our keys as an administrator to make drift.
+pub async fn exclusive_keys_refuse_every_other_writer(env: &Env) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    const MARK: &str = "e2e.example.com/exclusive-keys";
+    const NAME: &str = "e2e-exclusive-keys";
+    let layer = "topology.k8s.aws/network-node-layer-3";
+    let record = "ec2-topology-labeler.io/verified";
+
+    let admin = env.admin().await?;
+    let kc = env
+        .cluster
+        .controller_kubeconfig
+        .clone()
+        .context("a local control plane (the controller's ServiceAccount token)")?;
+    let sa: Client = client_from(&kc).await?;
+    let s = NodeSpec::ec2(0x1a4, 1, "p5.48xlarge");
+    let inst = s.instance(&["nn-exk-spine", "nn-exk-agg", "nn-exk-leaf"]);
+    label_and_wait(env, &admin, &[(s.clone(), inst)]).await?;
+    let name = s.name.as_str();
+    let as_admin: Api<Node> = Api::all(admin.clone());
+    let as_sa: Api<Node> = Api::all(sa.clone());
+    let labels = |l: Value| Patch::Merge(json!({ "metadata": { "labels": l } }));
+    as_admin
+        .patch(name, &merge(), &labels(json!({ MARK: "yes" })))
+        .await?;
+
+    // The chart as the suite installed it (env.rs), with exclusiveKeys on.
+    let chart = e2e::helm::chart();
+    let mut args = vec![
+        "template",
+        "ec2-topology-labeler",
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        e2e::cluster::NAMESPACE,
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+        "--show-only",
+        "templates/admissionpolicy.yaml",
+    ];
+    for set in [
+        "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
+        "config.slinkyAnnotation=true",
+        "admissionPolicy.exclusiveKeys=true",
+    ] {
+        args.extend(["--set", set]);
+    }
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&e2e::helm::helm(None, &args)?)?;
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with("-exclusive-keys"))
+            })
+            .cloned()
+            .with_context(|| format!("the chart renders no exclusive-keys {kind}"))
+    };
+    let mut policy = find("ValidatingAdmissionPolicy")?;
+    let mut binding = find("ValidatingAdmissionPolicyBinding")?;
+    policy["metadata"] = json!({ "name": NAME });
+    binding["metadata"] = json!({ "name": NAME });
+    binding["spec"]["policyName"] = json!(NAME);
+    binding["spec"]["matchResources"] =
+        json!({ "objectSelector": { "matchLabels": { MARK: "yes" } } });
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+    policies
+        .create(&Default::default(), &serde_json::from_value(policy)?)
+        .await?;
+    bindings
+        .create(&Default::default(), &serde_json::from_value(binding)?)
+        .await?;
+
+    let checks = async {
+        // Loaded a moment after it is created: probe with a new value each time.
+        let attempt = std::sync::atomic::AtomicU32::new(0);
+        eventually("the exclusive-keys policy in force", WAIT, || async {
+            let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let probe = labels(json!({ layer: format!("nn-probe-{n}") }));
+            let r = as_admin.patch(name, &merge(), &probe).await;
+            Ok(matches!(r, Err(kube::Error::Api(ref e)) if e.code == 403).then_some(()))
+        })
+        .await?;
+        let ours = "only ec2-topology-labeler writes these node labels";
+        refused(
+            "our layer label changed by an administrator",
+            as_admin.patch(name, &merge(), &labels(json!({ layer: "nn-forged" }))),
+            &format!("{ours} (admissionPolicy.exclusiveKeys); refused: {layer}"),
+        )
+        .await?;
+        refused(
+            "our zone label removed by an administrator",
+            as_admin.patch(
+                name,
+                &merge(),
+                &labels(json!({ "topology.k8s.aws/zone-id": null })),
+            ),
+            "refused: topology.k8s.aws/zone-id",
+        )
+        .await?;
+        refused(
+            "our layer label set through the status subresource",
+            as_admin.patch_status(name, &merge(), &labels(json!({ layer: "nn-forged" }))),
+            ours,
+        )
+        .await?;
+        refused(
+            "the verification record forged",
+            as_admin.patch(
+                name,
+                &merge(),
+                &Patch::Merge(json!({ "metadata": { "annotations": { record: "forged" } } })),
+            ),
+            "only ec2-topology-labeler writes these node annotations",
+        )
+        .await?;
+        // A Node registered with our keys (a kubelet's --node-labels).
+        let mut joining = NodeSpec::ec2(0x1a5, 1, "p5.48xlarge").node();
+        joining.metadata.labels.get_or_insert_default().extend([
+            (MARK.to_string(), "yes".to_string()),
+            (layer.to_string(), "nn-forged".to_string()),
+        ]);
+        refused(
+            "a Node created with our layer label",
+            as_admin.create(&Default::default(), &joining),
+            ours,
+        )
+        .await?;
+        // Other keys stay anyone's; ours stay the controller's to write.
+        allowed(
+            "a foreign label set by an administrator",
+            as_admin.patch(name, &merge(), &labels(json!({ "example.com/team": "a" }))),
+        )
+        .await?;
+        allowed(
+            "our layer label written by the controller's ServiceAccount",
+            as_sa.patch(name, &merge(), &labels(json!({ layer: "nn-sa-wrote" }))),
+        )
+        .await?;
+        // And the controller, under the policy, puts its label back.
+        let want = e2e::env::expected(&["nn-exk-spine", "nn-exk-agg", "nn-exk-leaf"], &[]);
+        kube_util::wait_for_topology(&admin, name, &want, WAIT).await
+    }
+    .await;
+    let _ = bindings.delete(NAME, &Default::default()).await;
+    let _ = policies.delete(NAME, &Default::default()).await;
+    checks
+}

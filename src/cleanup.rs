@@ -107,36 +107,77 @@ pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::E
     }
 }
 
-/// Our HyperNodes: this installation's prefix, and not another installation's by the owner
-/// annotation (an unannotated one, written before the annotation existed, is ours). Another
-/// installation's of the same prefix are listed as kept, with whose they are.
+/// Which of the scheduler objects of our label a cleanup takes as its own.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// The running controller: only those annotated as this installation's (its Lease,
+    /// `<namespace>/<name>`; the chart's admission policy refuses its ServiceAccount any other).
+    Annotated(&'a str),
+    /// `uninstall`, under its own ServiceAccount: also those without the annotation (written by
+    /// hand or by a build before it), never another installation's.
+    Labelled(&'a str),
+}
+
+impl Scope<'_> {
+    /// Whether `o` is ours in this scope: `Ok` when it is, `Err(Some(why))` when it is kept
+    /// and listed (`uninstall` lists another installation's), `Err(None)` when it is not ours
+    /// to list (the controller leaves anything not annotated as its own out).
+    fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
+        match (self, volcano::claim(o, self.installation())) {
+            (_, volcano::Claim::Ours) | (Scope::Labelled(_), volcano::Claim::Unclaimed) => Ok(()),
+            (Scope::Annotated(_), _) => Err(None),
+            (Scope::Labelled(_), volcano::Claim::Other(owner)) => Err(Some(format!(
+                "another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace",
+                volcano::OWNER
+            ))),
+        }
+    }
+
+    fn installation(&self) -> &str {
+        let (Scope::Annotated(me) | Scope::Labelled(me)) = *self;
+        me
+    }
+
+    /// `o` as an item of `kind`: removed, or kept with why; `None` when not ours to list.
+    fn item(&self, kind: &'static str, o: &DynamicObject) -> Option<Item> {
+        match self.ours(o) {
+            Ok(()) => Some(Item::remove(kind, o.name_any())),
+            Err(Some(why)) => Some(Item::keep(kind, o.name_any(), why)),
+            Err(None) => None,
+        }
+    }
+}
+
+/// Our HyperNodes: this installation's prefix and, by the owner annotation, as `scope` says
+/// (another installation's of that prefix are listed as kept by `uninstall`, with why).
 pub async fn hypernodes(
     client: &Client,
     prefix: &str,
-    installation: &str,
+    scope: Scope<'_>,
 ) -> Result<Vec<Item>, kube::Error> {
     Ok(ours(client, &volcano::api_resource())
         .await?
         .into_iter()
         .filter(|o| volcano::owned_by(prefix, &o.name_any()))
-        .map(|o| match volcano::claim(&o, installation) {
-            volcano::Claim::Other(owner) => Item::keep(
-                "hypernode",
-                o.name_any(),
-                format!("another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace", volcano::OWNER),
-            ),
-            volcano::Claim::Ours | volcano::Claim::Unclaimed => Item::remove("hypernode", o.name_any()),
-        })
+        .filter_map(|o| scope.item("hypernode", &o))
         .collect())
 }
 
-/// Our Kueue Topologies: removed unless a ResourceFlavor names one (then kept, with the
-/// flavors), or `force`.
-pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>, kube::Error> {
+/// Our Kueue Topologies (by the owner annotation, as `scope` says): removed unless a
+/// ResourceFlavor names one (then kept, with the flavors), or `force`.
+pub async fn kueue_topologies(
+    client: &Client,
+    force: bool,
+    scope: Scope<'_>,
+) -> Result<Vec<Item>, kube::Error> {
     let Some(ar) = kueue::topology_resource(client).await? else {
         return Ok(Vec::new());
     };
-    let topologies = ours(client, &ar).await?;
+    let topologies: Vec<DynamicObject> = ours(client, &ar)
+        .await?
+        .into_iter()
+        .filter(|t| scope.ours(t) != Err(None))
+        .collect();
     if topologies.is_empty() {
         return Ok(Vec::new());
     }
@@ -160,6 +201,9 @@ pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>,
         .into_iter()
         .map(|t| {
             let name = t.name_any();
+            if let Err(Some(why)) = scope.ours(&t) {
+                return Item::keep("kueue-topology", name, why);
+            }
             let users: BTreeSet<String> = flavors
                 .iter()
                 .filter(|f| f.data.pointer("/spec/topologyName").and_then(|v| v.as_str()) == Some(name.as_str()))
@@ -181,8 +225,8 @@ pub async fn kueue_topologies(client: &Client, force: bool) -> Result<Vec<Item>,
         .collect())
 }
 
-/// Our KAI Topologies (`uninstall` removes them all).
-pub async fn kai_topologies(client: &Client) -> Result<Vec<Item>, kube::Error> {
+/// Our KAI Topologies (by the owner annotation, as `scope` says).
+pub async fn kai_topologies(client: &Client, scope: Scope<'_>) -> Result<Vec<Item>, kube::Error> {
     let Some(ar) = kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
     else {
         return Ok(Vec::new());
@@ -190,7 +234,7 @@ pub async fn kai_topologies(client: &Client) -> Result<Vec<Item>, kube::Error> {
     Ok(ours(client, &ar)
         .await?
         .into_iter()
-        .map(|t| Item::remove("kai-topology", t.name_any()))
+        .filter_map(|t| scope.item("kai-topology", &t))
         .collect())
 }
 

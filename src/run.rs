@@ -283,12 +283,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reader.clone(),
         Retired {
             condition: !args.gate.node_condition,
-            hypernodes: (!args.publish.volcano_hypernodes).then(|| {
-                (
-                    args.publish.volcano_hypernode_prefix.clone(),
-                    installation.clone(),
-                )
-            }),
+            installation: installation.clone(),
+            hypernodes: (!args.publish.volcano_hypernodes)
+                .then(|| args.publish.volcano_hypernode_prefix.clone()),
             kueue: (!args.publish.kueue_topology).then(|| {
                 vec![
                     args.publish.kueue_topology_name.clone(),
@@ -464,8 +461,11 @@ fn default_identity() -> String {
 struct Retired {
     /// `--node-condition` is off: our `TopologyLabeled` condition goes.
     condition: bool,
+    /// This installation (its Lease): only what carries it as owner is retired (the chart's
+    /// admission policy refuses our ServiceAccount any other).
+    installation: String,
     /// `--volcano-hypernodes` is off: the HyperNodes of this prefix and installation go.
-    hypernodes: Option<(String, String)>,
+    hypernodes: Option<String>,
     /// `--kueue-topology` is off: of our Kueue Topologies of these names (the ones this
     /// configuration would publish; another installation's are not ours to judge), those no
     /// ResourceFlavor names go, the others are reported and kept.
@@ -513,17 +513,18 @@ async fn retire_features_at_start(
                 }),
         );
     }
-    if let Some((prefix, installation)) = &retired.hypernodes {
-        match crate::cleanup::hypernodes(&client, prefix, installation).await {
-            // Another installation's are not ours to report.
-            Ok(h) => items.extend(h.into_iter().filter(|i| i.kept.is_none())),
+    let scope = crate::cleanup::Scope::Annotated(&retired.installation);
+    if let Some(prefix) = &retired.hypernodes {
+        match crate::cleanup::hypernodes(&client, prefix, scope).await {
+            // Only this installation's (Scope::Annotated): another's are not ours to report.
+            Ok(h) => items.extend(h),
             Err(e) => {
                 warn!(error = %e, "cannot list HyperNodes to remove ours (--volcano-hypernodes is off); `ec2-topology-labeler uninstall` removes them")
             }
         }
     }
     if let Some(names) = &retired.kueue {
-        match crate::cleanup::kueue_topologies(&client, false).await {
+        match crate::cleanup::kueue_topologies(&client, false, scope).await {
             Ok(t) => items.extend(t.into_iter().filter(|i| names.contains(&i.name))),
             Err(e) => {
                 warn!(error = %e, "cannot list Kueue Topologies to retire ours (--kueue-topology is off); `ec2-topology-labeler uninstall` removes them")
@@ -538,7 +539,7 @@ async fn retire_features_at_start(
                     .and_then(|rest| rest.strip_suffix("-layer"))
                     .is_some_and(|depth| depth.parse::<u8>().is_ok())
         };
-        match crate::cleanup::kai_topologies(&client).await {
+        match crate::cleanup::kai_topologies(&client, scope).await {
             Ok(t) => items.extend(t.into_iter().filter(|i| ours(&i.name)).map(|i| crate::cleanup::Item {
                 kept: Some(
                     "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),

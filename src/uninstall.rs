@@ -95,16 +95,11 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
             .collect(),
         None => Vec::new(),
     };
-    items.extend(
-        cleanup::hypernodes(
-            &client,
-            &args.volcano_hypernode_prefix,
-            &crate::leader::installation(&args.leader, &client),
-        )
-        .await?,
-    );
-    items.extend(cleanup::kueue_topologies(&client, args.force).await?);
-    items.extend(cleanup::kai_topologies(&client).await?);
+    let installation = crate::leader::installation(&args.leader, &client);
+    let scope = cleanup::Scope::Labelled(&installation);
+    items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix, scope).await?);
+    items.extend(cleanup::kueue_topologies(&client, args.force, scope).await?);
+    items.extend(cleanup::kai_topologies(&client, scope).await?);
     match args.slurm_topology_configmap.as_deref() {
         Some("none") => {}
         Some(at) => {

@@ -83,6 +83,8 @@ pub struct KaiPublisher {
     checked: BTreeMap<String, (Vec<String>, std::time::Instant)>,
     /// Names whose mismatch was reported ("" for a missing API; each reported once).
     reported: BTreeSet<String>,
+    /// This installation (its Lease), marked on the Topologies it creates.
+    owner: String,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
     leader: crate::leader::Leadership,
@@ -93,6 +95,7 @@ impl KaiPublisher {
         client: Client,
         args: &PublishArgs,
         scheme: &LabelScheme,
+        owner: &str,
         metrics: Arc<Metrics>,
         events: crate::events::Events,
         leader: crate::leader::Leadership,
@@ -104,6 +107,7 @@ impl KaiPublisher {
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: BTreeMap::new(),
             reported: BTreeSet::new(),
+            owner: owner.to_string(),
             metrics,
             events,
             leader,
@@ -119,7 +123,8 @@ impl KaiPublisher {
         else {
             return Ok((Outcome::NotServed, None));
         };
-        let (outcome, obj) = ensure_in(&self.client, &ar, name, want, &self.leader).await?;
+        let (outcome, obj) =
+            ensure_in(&self.client, &ar, name, want, &self.owner, &self.leader).await?;
         Ok((outcome, obj.map(|o| (o, ar))))
     }
 

@@ -41,15 +41,18 @@ pub fn levels(scheme: &LabelScheme, depth: usize, hostname: bool) -> Vec<String>
     out
 }
 
-/// The Topology object to apply.
-pub fn topology_object(api_version: &str, name: &str, levels: &[String]) -> Value {
+/// The Topology object to apply, annotated as the installation `owner`'s (the chart's admission
+/// policy lets our ServiceAccount create only Topologies so annotated, and change or delete no
+/// other).
+pub fn topology_object(api_version: &str, name: &str, levels: &[String], owner: &str) -> Value {
     let levels: Vec<Value> = levels.iter().map(|l| json!({ "nodeLabel": l })).collect();
     json!({
         "apiVersion": api_version,
         "kind": "Topology",
         "metadata": {
             "name": name,
-            "labels": { super::volcano::MANAGED_BY.0: super::volcano::MANAGED_BY.1 }
+            "labels": { super::volcano::MANAGED_BY.0: super::volcano::MANAGED_BY.1 },
+            "annotations": { super::volcano::OWNER: owner }
         },
         "spec": { "levels": levels }
     })
@@ -120,12 +123,13 @@ pub async fn ensure(
     client: &Client,
     name: &str,
     levels: &[String],
+    owner: &str,
     leader: &Leadership,
 ) -> Result<(Outcome, Option<(DynamicObject, ApiResource)>), kube::Error> {
     let Some(ar) = topology_resource(client).await? else {
         return Ok((Outcome::NotServed, None));
     };
-    let (outcome, obj) = ensure_in(client, &ar, name, levels, leader).await?;
+    let (outcome, obj) = ensure_in(client, &ar, name, levels, owner, leader).await?;
     Ok((outcome, obj.map(|o| (o, ar))))
 }
 
@@ -148,13 +152,14 @@ pub fn report_mismatch(
 }
 
 /// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
-/// served as `ar`. `leader` is checked right before the write (the reads before it take time,
-/// in which the lease can pass to another replica).
+/// served as `ar`, created as the installation `owner`'s. `leader` is checked right before the
+/// write (the reads before it take time, in which the lease can pass to another replica).
 pub async fn ensure_in(
     client: &Client,
     ar: &ApiResource,
     name: &str,
     levels: &[String],
+    owner: &str,
     leader: &Leadership,
 ) -> Result<(Outcome, Option<DynamicObject>), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
@@ -169,7 +174,7 @@ pub async fn ensure_in(
     if !leader.is_leader() {
         return Ok((Outcome::NotLeading, None));
     }
-    let obj = topology_object(&ar.api_version, name, levels);
+    let obj = topology_object(&ar.api_version, name, levels, owner);
     let created = api
         .patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(obj))
         .await?;
@@ -189,6 +194,8 @@ pub struct KueuePublisher {
     checked: Option<std::time::Instant>,
     /// The Topologies found mismatched at the last check (each reported once).
     reported: Option<Vec<String>>,
+    /// This installation (its Lease), marked on the Topologies it creates.
+    owner: String,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
     leader: Leadership,
@@ -199,6 +206,7 @@ impl KueuePublisher {
         client: Client,
         args: &PublishArgs,
         scheme: &LabelScheme,
+        owner: &str,
         metrics: Arc<Metrics>,
         events: crate::events::Events,
         leader: Leadership,
@@ -227,6 +235,7 @@ impl KueuePublisher {
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: None,
             reported: None,
+            owner: owner.to_string(),
             metrics,
             events,
             leader,
@@ -236,7 +245,7 @@ impl KueuePublisher {
     async fn check(&mut self) {
         let mut mismatched = Vec::new();
         for (name, levels) in self.topologies.clone() {
-            match ensure(&self.client, &name, &levels, &self.leader).await {
+            match ensure(&self.client, &name, &levels, &self.owner, &self.leader).await {
                 Ok((Outcome::Created, _)) => {
                     info!(topology = %name, ?levels, "created Kueue Topology");
                     self.metrics.kueue_topology_mismatch(&name, false);
@@ -336,6 +345,12 @@ mod tests {
             "kueue.x-k8s.io/v1beta2",
             "aws-network",
             &levels(&LabelScheme::default(), 3, true),
+            "ec2-topology-labeler/ec2-topology-labeler",
+        );
+        assert_eq!(
+            obj["metadata"]["annotations"][super::super::volcano::OWNER],
+            "ec2-topology-labeler/ec2-topology-labeler",
+            "marked as this installation's (the admission policy's condition)"
         );
         assert_eq!(
             obj["spec"]["levels"][3]["nodeLabel"],

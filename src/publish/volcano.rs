@@ -6,8 +6,9 @@
 //! tier 4, on 3-layer types tier 3: `highestTierAllowed: N` always means "within N hops of the
 //! nodes". [`desired`] is pure; [`HyperNodeSync`] applies the difference.
 //!
-//! Owns: HyperNodes ours by label, name prefix and owner annotation (an unannotated one of our
-//! label and prefix, written before the annotation existed, is adopted). Never touches any other.
+//! Owns: HyperNodes ours by label, name prefix and owner annotation. Never touches any other, not
+//! even one of our label and prefix without the annotation (the chart's admission policy refuses
+//! our ServiceAccount any change to a HyperNode not annotated as this installation's).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -46,7 +47,8 @@ pub const OWNER: &str = "ec2-topology-labeler.io/owner";
 pub enum Claim {
     /// Annotated with `me`.
     Ours,
-    /// Not annotated (written before the annotation existed): adopted.
+    /// Not annotated (written by hand, or by a build before the annotation): not ours to change
+    /// or delete; annotating it with our Lease makes it ours.
     Unclaimed,
     /// Annotated with another installation's Lease: never written or deleted.
     Other(String),
@@ -88,14 +90,36 @@ impl std::fmt::Display for SyncError {
         match self {
             SyncError::Api(e) => e.fmt(f),
             SyncError::Taken(t) => {
-                let owners: BTreeSet<&str> = t.iter().map(|t| t.owner.as_str()).collect();
-                write!(
-                    f,
-                    "{} HyperNodes this installation would publish (such as {}) belong to another installation ({}) using the same name prefix; give each installation its own --volcano-hypernode-prefix",
-                    t.len(),
-                    t.first().map(|t| t.name.as_str()).unwrap_or(""),
-                    owners.into_iter().collect::<Vec<_>>().join(", ")
-                )
+                let owners: BTreeSet<&str> = t
+                    .iter()
+                    .map(|t| t.owner.as_str())
+                    .filter(|o| !o.is_empty())
+                    .collect();
+                let unclaimed: Vec<&str> = t
+                    .iter()
+                    .filter(|t| t.owner.is_empty())
+                    .map(|t| t.name.as_str())
+                    .collect();
+                let mut said = false;
+                if let Some(first) = t.iter().find(|t| !t.owner.is_empty()) {
+                    write!(
+                        f,
+                        "{} HyperNodes this installation would publish (such as {}) belong to another installation ({}) using the same name prefix; give each installation its own --volcano-hypernode-prefix",
+                        t.len() - unclaimed.len(),
+                        first.name,
+                        owners.into_iter().collect::<Vec<_>>().join(", ")
+                    )?;
+                    said = true;
+                }
+                if let Some(first) = unclaimed.first() {
+                    write!(
+                        f,
+                        "{}{} HyperNodes this installation would publish (such as {first}) exist with our label but without the annotation {OWNER}: not ours to change; annotate them with this installation's Lease to make them ours, or delete them",
+                        if said { "; " } else { "" },
+                        unclaimed.len(),
+                    )?;
+                }
+                Ok(())
             }
         }
     }
@@ -385,7 +409,10 @@ impl HyperNodeSync {
                 Claim::Other(owner) => {
                     others.insert(name, owner);
                 }
-                Claim::Ours | Claim::Unclaimed => {
+                Claim::Unclaimed => {
+                    others.insert(name, String::new());
+                }
+                Claim::Ours => {
                     existing.insert(name, o);
                 }
             }
@@ -406,11 +433,9 @@ impl HyperNodeSync {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for hn in desired {
             let object = hn.to_object(&self.owner);
-            // An unclaimed one is applied once more, to carry our annotation.
-            let same = existing.get(&hn.name).is_some_and(|live| {
-                live.data.get("spec") == object.get("spec")
-                    && claim(live, &self.owner) == Claim::Ours
-            });
+            let same = existing
+                .get(&hn.name)
+                .is_some_and(|live| live.data.get("spec") == object.get("spec"));
             if same {
                 stats.unchanged += 1;
                 continue;
@@ -554,10 +579,16 @@ impl VolcanoPublisher {
             self.events.publish(
                 crate::events::Reason::HyperNodeOwnedByAnother,
                 "PublishHyperNodes",
-                &format!(
-                    "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix (if that Lease was this installation's own before a rename, remove the annotation to adopt it)",
-                    t.owner
-                ),
+                &if t.owner.is_empty() {
+                    format!(
+                        "this HyperNode has our label and name prefix but no annotation {OWNER}: not ours to change, so the installation using this prefix publishes no HyperNode; annotate it with that installation's Lease (<namespace>/<name>) to make it theirs, or delete it"
+                    )
+                } else {
+                    format!(
+                        "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix (if that Lease was this installation's own before a rename, annotate it with the new Lease)",
+                        t.owner
+                    )
+                },
                 k8s_openapi::api::core::v1::ObjectReference {
                     api_version: Some("topology.volcano.sh/v1alpha1".into()),
                     kind: Some("HyperNode".into()),
@@ -919,10 +950,11 @@ mod sync_tests {
         }
     }
 
-    /// HyperNodes written before the owner annotation are adopted: one we still publish is
-    /// applied once more to carry our annotation (same spec), one we no longer do is deleted.
+    /// A HyperNode of our label and prefix without the owner annotation is not ours (the
+    /// admission policy would refuse the write anyway): one we would publish stops the sync with
+    /// what to do, one we would not is left alone, and nothing is written.
     #[tokio::test]
-    async fn unannotated_hypernodes_of_our_prefix_are_adopted() {
+    async fn unannotated_hypernodes_of_our_prefix_are_left_alone() {
         let want = tree();
         let top = want
             .iter()
@@ -937,16 +969,29 @@ mod sync_tests {
             ],
         )
         .await;
-        assert!(result.is_ok(), "{:?}", result.err().map(|e| e.to_string()));
-        let writes: Vec<(&Method, &str)> = seen.iter().map(|(m, n, _)| (m, n.as_str())).collect();
-        assert!(
-            writes.contains(&(&Method::PATCH, "ec2tl-t3-s")),
-            "re-applied with our annotation: {writes:?}"
-        );
-        assert!(
-            writes.contains(&(&Method::DELETE, "ec2tl-t1-gone")),
-            "deleted: {writes:?}"
-        );
+        assert!(seen.is_empty(), "no write: {seen:?}");
+        match result {
+            Err(e @ SyncError::Taken(_)) => {
+                let SyncError::Taken(taken) = &e else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    taken,
+                    &vec![Taken {
+                        name: "ec2tl-t3-s".into(),
+                        owner: String::new()
+                    }]
+                );
+                let text = e.to_string();
+                assert!(
+                    text.contains("without the annotation ec2-topology-labeler.io/owner")
+                        && text.contains("ec2tl-t3-s")
+                        && !text.contains("another installation"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected Taken, got {:?}", other.map_err(|e| e.to_string())),
+        }
     }
 
     /// An unchanged tree sends nothing at the next interval, but is listed again at the recheck:

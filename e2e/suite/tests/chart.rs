@@ -1300,6 +1300,56 @@ fn admission_policy_follows_the_api_and_the_configuration() {
     );
 }
 
+/// The scheduler-objects policy: rendered with the Node one, it binds the controller's
+/// ServiceAccount on HyperNodes and Kueue and KAI Topologies (create, update, delete) to the
+/// owner annotation the controller writes: this installation's Lease, `<namespace>/<leaseName>`,
+/// following `leaderElection.leaseName` and a `--leader-election-namespace` in `extraArgs` (the
+/// e2e suite runs it in a real API server).
+#[test]
+fn scheduler_objects_policy_names_this_installation() {
+    let api = ["--api-versions", VAP_API];
+    let policy = |sets: &[String]| -> Value {
+        let docs = render_with(&api, sets);
+        let binding = kind(&docs, "ValidatingAdmissionPolicyBinding")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-scheduler-objects")
+            .cloned()
+            .expect("its binding");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-scheduler-objects")
+            .cloned()
+            .expect("the scheduler-objects policy")
+    };
+    let owner = |p: &Value| p["spec"]["variables"][0]["expression"].clone();
+    let p = policy(&[]);
+    assert_eq!(p["spec"]["failurePolicy"], "Fail");
+    let rules = &p["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(rules[0]["apiGroups"], json!(["topology.volcano.sh"]));
+    assert_eq!(rules[0]["resources"], json!(["hypernodes"]));
+    assert_eq!(
+        rules[1]["apiGroups"],
+        json!(["kueue.x-k8s.io", "kai.scheduler"])
+    );
+    assert_eq!(rules[1]["resources"], json!(["topologies"]));
+    for r in rules.as_array().unwrap() {
+        assert_eq!(r["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+    }
+    assert_eq!(
+        p["spec"]["matchConditions"][0]["expression"],
+        r#"request.userInfo.username == "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler""#
+    );
+    assert_eq!(owner(&p), r#""ec2-topology-labeler/ec2-topology-labeler""#);
+    let p = policy(&[
+        "leaderElection.leaseName=team-a".into(),
+        "extraArgs={--leader-election-namespace=leases}".into(),
+    ]);
+    assert_eq!(owner(&p), r#""leases/team-a""#);
+    let docs = render_with(&api, &["admissionPolicy.enabled=false".into()]);
+    assert!(kind(&docs, "ValidatingAdmissionPolicy").is_empty());
+}
+
 /// `admissionPolicy.exclusiveKeys`: off by default; on, a second policy and its binding match
 /// every writer of Nodes (create and update) but the controller, the uninstall hook and the
 /// exempt, and name this configuration's keys (the e2e suite runs it in a real API server).

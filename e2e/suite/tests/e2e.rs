@@ -49,6 +49,7 @@ mod admission;
 #[path = "e2e/manifests.rs"]
 mod manifests;
 use admission::{
+    admission_policy_holds_the_controller_to_its_scheduler_objects,
     admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
 };
 use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
@@ -2428,6 +2429,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(turned_off_features_are_retired_at_start_up, true),
         scenario!(admission_policy_limits_the_controllers_node_writes, true),
         scenario!(exclusive_keys_refuse_every_other_writer, true),
+        scenario!(
+            admission_policy_holds_the_controller_to_its_scheduler_objects,
+            true
+        ),
         scenario!(deploy_manifests_apply_cleanly, false),
         scenario!(tree_min_labelled_checks_the_labels, false),
         scenario!(startup_taint_and_condition, true),

@@ -13,7 +13,7 @@ use e2e::{
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{Patch, PatchParams},
 };
 use serde_json::{Value, json};
@@ -27,9 +27,9 @@ fn merge() -> PatchParams {
 }
 
 /// A write the policy must refuse: 403, naming the policy, with `message` in its text.
-async fn refused(
+async fn refused<T>(
     what: &str,
-    write: impl std::future::Future<Output = kube::Result<Node>>,
+    write: impl std::future::Future<Output = kube::Result<T>>,
     message: &str,
 ) -> anyhow::Result<()> {
     match write.await {
@@ -491,5 +491,155 @@ pub async fn exclusive_keys_refuse_every_other_writer(env: &Env) -> anyhow::Resu
     .await;
     let _ = bindings.delete(NAME, &Default::default()).await;
     let _ = policies.delete(NAME, &Default::default()).await;
+    checks
+}
+
+/// The chart's scheduler-objects policy, enforced by the real API server: as the controller's
+/// ServiceAccount (whose RBAC grants HyperNodes and Topologies as whole kinds), a HyperNode or
+/// Kueue Topology not annotated as this installation's is neither changed nor deleted, and none
+/// is created without the annotation; one so annotated is created and deleted. (The API server's
+/// answer, not our code's check: these writes are sent as they are.)
+pub async fn admission_policy_holds_the_controller_to_its_scheduler_objects(
+    env: &Env,
+) -> anyhow::Result<()> {
+    use kube::api::{DeleteParams, DynamicObject};
+    const OWNER: &str = "ec2-topology-labeler.io/owner";
+    // The installation as the suite runs it: the Lease ec2-topology-labeler/ec2-topology-labeler.
+    const ME: &str = "ec2-topology-labeler/ec2-topology-labeler";
+    let admin = env.admin().await?;
+    let kc = env
+        .cluster
+        .controller_kubeconfig
+        .clone()
+        .context("a local control plane (the controller's ServiceAccount token)")?;
+    let sa: Client = client_from(&kc).await?;
+    let hypernode = |name: &str, owner: Option<&str>| -> anyhow::Result<DynamicObject> {
+        let mut o = json!({
+            "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": { "name": name, "labels": { "app.kubernetes.io/managed-by": "ec2-topology-labeler" } },
+            "spec": { "tier": 1, "members": [
+                { "type": "Node", "selector": { "exactMatch": { "name": "e2e-no-such-node" } } }
+            ] }
+        });
+        if let Some(owner) = owner {
+            o["metadata"]["annotations"] = json!({ OWNER: owner });
+        }
+        Ok(serde_json::from_value(o)?)
+    };
+    let topology = |name: &str| -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+            "metadata": { "name": name },
+            "spec": { "levels": [ { "nodeLabel": "kubernetes.io/hostname" } ] }
+        }))?)
+    };
+    let (hn_admin, hn_sa) = (crate::hypernodes_api(&admin), crate::hypernodes_api(&sa));
+    let (kt_admin, kt_sa) = (crate::topology_api(&admin), crate::topology_api(&sa));
+    // Another team's: a HyperNode (even with our label, without our annotation) and a Topology.
+    hn_admin
+        .create(&Default::default(), &hypernode("e2e-theirs", None)?)
+        .await?;
+    kt_admin
+        .create(&Default::default(), &topology("e2e-theirs")?)
+        .await?;
+    let checks = async {
+        // In force a moment after `helm install`; the suite's earlier scenarios ran long after.
+        refused(
+            "another team's HyperNode deleted",
+            hn_sa.delete("e2e-theirs", &DeleteParams::default()),
+            "may change or delete only what it published (annotation ec2-topology-labeler.io/owner: ec2-topology-labeler/ec2-topology-labeler); refused: HyperNode e2e-theirs",
+        )
+        .await?;
+        refused(
+            "another team's HyperNode changed",
+            hn_sa.patch(
+                "e2e-theirs",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "tier": 2 } })),
+            ),
+            "may change or delete only what it published",
+        )
+        .await?;
+        refused(
+            "another team's HyperNode claimed by annotating it",
+            hn_sa.patch(
+                "e2e-theirs",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "annotations": { OWNER: ME } } })),
+            ),
+            "may change or delete only what it published",
+        )
+        .await?;
+        refused(
+            "a HyperNode created without our annotation",
+            hn_sa.create(&Default::default(), &hypernode("e2e-unmarked", None)?),
+            "may create or keep only what is annotated as its own (ec2-topology-labeler.io/owner: ec2-topology-labeler/ec2-topology-labeler); refused: HyperNode e2e-unmarked",
+        )
+        .await?;
+        refused(
+            "a HyperNode created as another installation's",
+            hn_sa.create(
+                &Default::default(),
+                &hypernode("e2e-unmarked", Some("elsewhere/ec2-topology-labeler"))?,
+            ),
+            "may create or keep only what is annotated as its own",
+        )
+        .await?;
+        refused(
+            "another team's Kueue Topology changed",
+            kt_sa.patch(
+                "e2e-theirs",
+                &PatchParams::apply("ec2-topology-labeler").force(),
+                &Patch::Apply(topology("e2e-theirs")?),
+            ),
+            "may change or delete only what it published (annotation ec2-topology-labeler.io/owner: ec2-topology-labeler/ec2-topology-labeler); refused: Topology e2e-theirs",
+        )
+        .await?;
+        refused(
+            "a Kueue Topology created without our annotation",
+            kt_sa.create(&Default::default(), &topology("e2e-unmarked")?),
+            "refused: Topology e2e-unmarked",
+        )
+        .await?;
+        // Its own: created, changed and deleted.
+        hn_sa
+            .create(&Default::default(), &hypernode("e2e-mine", Some(ME))?)
+            .await
+            .context("our own HyperNode created: refused")?;
+        hn_sa
+            .patch(
+                "e2e-mine",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "tier": 2 } })),
+            )
+            .await
+            .context("our own HyperNode changed: refused")?;
+        hn_sa
+            .delete("e2e-mine", &DeleteParams::default())
+            .await
+            .context("our own HyperNode deleted: refused")?;
+        // Still another team's, untouched.
+        let theirs = hn_admin.get("e2e-theirs").await?;
+        ensure!(
+            theirs.data["spec"]["tier"] == 1 && !theirs.annotations().contains_key(OWNER),
+            "another team's HyperNode changed: {:?}",
+            theirs.data
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = hn_admin
+        .delete("e2e-theirs", &DeleteParams::default())
+        .await;
+    let _ = hn_admin.delete("e2e-mine", &DeleteParams::default()).await;
+    let _ = hn_admin
+        .delete("e2e-unmarked", &DeleteParams::default())
+        .await;
+    let _ = kt_admin
+        .delete("e2e-theirs", &DeleteParams::default())
+        .await;
+    let _ = kt_admin
+        .delete("e2e-unmarked", &DeleteParams::default())
+        .await;
     checks
 }

@@ -191,8 +191,10 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     })
     .await?;
     // Two Kueue Topologies of ours an earlier configuration might have left, one of them named by a
-    // ResourceFlavor, and a KAI Topology of ours.
+    // ResourceFlavor, and a KAI Topology of ours (marked as this installation's, as the controller
+    // marks what it publishes: the admission policy lets it delete nothing else).
     let ours_label = serde_json::json!({ "app.kubernetes.io/managed-by": "ec2-topology-labeler" });
+    let this_installation = serde_json::json!({ "ec2-topology-labeler.io/owner": "ec2-topology-labeler/ec2-topology-labeler" });
     let levels = serde_json::json!([
         { "nodeLabel": "topology.k8s.aws/network-node-layer-1" },
         { "nodeLabel": "kubernetes.io/hostname" }
@@ -200,7 +202,8 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     let pp = kube::api::PatchParams::apply("e2e-retire");
     for name in ["ret-unnamed", "ret-named", "ret-other"] {
         let t = serde_json::json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
-            "metadata": {"name": name, "labels": ours_label}, "spec": {"levels": levels}});
+            "metadata": {"name": name, "labels": ours_label, "annotations": this_installation},
+            "spec": {"levels": levels}});
         crate::topology_api(&c)
             .patch(name, &pp, &kube::api::Patch::Apply(&t))
             .await?;
@@ -213,7 +216,8 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
         .patch("ret-flavor", &pp, &kube::api::Patch::Apply(&f))
         .await?;
     let k = serde_json::json!({"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
-        "metadata": {"name": "ret-kai", "labels": ours_label}, "spec": {"levels": levels}});
+        "metadata": {"name": "ret-kai", "labels": ours_label, "annotations": this_installation},
+        "spec": {"levels": levels}});
     crate::kai_topologies(&c)
         .patch("ret-kai", &pp, &kube::api::Patch::Apply(&k))
         .await?;

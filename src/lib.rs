@@ -17,7 +17,6 @@ pub mod events;
 pub mod explain;
 pub mod http;
 pub mod intern;
-pub mod kube_client;
 pub mod reconcile;
 pub mod run;
 

@@ -156,7 +156,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             warn!(addr = %args.serve.debug_addr, error = %e, "cannot serve /debug/nodes (explain will not see the controller's view)");
         }
     }
-    let client = crate::kube_client::client().await?;
+    let client = Client::try_default().await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
     let batcher = lookup.clone();
     live.check("ec2 batcher", move || batcher.batcher_running());

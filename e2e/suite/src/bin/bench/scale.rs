@@ -26,9 +26,10 @@ the label set shared by every node of one type under one switch), our per-node r
 (250 bytes: a 112-byte record, its name and the map), the EC2 answer cache 2.0 MB (100 bytes: \
 an 80-byte entry and two small strings, answers shared the same way), the reconcile queue \
 1.1 MB. The rest is transient and bounded: the read buffers of the connections to the API \
-server 8.7 MB (hyper grows each one up to about 400 KB and keeps it while the connection \
-lives; some 35 are open during an install: since capped at 32 KiB each, \
-`src/kube_client.rs`), the 512 reconciles in flight 5.7 MB (a dev build's futures; smaller in \
+server 8.7 MB (hyper grows each up to about 400 KB while the connection lives; some 35 are \
+open during an install; large allocations that musl maps and the connection touches only in \
+part, so mostly not resident: capping them at 32 KiB left the 20,000-node peak RSS where it \
+was, 63.6 MiB against 63.2), the 512 reconciles in flight 5.7 MB (a dev build's futures; smaller in \
 the release build), a reconcile's decision 2.1 MB. At rest the resident size above idle is \
 about 1.3x the heap (musl's size classes). An install adds, per node written and until the \
 watch shows the write, an echo of what was written (a hash and the resourceVersion).\n\n";

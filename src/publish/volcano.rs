@@ -932,19 +932,26 @@ mod sync_tests {
         )
         .await;
         assert!(seen.is_empty(), "no write: {seen:?}");
+        let (taken, text) = taken(result);
+        assert_eq!(
+            taken,
+            vec![Taken {
+                name: "ec2tl-t1-m".into(),
+                owner: OTHER.into()
+            }]
+        );
+        assert!(text.contains(OTHER), "{text}");
+    }
+
+    /// The HyperNodes a sync found taken, and its error's text; panics on any other outcome.
+    fn taken(result: Result<SyncStats, SyncError>) -> (Vec<Taken>, String) {
         match result {
             Err(e @ SyncError::Taken(_)) => {
-                let SyncError::Taken(taken) = &e else {
+                let text = e.to_string();
+                let SyncError::Taken(taken) = e else {
                     unreachable!()
                 };
-                assert_eq!(
-                    taken,
-                    &vec![Taken {
-                        name: "ec2tl-t1-m".into(),
-                        owner: OTHER.into()
-                    }]
-                );
-                assert!(e.to_string().contains(OTHER), "{e}");
+                (taken, text)
             }
             other => panic!("expected Taken, got {:?}", other.map_err(|e| e.to_string())),
         }
@@ -970,28 +977,20 @@ mod sync_tests {
         )
         .await;
         assert!(seen.is_empty(), "no write: {seen:?}");
-        match result {
-            Err(e @ SyncError::Taken(_)) => {
-                let SyncError::Taken(taken) = &e else {
-                    unreachable!()
-                };
-                assert_eq!(
-                    taken,
-                    &vec![Taken {
-                        name: "ec2tl-t3-s".into(),
-                        owner: String::new()
-                    }]
-                );
-                let text = e.to_string();
-                assert!(
-                    text.contains("without the annotation ec2-topology-labeler.io/owner")
-                        && text.contains("ec2tl-t3-s")
-                        && !text.contains("another installation"),
-                    "{text}"
-                );
-            }
-            other => panic!("expected Taken, got {:?}", other.map_err(|e| e.to_string())),
-        }
+        let (taken, text) = taken(result);
+        assert_eq!(
+            taken,
+            vec![Taken {
+                name: "ec2tl-t3-s".into(),
+                owner: String::new()
+            }]
+        );
+        assert!(
+            text.contains("without the annotation ec2-topology-labeler.io/owner")
+                && text.contains("ec2tl-t3-s")
+                && !text.contains("another installation"),
+            "{text}"
+        );
     }
 
     /// An unchanged tree sends nothing at the next interval, but is listed again at the recheck:

@@ -69,14 +69,19 @@ fn taints(n: &Node) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> anyhow::Result<()> {
+/// An administrator's client and one with the controller's ServiceAccount identity.
+async fn clients(env: &Env) -> anyhow::Result<(Client, Client)> {
     let admin = env.admin().await?;
     let kc = env
         .cluster
         .controller_kubeconfig
         .clone()
         .context("a local control plane (the controller's ServiceAccount token)")?;
-    let sa: Client = client_from(&kc).await?;
+    Ok((admin, client_from(&kc).await?))
+}
+
+pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> anyhow::Result<()> {
+    let (admin, sa) = clients(env).await?;
     let s = NodeSpec::ec2(0x1a0, 1, "p5.48xlarge");
     let inst = s.instance(&["nn-adm-spine", "nn-adm-agg", "nn-adm-leaf"]);
     label_and_wait(env, &admin, &[(s.clone(), inst)]).await?;
@@ -352,13 +357,7 @@ pub async fn exclusive_keys_refuse_every_other_writer(env: &Env) -> anyhow::Resu
     let layer = "topology.k8s.aws/network-node-layer-3";
     let record = "ec2-topology-labeler.io/verified";
 
-    let admin = env.admin().await?;
-    let kc = env
-        .cluster
-        .controller_kubeconfig
-        .clone()
-        .context("a local control plane (the controller's ServiceAccount token)")?;
-    let sa: Client = client_from(&kc).await?;
+    let (admin, sa) = clients(env).await?;
     let s = NodeSpec::ec2(0x1a4, 1, "p5.48xlarge");
     let inst = s.instance(&["nn-exk-spine", "nn-exk-agg", "nn-exk-leaf"]);
     label_and_wait(env, &admin, &[(s.clone(), inst)]).await?;
@@ -506,13 +505,7 @@ pub async fn admission_policy_holds_the_controller_to_its_scheduler_objects(
     const OWNER: &str = "ec2-topology-labeler.io/owner";
     // The installation as the suite runs it: the Lease ec2-topology-labeler/ec2-topology-labeler.
     const ME: &str = "ec2-topology-labeler/ec2-topology-labeler";
-    let admin = env.admin().await?;
-    let kc = env
-        .cluster
-        .controller_kubeconfig
-        .clone()
-        .context("a local control plane (the controller's ServiceAccount token)")?;
-    let sa: Client = client_from(&kc).await?;
+    let (admin, sa) = clients(env).await?;
     let hypernode = |name: &str, owner: Option<&str>| -> anyhow::Result<DynamicObject> {
         let mut o = json!({
             "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",

@@ -80,6 +80,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("ec2-timeout", millis(100), secs(600)),
     duration("ec2-throttle-backoff-max", millis(100), secs(3600)),
     duration("wait-for-lease", secs(0), secs(3600)),
+    duration("rollout-timeout", secs(0), secs(3600)),
     duration("startup-taint-timeout", secs(1), secs(30 * DAY)),
     duration("resync-period", secs(1), secs(30 * DAY)),
     duration("conflict-backoff", secs(1), secs(30 * DAY)),

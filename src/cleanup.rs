@@ -269,6 +269,54 @@ pub async fn configmap(client: &Client, ns: &str, name: &str) -> Result<Vec<Item
         .collect())
 }
 
+/// `items` and what became of them, for a person (one line each; `empty` when there are none)
+/// or as JSON (`dryRun`, `items`, `failed`, and the fields of `extra`).
+pub fn report(
+    items: &[Item],
+    failed: &[(Item, kube::Error)],
+    dry_run: bool,
+    output: crate::config::OutputFormat,
+    empty: &str,
+    extra: serde_json::Value,
+) -> crate::Result<String> {
+    let mut out = String::new();
+    match output {
+        crate::config::OutputFormat::Json => {
+            let failed: Vec<_> = failed
+                .iter()
+                .map(|(i, e)| serde_json::json!({ "kind": i.kind, "name": i.name, "error": e.to_string() }))
+                .collect();
+            let mut doc = serde_json::json!({
+                "dryRun": dry_run,
+                "items": items,
+                "failed": failed,
+            });
+            if let (Some(doc), serde_json::Value::Object(extra)) = (doc.as_object_mut(), extra) {
+                doc.extend(extra);
+            }
+            out = serde_json::to_string_pretty(&doc)
+                .map_err(|e| crate::Error::Config(format!("cannot render JSON: {e}")))?;
+            out.push('\n');
+        }
+        crate::config::OutputFormat::Table => {
+            let verb = if dry_run { "would remove" } else { "removed" };
+            for i in items {
+                let failure = failed.iter().find(|(f, _)| f == i).map(|(_, e)| e);
+                let what = match (&i.kept, failure) {
+                    (Some(why), _) => format!("kept: {why}"),
+                    (None, Some(e)) => format!("FAILED: {e}"),
+                    (None, None) => verb.to_string(),
+                };
+                out.push_str(&format!("{:<16}{:<48}{what}\n", i.kind, i.name));
+            }
+            if items.is_empty() {
+                out.push_str(empty);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Carry out the removals in `items` (kept ones are skipped); returns the failures.
 pub async fn apply(
     client: &Client,

@@ -70,6 +70,40 @@ pub enum Command {
     /// Topologies, Slurm ConfigMaps, the Lease) except the topology labels, unless `--labels`.
     /// Run once the controller is gone (the chart's post-delete hook does).
     Uninstall(UninstallArgs),
+    /// Remove what a scheduler feature now turned off published (this installation's HyperNodes,
+    /// Kueue Topologies no ResourceFlavor names; KAI Topologies are reported), under rights the
+    /// running controller does not hold. The chart's post-upgrade hook runs it.
+    Retire(RetireArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RetireArgs {
+    /// Print what would be removed; remove nothing.
+    #[arg(long, env = "LABELER_RETIRE_DRY_RUN", action = clap::ArgAction::SetTrue)]
+    pub dry_run: bool,
+    /// What is published now (the same flags as `run`): a feature turned off has its objects
+    /// retired; one turned on is left to the controller.
+    #[command(flatten)]
+    pub publish: crate::publish::PublishArgs,
+    /// Wait for this Deployment (`NAMESPACE/NAME`) to finish rolling out first: until then a
+    /// replica of the earlier configuration may lead and publish again what is retired.
+    #[arg(long, env = "LABELER_RETIRE_WAIT_FOR_ROLLOUT")]
+    pub wait_for_rollout: Option<String>,
+    /// How long to wait for that rollout before giving up (removing nothing).
+    #[arg(long, value_parser = crate::bounds::duration_flag("rollout-timeout"), env = "LABELER_RETIRE_ROLLOUT_TIMEOUT", default_value = "5m")]
+    pub rollout_timeout: HumanDuration,
+    /// This installation (its Lease): only what is annotated as its own is retired.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -63,12 +63,11 @@ pub enum Reason {
     TopologyLevelsMismatch,
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
-    PublishedObjectKept,
     HyperNodeOwnedByAnother,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 15] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -83,7 +82,6 @@ impl Reason {
         Reason::TopologyLevelsMismatch,
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
-        Reason::PublishedObjectKept,
         Reason::HyperNodeOwnedByAnother,
     ];
 
@@ -103,7 +101,6 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
-            Reason::PublishedObjectKept => "PublishedObjectKept",
             Reason::HyperNodeOwnedByAnother => "HyperNodeOwnedByAnother",
         }
     }
@@ -124,7 +121,6 @@ impl Reason {
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
             | Reason::SlurmTopologyInvalid
-            | Reason::PublishedObjectKept
             | Reason::HyperNodeOwnedByAnother => EventType::Warning,
         }
     }
@@ -142,7 +138,6 @@ impl Reason {
             Reason::TopologyLevelsMismatch => "Kueue or KAI Topology",
             Reason::TopologyLevelsChanged => "KAI Topology",
             Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
-            Reason::PublishedObjectKept => "the leader's Pod",
             Reason::HyperNodeOwnedByAnother => "the other installation's HyperNode",
             _ => "Node",
         }
@@ -192,9 +187,6 @@ impl Reason {
             }
             Reason::SlurmTopologyInvalid => {
                 "the labels give no topology slurmctld would load (a network node at two layers or under two parents, ...): the ConfigMap keeps its last valid files; the note names the problems"
-            }
-            Reason::PublishedObjectKept => {
-                "at the leader's start-up, a Kueue or KAI Topology of ours is still there although its feature is off, and may be in use (a ResourceFlavor names the Kueue one; workloads may name a KAI one): kept, with what to do (a Kueue Topology no ResourceFlavor names is removed instead)"
             }
             Reason::HyperNodeOwnedByAnother => {
                 "a HyperNode we would publish belongs to another installation using the same `--volcano-hypernode-prefix` (its `ec2-topology-labeler.io/owner` annotation names that installation's Lease): we write no HyperNode until each installation has its own prefix, and never touch the other's"

@@ -28,6 +28,7 @@ pub mod plan;
 pub mod process;
 pub mod publish;
 pub mod retire;
+pub mod retire_cmd;
 pub mod scheme;
 pub mod store;
 pub mod tree_cmd;

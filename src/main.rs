@@ -44,6 +44,7 @@ async fn main() -> ExitCode {
         Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
         Command::Explain(args) => ec2_topology_labeler::explain::run(args).await,
         Command::Uninstall(args) => ec2_topology_labeler::uninstall::run(args).await,
+        Command::Retire(args) => ec2_topology_labeler::retire_cmd::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -278,25 +278,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.clone(),
         synced.clone(),
     ));
-    tokio::spawn(retire_features_at_start(
-        client.clone(),
-        reader.clone(),
-        Retired {
-            condition: !args.gate.node_condition,
-            installation: installation.clone(),
-            hypernodes: (!args.publish.volcano_hypernodes)
-                .then(|| args.publish.volcano_hypernode_prefix.clone()),
-            kueue: (!args.publish.kueue_topology).then(|| {
-                vec![
-                    args.publish.kueue_topology_name.clone(),
-                    args.publish.kueue_topology_four_layer_name.clone(),
-                ]
-            }),
-            kai: (!args.publish.kai_topology).then(|| args.publish.kai_topology_name.clone()),
-        },
-        ctx.clone(),
-        synced.clone(),
-    ));
+    if !args.gate.node_condition {
+        tokio::spawn(retire_condition_at_start(
+            client.clone(),
+            reader.clone(),
+            ctx.clone(),
+            synced.clone(),
+        ));
+    }
     // Look every node up ahead of its reconcile, so batches fill from the whole fleet.
     tokio::spawn(warm::on_leading(
         reader.clone(),
@@ -457,134 +446,45 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// What the features turned off left behind that is ours to remove (or report) at start-up.
-struct Retired {
-    /// `--node-condition` is off: our `TopologyLabeled` condition goes.
-    condition: bool,
-    /// This installation (its Lease): only what carries it as owner is retired (the chart's
-    /// admission policy refuses our ServiceAccount any other).
-    installation: String,
-    /// `--volcano-hypernodes` is off: the HyperNodes of this prefix and installation go.
-    hypernodes: Option<String>,
-    /// `--kueue-topology` is off: of our Kueue Topologies of these names (the ones this
-    /// configuration would publish; another installation's are not ours to judge), those no
-    /// ResourceFlavor names go, the others are reported and kept.
-    kueue: Option<Vec<String>>,
-    /// `--kai-topology` is off: our KAI Topologies of this name (and its `-N-layer` siblings)
-    /// are reported and kept.
-    kai: Option<String>,
-}
-
-/// Once leading with a synced cache: remove what a feature now turned off wrote, where that
-/// cannot hurt a running workload (our condition; our HyperNodes, which would otherwise go stale
-/// under the scheduler; a Kueue Topology no ResourceFlavor names). What may still be in use (a
-/// Kueue Topology a ResourceFlavor names, a KAI Topology a workload may name) is reported, a
-/// Warning Event on this Pod and a log line each, and kept for `uninstall`; the Slurm ConfigMap
-/// (in a namespace an earlier configuration named) is left to `uninstall`. One pass; a failure
-/// is logged with what to do.
-async fn retire_features_at_start(
+/// Once leading with a synced cache, with `--node-condition` off: remove our `TopologyLabeled`
+/// condition from every node that carries one (a stale `False` would hold back whatever gates
+/// on it). One pass; a failure is logged with what to do.
+///
+/// What a scheduler feature now turned off published is not the controller's to remove: its
+/// ClusterRole holds no rights on the kinds of features turned off. `ec2-topology-labeler
+/// retire` does that (the chart's post-upgrade hook runs it; see [`crate::retire_cmd`]).
+async fn retire_condition_at_start(
     client: Client,
     reader: crate::store::NodeCache,
-    retired: Retired,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
 ) {
     let leader = ctx.leader.clone();
-    if !retired.condition
-        && retired.hypernodes.is_none()
-        && retired.kueue.is_none()
-        && retired.kai.is_none()
-    {
-        return;
-    }
     while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let mut items: Vec<crate::cleanup::Item> = Vec::new();
-    if retired.condition {
-        let nodes = reader.state();
-        items.extend(
-            crate::cleanup::with_condition(nodes.iter().map(|n| n.expand()))
-                .into_iter()
-                .map(|name| crate::cleanup::Item {
-                    kind: "condition",
-                    name,
-                    kept: None,
-                }),
-        );
-    }
-    let scope = crate::cleanup::Scope::Annotated(&retired.installation);
-    if let Some(prefix) = &retired.hypernodes {
-        match crate::cleanup::hypernodes(&client, prefix, scope).await {
-            // Only this installation's (Scope::Annotated): another's are not ours to report.
-            Ok(h) => items.extend(h),
-            Err(e) => {
-                warn!(error = %e, "cannot list HyperNodes to remove ours (--volcano-hypernodes is off); `ec2-topology-labeler uninstall` removes them")
-            }
-        }
-    }
-    if let Some(names) = &retired.kueue {
-        match crate::cleanup::kueue_topologies(&client, false, scope).await {
-            Ok(t) => items.extend(t.into_iter().filter(|i| names.contains(&i.name))),
-            Err(e) => {
-                warn!(error = %e, "cannot list Kueue Topologies to retire ours (--kueue-topology is off); `ec2-topology-labeler uninstall` removes them")
-            }
-        }
-    }
-    if let Some(name) = &retired.kai {
-        let ours = |n: &str| {
-            n == name
-                || n.strip_prefix(name.as_str())
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .and_then(|rest| rest.strip_suffix("-layer"))
-                    .is_some_and(|depth| depth.parse::<u8>().is_ok())
-        };
-        match crate::cleanup::kai_topologies(&client, scope).await {
-            Ok(t) => items.extend(t.into_iter().filter(|i| ours(&i.name)).map(|i| crate::cleanup::Item {
-                kept: Some(
-                    "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),
-                ),
-                ..i
-            })),
-            Err(e) => {
-                warn!(error = %e, "cannot list KAI Topologies to report ours (--kai-topology is off)")
-            }
-        }
-    }
-    for item in items.iter().filter(|i| i.kept.is_some()) {
-        let why = item.kept.as_deref().unwrap_or_default();
-        warn!(kind = item.kind, name = %item.name, why, "kept what a feature now turned off published: it may be in use");
-        if let Some(pod) = &ctx.pod {
-            ctx.events.publish(
-                crate::events::Reason::PublishedObjectKept,
-                "Retire",
-                &format!(
-                    "{} {} is kept although its feature is off: {why}",
-                    item.kind, item.name
-                ),
-                pod.clone(),
-            );
-        }
-    }
-    if items.iter().all(|i| i.kept.is_some()) {
+    let items: Vec<crate::cleanup::Item> =
+        crate::cleanup::with_condition(reader.state().iter().map(|n| n.expand()))
+            .into_iter()
+            .map(|name| crate::cleanup::Item {
+                kind: "condition",
+                name,
+                kept: None,
+            })
+            .collect();
+    if items.is_empty() {
         return;
     }
     let failed = crate::cleanup::apply(&client, &items, &leader).await;
-    let removed = items.iter().filter(|i| i.kept.is_none()).count() - failed.len();
+    let removed = items.len() - failed.len();
     if removed > 0 {
         info!(
             removed,
-            conditions = items.iter().filter(|i| i.kind == "condition").count(),
-            hypernodes = items.iter().filter(|i| i.kind == "hypernode").count(),
-            kueue_topologies = items
-                .iter()
-                .filter(|i| i.kind == "kueue-topology" && i.kept.is_none())
-                .count(),
-            "removed what features now turned off had written (--node-condition, --volcano-hypernodes, --kueue-topology)"
+            "removed our TopologyLabeled condition (--node-condition is off)"
         );
     }
     if let Some((item, e)) = failed.first() {
-        warn!(failed = failed.len(), kind = item.kind, name = %item.name, error = %e, "cannot remove what a feature now turned off wrote; grant the controller that permission (the chart does) or run `ec2-topology-labeler uninstall`");
+        warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove our TopologyLabeled condition (--node-condition is off); grant the controller nodes/status patch (the chart does) or run `ec2-topology-labeler uninstall`");
     }
 }
 

@@ -127,50 +127,24 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     } else {
         cleanup::apply(&client, &items, &Leadership::always()).await
     };
-    let mut out = String::new();
-    match args.output {
-        OutputFormat::Json => {
-            let failed: Vec<_> = failed
-                .iter()
-                .map(|(i, e)| serde_json::json!({ "kind": i.kind, "name": i.name, "error": e.to_string() }))
-                .collect();
-            out = serde_json::to_string_pretty(&serde_json::json!({
-                "dryRun": args.dry_run,
-                "items": items,
-                "failed": failed,
-                "nodesStillTainted": tainted,
-            }))
-            .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
-            out.push('\n');
+    let mut out = cleanup::report(
+        &items,
+        &failed,
+        args.dry_run,
+        args.output,
+        "nothing of ours left in the cluster\n",
+        serde_json::json!({ "nodesStillTainted": tainted }),
+    )?;
+    if args.output == OutputFormat::Table {
+        if !args.labels {
+            out.push_str("topology labels left in place (they are what schedulers read; --labels removes the ones only we own)\n");
         }
-        OutputFormat::Table => {
-            let verb = if args.dry_run {
-                "would remove"
-            } else {
-                "removed"
-            };
-            for i in &items {
-                let failure = failed.iter().find(|(f, _)| f == i).map(|(_, e)| e);
-                let what = match (&i.kept, failure) {
-                    (Some(why), _) => format!("kept: {why}"),
-                    (None, Some(e)) => format!("FAILED: {e}"),
-                    (None, None) => verb.to_string(),
-                };
-                out.push_str(&format!("{:<16}{:<48}{what}\n", i.kind, i.name));
-            }
-            if items.is_empty() {
-                out.push_str("nothing of ours left in the cluster\n");
-            }
-            if !args.labels {
-                out.push_str("topology labels left in place (they are what schedulers read; --labels removes the ones only we own)\n");
-            }
-            if !tainted.is_empty() {
-                out.push_str(&format!(
-                    "WARNING: {} node(s) still carry the startup taint ({}…): nothing will remove it now. Take it out of your NodePools / node groups first, then remove it from these nodes (kubectl taint nodes NODE KEY-)\n",
-                    tainted.len(),
-                    tainted.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
-                ));
-            }
+        if !tainted.is_empty() {
+            out.push_str(&format!(
+                "WARNING: {} node(s) still carry the startup taint ({}…): nothing will remove it now. Take it out of your NodePools / node groups first, then remove it from these nodes (kubectl taint nodes NODE KEY-)\n",
+                tainted.len(),
+                tainted.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+            ));
         }
     }
     std::io::stdout().write_all(out.as_bytes())?;

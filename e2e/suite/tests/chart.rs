@@ -49,6 +49,14 @@ fn render_with(extra: &[&str], sets: &[String]) -> Vec<Value> {
         .collect()
 }
 
+/// What stays in the cluster: the documents that are not Helm hooks.
+fn standing(docs: &[Value]) -> Vec<Value> {
+    docs.iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .cloned()
+        .collect()
+}
+
 fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
 }
@@ -439,15 +447,10 @@ fn rbac_is_exactly_what_the_code_uses() {
         ["create"],
         "Events are created, never patched (no series)"
     );
-    // Turned-off features' leftovers, removed (or reported) at start-up: our condition, our
-    // HyperNodes, our Kueue Topologies (kept while a ResourceFlavor names one), our KAI
-    // Topologies (reported).
+    // The condition an earlier configuration left is removed at start-up. No right on a
+    // scheduler object's kind while its feature is off (the retire hook holds those).
     assert_eq!(seen["/nodes/status"], ["patch"]);
-    assert_eq!(seen["topology.volcano.sh/hypernodes"], ["list", "delete"]);
-    assert_eq!(seen["kueue.x-k8s.io/topologies"], ["list", "delete"]);
-    assert_eq!(seen["kueue.x-k8s.io/resourceflavors"], ["list"]);
-    assert_eq!(seen["kai.scheduler/topologies"], ["list"]);
-    assert_eq!(seen.len(), 7, "nothing else cluster-wide: {seen:?}");
+    assert_eq!(seen.len(), 3, "nothing else cluster-wide: {seen:?}");
     let lease_rules = &kind(&docs, "Role")[0]["rules"];
     let verbs: Vec<&str> = lease_rules
         .as_array()
@@ -547,17 +550,14 @@ fn rbac_is_exactly_what_the_code_uses() {
         .collect();
     assert_eq!(status.len(), 1);
     assert_eq!(status[0]["verbs"], serde_json::json!(["patch"]));
-    assert_eq!(
-        rules.len(),
-        7,
-        "nodes, nodes/status, HyperNodes, Kueue Topologies and ResourceFlavors, KAI Topologies (retired or reported), events: {rules:?}"
-    );
+    assert_eq!(rules.len(), 3, "nodes, nodes/status, events: {rules:?}");
     // With events off, and one replica without leader election, those rules are gone.
     let docs = render(&[
         "events.enabled=false".into(),
         "leaderElection.enabled=false".into(),
         "replicaCount=1".into(),
     ]);
+    let docs = standing(&docs);
     assert!(kind(&docs, "Role").is_empty());
     assert!(kind(&docs, "PodDisruptionBudget").is_empty());
     assert_eq!(
@@ -565,8 +565,8 @@ fn rbac_is_exactly_what_the_code_uses() {
             .as_array()
             .unwrap()
             .len(),
-        6,
-        "nodes, nodes/status and the retired or reported objects only"
+        2,
+        "nodes and nodes/status only"
     );
 }
 
@@ -798,6 +798,146 @@ fn dashboard_configmap_is_the_checked_dashboard() {
 
 /// The post-delete hook runs a command line the binary accepts, with the Lease, HyperNode prefix
 /// and startup taint the controller was given, under a ServiceAccount of its own.
+fn uninstall_job(docs: &[Value]) -> &Value {
+    kind(docs, "Job")
+        .into_iter()
+        .find(|j| j["metadata"]["name"] == "ec2-topology-labeler-uninstall")
+        .expect("the uninstall Job")
+}
+
+/// With a scheduler feature off, what an earlier configuration published is retired by a
+/// post-upgrade Job under a ServiceAccount of its own, whose rights are exactly the kinds of the
+/// features turned off; the controller holds none of them. Its command is `retire` with this
+/// configuration's publishing flags, which the binary accepts.
+#[test]
+fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
+    let hook = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "post-upgrade")
+            .cloned()
+            .collect()
+    };
+    let rights = |docs: &[Value]| -> BTreeMap<String, Vec<String>> {
+        let mut seen = BTreeMap::new();
+        for role in kind(docs, "ClusterRole") {
+            for r in role["rules"].as_array().unwrap() {
+                for res in r["resources"].as_array().unwrap() {
+                    let verbs = r["verbs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_string())
+                        .collect();
+                    seen.insert(
+                        format!(
+                            "{}/{}",
+                            r["apiGroups"][0].as_str().unwrap(),
+                            res.as_str().unwrap()
+                        ),
+                        verbs,
+                    );
+                }
+            }
+        }
+        seen
+    };
+    let docs = render(&[]);
+    let h = hook(&docs);
+    assert_eq!(
+        h.iter()
+            .map(|d| d["kind"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Job"
+        ]
+    );
+    let seen = rights(&h);
+    assert_eq!(seen["topology.volcano.sh/hypernodes"], ["list", "delete"]);
+    assert_eq!(seen["kueue.x-k8s.io/topologies"], ["list", "delete"]);
+    assert_eq!(seen["kueue.x-k8s.io/resourceflavors"], ["list"]);
+    assert_eq!(seen["kai.scheduler/topologies"], ["list"], "reported only");
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    // Its rights go once it has succeeded; the Job stays until the next upgrade for its log.
+    for d in &h {
+        let policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+            .as_str()
+            .unwrap();
+        if d["kind"] == "Job" {
+            assert_eq!(policy, "before-hook-creation");
+        } else {
+            assert_eq!(policy, "before-hook-creation,hook-succeeded");
+        }
+    }
+    let role = h.iter().find(|d| d["kind"] == "Role").unwrap();
+    assert_eq!(
+        role["rules"],
+        json!([{ "apiGroups": ["apps"], "resources": ["deployments"],
+                 "resourceNames": ["ec2-topology-labeler"], "verbs": ["get"] }]),
+        "reads the controller's Deployment only, to wait for its rollout"
+    );
+    // The binary accepts the Job's arguments, and they carry this configuration.
+    let docs = render(&[
+        "config.kueueTopology=true".into(),
+        "config.kaiTopologyName=team-net".into(),
+        "config.volcanoHypernodePrefix=team".into(),
+        "leaderElection.leaseName=team-lease".into(),
+        "extraArgs={--leader-election-namespace=leases}".into(),
+    ]);
+    let h = hook(&docs);
+    let seen = rights(&h);
+    assert!(
+        !seen.contains_key("kueue.x-k8s.io/topologies"),
+        "Kueue is on: {seen:?}"
+    );
+    assert!(!seen.contains_key("kueue.x-k8s.io/resourceflavors"));
+    let job = kind(&h, "Job")[0];
+    assert_eq!(
+        job["spec"]["template"]["spec"]["serviceAccountName"],
+        "ec2-topology-labeler-retire"
+    );
+    let args: Vec<String> = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
+        .expect("the binary accepts the hook's arguments");
+    let ec2_topology_labeler::config::Command::Retire(r) = cli.command else {
+        panic!("the hook runs retire");
+    };
+    assert!(r.publish.kueue_topology && !r.publish.volcano_hypernodes && !r.publish.kai_topology);
+    assert_eq!(r.publish.kai_topology_name, "team-net");
+    assert_eq!(r.publish.volcano_hypernode_prefix, "team");
+    assert_eq!(r.leader.leader_election_lease_name, "team-lease");
+    assert_eq!(
+        r.leader.leader_election_namespace.as_deref(),
+        Some("leases")
+    );
+    assert_eq!(
+        r.wait_for_rollout.as_deref(),
+        Some("ec2-topology-labeler/ec2-topology-labeler")
+    );
+    assert!(!r.dry_run);
+    // Every feature on, the hook off, or RBAC brought along: no hook.
+    for sets in [
+        vec![
+            "config.kueueTopology=true".to_string(),
+            "config.kaiTopology=true".into(),
+            "config.volcanoHypernodes=true".into(),
+        ],
+        vec!["retireHook.enabled=false".into()],
+        vec!["rbac.create=false".into()],
+    ] {
+        assert!(hook(&render(&sets)).is_empty(), "{sets:?}");
+    }
+}
+
 #[test]
 fn uninstall_hook_runs_the_uninstall_command_as_configured() {
     let hooks = |docs: &[Value]| {
@@ -818,7 +958,7 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
         6,
         "ServiceAccount, ClusterRole(Binding), Role(Binding), Job"
     );
-    let job = kind(&docs, "Job")[0];
+    let job = uninstall_job(&docs);
     let pod = &job["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "ec2-topology-labeler-uninstall");
     let args: Vec<String> = pod["containers"][0]["args"]
@@ -871,7 +1011,7 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
             "apiGroups": [""], "resources": ["configmaps"],
             "resourceNames": ["slurm-topology"], "verbs": ["get", "delete"]}})]
     );
-    let job = kind(&docs, "Job")[0];
+    let job = uninstall_job(&docs);
     let args = job["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
         .expect("args")
@@ -1098,7 +1238,7 @@ fn rbac_and_service_account_can_be_brought_along() {
         assert!(kind(&docs, k).is_empty(), "{k} rendered");
     }
     assert_eq!(pod_spec(&docs)["serviceAccountName"], "platform-labeler");
-    let docs = render(&[]);
+    let docs = standing(&render(&[]));
     assert_eq!(kind(&docs, "ServiceAccount").len(), 1);
     assert_eq!(kind(&docs, "ClusterRole").len(), 1);
     // An empty name is the release's full name (Karpenter's convention).
@@ -1338,7 +1478,7 @@ fn scheduler_objects_policy_names_this_installation() {
     }
     assert_eq!(
         p["spec"]["matchConditions"][0]["expression"],
-        r#"request.userInfo.username == "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler""#
+        r#"request.userInfo.username in ["system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler","system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler-retire"]"#
     );
     assert_eq!(owner(&p), r#""ec2-topology-labeler/ec2-topology-labeler""#);
     let p = policy(&[
@@ -1940,6 +2080,9 @@ pub fn values_schema() -> Value {
                 "enabled": boolean(),
                 "labels": boolean(),
                 "waitForLease": duration()
+            })),
+            "retireHook": closed(json!({
+                "enabled": boolean()
             }))
         },
         // Two replicas without leader election would both write.

@@ -58,7 +58,7 @@ mod dashboard;
 use dashboard::dashboard_queries_match_live_metrics;
 #[path = "e2e/uninstall.rs"]
 mod uninstall;
-use uninstall::{turned_off_features_are_retired_at_start_up, uninstall_leaves_only_labels};
+use uninstall::{turned_off_features_are_retired, uninstall_leaves_only_labels};
 #[path = "e2e/whynot.rs"]
 mod whynot;
 use whynot::every_reason_says_why_once;
@@ -2426,7 +2426,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
         scenario!(turned_off_extras_are_removed_at_start_up, true),
-        scenario!(turned_off_features_are_retired_at_start_up, true),
+        scenario!(turned_off_features_are_retired, true),
         scenario!(admission_policy_limits_the_controllers_node_writes, true),
         scenario!(exclusive_keys_refuse_every_other_writer, true),
         scenario!(

@@ -40,6 +40,87 @@ async fn ours(api: &Api<kube::api::DynamicObject>) -> anyhow::Result<Vec<String>
         .collect())
 }
 
+/// Whether `user` may `verb` `resource` of `group` (cluster-wide), as the API server's RBAC
+/// answers a SubjectAccessReview.
+async fn can_i(
+    c: &Client,
+    user: &str,
+    group: &str,
+    resource: &str,
+    verb: &str,
+) -> anyhow::Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                verb: Some(verb.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(c.clone())
+        .create(&Default::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The chart's retire hook (`templates/retire-hook.yaml`) as it renders with `sets`.
+fn retire_hook(sets: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let chart = e2e::helm::chart();
+    let mut args = vec![
+        "template",
+        "ec2-topology-labeler",
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        NAMESPACE,
+        "--show-only",
+        "templates/retire-hook.yaml",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&e2e::helm::helm(None, &args)?)?;
+    Ok(docs.into_iter().filter(|d| d.is_object()).collect())
+}
+
+/// The admin kubeconfig `admin` with its token replaced by `token`.
+fn with_token(admin: &str, token: &str) -> String {
+    admin
+        .lines()
+        .map(|l| match l.split_once("token:") {
+            Some((indent, _)) => format!("{indent}token: {token}"),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Delete the object `doc` names (as applied from a rendered manifest).
+async fn delete(c: &Client, doc: &serde_json::Value) -> anyhow::Result<()> {
+    let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone())?;
+    let types = obj.types.clone().context("a document without kind")?;
+    let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+    let (resource, caps) = kube::discovery::pinned_kind(c, &gvk).await?;
+    let api: Api<kube::api::DynamicObject> = match caps.scope {
+        kube::discovery::Scope::Namespaced => Api::namespaced_with(
+            c.clone(),
+            obj.metadata.namespace.as_deref().unwrap_or("default"),
+            &resource,
+        ),
+        kube::discovery::Scope::Cluster => Api::all_with(c.clone(), &resource),
+    };
+    api.delete(&obj.metadata.name.unwrap_or_default(), &Default::default())
+        .await?;
+    Ok(())
+}
+
 async fn with_condition(c: &Client) -> anyhow::Result<Vec<String>> {
     let nodes: Api<Node> = Api::all(c.clone());
     Ok(nodes
@@ -163,18 +244,21 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
     result
 }
 
-/// Turning features off retires, at the next start, what they published where that cannot hurt
-/// a running workload, and reports what may still be in use:
-/// - `--node-condition` off: our TopologyLabeled condition goes;
-/// - `--volcano-hypernodes` off: our HyperNodes go;
+/// Turning features off: the controller removes our condition at its next start (`nodes/status`
+/// stays among its rights); the chart then grants it nothing on the kinds turned off (the API
+/// server's own SubjectAccessReview says so), and `ec2-topology-labeler retire`, run as the
+/// chart's post-upgrade hook runs it (the hook's ServiceAccount and RBAC as the chart renders
+/// them; no Job runs here, so the suite runs its command), retires what they published:
+/// - `--volcano-hypernodes` off: this installation's HyperNodes go; one not annotated as ours
+///   stays, and the admission policy refuses the hook's identity its deletion;
 /// - `--kueue-topology` off: our Kueue Topologies of the configured names that no ResourceFlavor
-///   names go; one a flavor names is kept, and the leader says so (a WARN line naming it and the
-///   flavor); one of another name (another installation's) is left alone;
+///   names go; one a flavor names is kept and reported with the flavor; one of another name
+///   (another installation's) is left alone;
 /// - `--kai-topology` off: our KAI Topologies of the configured name are kept and reported
 ///   (workloads may name them);
 ///
 /// and no label changes.
-pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::Result<()> {
+pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
     let c = env.admin().await?;
     e2e::env::restart_labeler_with(env, &["--node-condition=true"]).await?;
     let s = NodeSpec::ec2(0x132, 1, "p5.48xlarge");
@@ -192,7 +276,8 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     .await?;
     // Two Kueue Topologies of ours an earlier configuration might have left, one of them named by a
     // ResourceFlavor, and a KAI Topology of ours (marked as this installation's, as the controller
-    // marks what it publishes: the admission policy lets it delete nothing else).
+    // marks what it publishes: the admission policy lets it delete nothing else); and a HyperNode
+    // of our prefix and label not marked as this installation's.
     let ours_label = serde_json::json!({ "app.kubernetes.io/managed-by": "ec2-topology-labeler" });
     let this_installation = serde_json::json!({ "ec2-topology-labeler.io/owner": "ec2-topology-labeler/ec2-topology-labeler" });
     let levels = serde_json::json!([
@@ -221,6 +306,7 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     crate::kai_topologies(&c)
         .patch("ret-kai", &pp, &kube::api::Patch::Apply(&k))
         .await?;
+    let unclaimed = "ec2tl-ret-unclaimed";
     // What stays: every Kueue Topology but the one of this configuration's names that no
     // ResourceFlavor names; `ret-other` (another installation's name, by our label too) is not
     // this installation's to judge, and stays though no flavor names it.
@@ -231,57 +317,163 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
             && kueue_kept.contains(&"ret-other".to_string())
     );
     let labels_before = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
-    // As an operator turns them off: the chart upgraded (its RBAC then lets the controller list
-    // what it retires), the controller restarted with the features off.
-    let chart_with = |on: bool| -> anyhow::Result<()> {
-        e2e::helm::upgrade_reusing(
-            &env.cluster.admin_kubeconfig,
-            &[
-                format!("config.kueueTopology={on}"),
-                format!("config.kaiTopology={on}"),
-            ],
-        )?;
+    // As an operator turns them off: the chart upgraded (the hook off: no Job runs here), the
+    // controller restarted with the features off.
+    let off = [
+        "config.volcanoHypernodes=false",
+        "config.kueueTopology=false",
+        "config.kaiTopology=false",
+        // The names this configuration publishes under.
+        "config.kueueTopologyName=ret-named",
+        "config.kueueTopologyFourLayerName=ret-unnamed",
+        "config.kaiTopologyName=ret-kai",
+    ];
+    let chart_with = |sets: &[&str]| -> anyhow::Result<()> {
+        let sets: Vec<String> = sets
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["retireHook.enabled=false".to_string()])
+            .collect();
+        e2e::helm::upgrade_reusing(&env.cluster.admin_kubeconfig, &sets)?;
         Ok(())
     };
-    chart_with(false)?;
-    e2e::env::restart_labeler_with(
-        env,
-        &[
-            "--node-condition=false",
-            "--volcano-hypernodes=false",
-            "--kueue-topology=false",
-            "--kai-topology=false",
-            // The names this configuration publishes under.
-            "--kueue-topology-name=ret-named",
-            "--kueue-topology-four-layer-name=ret-unnamed",
-            "--kai-topology-name=ret-kai",
-        ],
-    )
-    .await?;
-    let result = eventually("retired and reported", WAIT, || async {
-        let kueue = ours(&crate::topology_api(&c)).await?;
-        let gone = with_condition(&c).await?.is_empty()
-            && ours(&crate::hypernodes_api(&c)).await?.is_empty()
-            && kueue == kueue_kept;
-        let log = env
-            .labeler
-            .lock()
+    let result = async {
+        chart_with(&off)?;
+        e2e::env::restart_labeler_with(
+            env,
+            &[
+                "--node-condition=false",
+                "--volcano-hypernodes=false",
+                "--kueue-topology=false",
+                "--kai-topology=false",
+            ],
+        )
+        .await?;
+        eventually("our condition removed by the controller", WAIT, || async {
+            Ok(with_condition(&c).await?.is_empty().then_some(()))
+        })
+        .await?;
+        // A HyperNode of our prefix and label, not annotated as this installation's (made by hand,
+        // or by another installation): not the hook's to remove.
+        let h = serde_json::json!({"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": {"name": unclaimed, "labels": ours_label},
+            "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": s.name}}}]}});
+        crate::hypernodes_api(&c)
+            .patch(unclaimed, &pp, &kube::api::Patch::Apply(&h))
+            .await?;
+        // The controller's ServiceAccount holds nothing on the kinds turned off.
+        let controller = format!("system:serviceaccount:{NAMESPACE}:ec2-topology-labeler");
+        for (group, resource, verb) in [
+            ("topology.volcano.sh", "hypernodes", "list"),
+            ("topology.volcano.sh", "hypernodes", "delete"),
+            ("kueue.x-k8s.io", "topologies", "list"),
+            ("kueue.x-k8s.io", "topologies", "delete"),
+            ("kueue.x-k8s.io", "resourceflavors", "list"),
+            ("kai.scheduler", "topologies", "list"),
+        ] {
+            ensure!(
+                !can_i(&c, &controller, group, resource, verb).await?,
+                "the controller may still {verb} {resource}.{group} with the feature off"
+            );
+        }
+        // The hook's ServiceAccount and RBAC, as the chart renders them for this configuration.
+        let hook = retire_hook(&off)?;
+        let rbac: Vec<&serde_json::Value> = hook.iter().filter(|d| d["kind"] != "Job").collect();
+        for d in &rbac {
+            kube_util::apply_yaml(&c, &serde_json::to_string(d)?, "e2e-retire").await?;
+        }
+        let hook_sa = format!("system:serviceaccount:{NAMESPACE}:ec2-topology-labeler-retire");
+        ensure!(
+            can_i(&c, &hook_sa, "topology.volcano.sh", "hypernodes", "delete").await?,
+            "the hook may not delete HyperNodes"
+        );
+        let job = hook
+            .iter()
+            .find(|d| d["kind"] == "Job")
+            .context("the chart renders no retire Job")?;
+        let args: Vec<String> = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .context("the Job's args")?
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            // No kubelet runs the Deployment's Pods here: it never rolls out.
+            .filter(|a| !a.starts_with("--wait-for-rollout"))
+            .collect();
+        let token = e2e::credentials::mint_token(
+            &c,
+            NAMESPACE,
+            "ec2-topology-labeler-retire",
+            "https://kubernetes.default.svc.cluster.local",
+        )
+        .await?;
+        let kubeconfig = env.dir.join("retire-hook.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            with_token(&std::fs::read_to_string(&env.cluster.admin_kubeconfig)?, &token),
+        )?;
+        let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+            .args(&args)
+            .args(["-o", "json"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        ensure!(
+            out.status.success(),
+            "retire failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_str(&stdout)?;
+        let kept = |name: &str, why: &str| {
+            report["items"].as_array().is_some_and(|items| {
+                items.iter().any(|i| {
+                    i["name"] == name && i["kept"].as_str().is_some_and(|k| k.contains(why))
+                })
+            })
+        };
+        ensure!(
+            kept("ret-named", "ret-flavor") && kept("ret-kai", "kai.scheduler/topology"),
+            "what may be in use is not reported as kept: {report}"
+        );
+        ensure!(
+            ours(&crate::hypernodes_api(&c)).await? == [unclaimed.to_string()],
+            "this installation's HyperNodes (only) are not gone"
+        );
+        ensure!(ours(&crate::topology_api(&c)).await? == kueue_kept);
+        let kai_after = ours(&crate::kai_topologies(&c)).await?;
+        ensure!(
+            kai_after.contains(&"ret-kai".to_string()),
+            "the KAI Topology was not kept: {kai_after:?}"
+        );
+        // The hook's identity may delete no HyperNode that is not this installation's: the
+        // admission policy's answer, not our code's.
+        let as_hook = kube::Client::try_from(kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &Default::default(),
+        )
+        .await?)?;
+        match crate::hypernodes_api(&as_hook)
+            .delete(unclaimed, &Default::default())
             .await
-            .as_ref()
-            .map(|l| l.log_text())
-            .unwrap_or_default();
-        let reported = log.lines().any(|l| {
-            l.contains("kept what a feature now turned off published")
-                && l.contains("ret-named")
-                && l.contains("ret-flavor")
-        }) && log.lines().any(|l| {
-            l.contains("kept what a feature now turned off published") && l.contains("ret-kai")
-        });
-        Ok((gone && reported).then_some(()))
-    })
+        {
+            Err(kube::Error::Api(e))
+                if e.code == 403
+                    && e.message.contains("ValidatingAdmissionPolicy")
+                    && e.message.contains("may change or delete only what it published") =>
+            {
+                eprintln!("    refused, the hook deleting another's HyperNode: {}", e.message)
+            }
+            other => anyhow::bail!(
+                "the hook's delete of a HyperNode not ours was not refused by the policy: {other:?}"
+            ),
+        }
+        for d in rbac.iter().rev() {
+            delete(&c, d).await?;
+        }
+        anyhow::Ok(())
+    }
     .await;
     let labels_after = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
-    let kai_after = ours(&crate::kai_topologies(&c)).await?;
     // Put back what the later scenarios expect (the controller recreates its own Topologies).
     let _ = flavors.delete("ret-flavor", &Default::default()).await;
     for t in ["ret-named", "ret-other"] {
@@ -290,14 +482,20 @@ pub async fn turned_off_features_are_retired_at_start_up(env: &Env) -> anyhow::R
     let _ = crate::kai_topologies(&c)
         .delete("ret-kai", &Default::default())
         .await;
-    chart_with(true)?;
+    let _ = crate::hypernodes_api(&c)
+        .delete(unclaimed, &Default::default())
+        .await;
+    chart_with(&[
+        "config.volcanoHypernodes=true",
+        "config.kueueTopology=true",
+        "config.kaiTopology=true",
+        "config.kueueTopologyName=aws-network",
+        "config.kueueTopologyFourLayerName=aws-network-4-layer",
+        "config.kaiTopologyName=aws-network",
+    ])?;
     e2e::env::restart_labeler_with(env, &[]).await?;
     result?;
     ensure!(labels_after == labels_before, "labels changed");
-    ensure!(
-        kai_after.contains(&"ret-kai".to_string()),
-        "the KAI Topology was not kept: {kai_after:?}"
-    );
     kube_util::delete_node(&c, &s.name).await?;
     Ok(())
 }

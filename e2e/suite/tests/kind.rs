@@ -720,7 +720,7 @@ async fn drain_respects_the_disruption_budget(env: &Env) -> anyhow::Result<()> {
 }
 
 /// `helm upgrade` with a changed configuration rolls both replicas without losing a label, and
-/// the new replicas run with the new setting.
+/// the new replicas run with the new setting; the retire hook runs and leaves no rights behind.
 async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> {
     let kind = KindEnv::from_env()?;
     let c = env.admin().await?;
@@ -749,6 +749,39 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
         after.iter().all(|p| !before.contains(&p.name_any())),
         "the replicas were not replaced: {before:?}"
     );
+    // Every scheduler feature is off here: the upgrade ran the retire hook, whose Job succeeded
+    // (helm waited for it) and whose ServiceAccount went with its rights; the controller's own
+    // identity holds no right on those kinds (the API server's RBAC answers).
+    let hook = format!("{RELEASE}-retire");
+    let job = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(c.clone(), NAMESPACE)
+        .get(&hook)
+        .await
+        .context("the retire hook's Job")?;
+    ensure!(
+        job.status.as_ref().and_then(|s| s.succeeded) == Some(1),
+        "the retire hook's Job did not succeed: {:?}",
+        job.status
+    );
+    ensure!(
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(c.clone(), NAMESPACE)
+            .get_opt(&hook)
+            .await?
+            .is_none(),
+        "the retire hook's ServiceAccount outlived it"
+    );
+    let sa = format!("--as=system:serviceaccount:{NAMESPACE}:{RELEASE}");
+    for (verb, what) in [
+        ("delete", "hypernodes.topology.volcano.sh"),
+        ("list", "topologies.kueue.x-k8s.io"),
+        ("list", "topologies.kai.scheduler"),
+    ] {
+        let (_, out) = kind.kubectl(&["auth", "can-i", verb, what, &sa])?;
+        // (stdout says yes or no; stderr may warn of a kind the cluster does not serve.)
+        ensure!(
+            out.lines().any(|l| l.trim() == "no") && !out.lines().any(|l| l.trim() == "yes"),
+            "the controller may {verb} {what} with the feature off: {out}"
+        );
+    }
     for p in &after {
         let args = p
             .spec

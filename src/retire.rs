@@ -128,7 +128,7 @@ pub async fn find(
     scheme: &LabelScheme,
 ) -> kube::Result<Vec<(ObjectMeta, Retired)>> {
     let mut out = Vec::new();
-    let mut params = ListParams::default().limit(500);
+    let mut params = ListParams::default().limit(crate::store::NODE_PAGE);
     loop {
         let page = api.list_metadata(&params).await?;
         for item in page.items {

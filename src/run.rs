@@ -223,7 +223,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let prune_scheme = scheme.clone();
     let filter_ctx = ctx.clone();
     let mark_synced = synced.clone();
-    let triggers = watcher(nodes_watch, watcher::Config::default())
+    // Pages of NODE_PAGE nodes: a page is read whole before it is decoded, and with container
+    // images a Node is ~15 kB of JSON; kube's default of 500 made each page of the initial list
+    // a transient of several MB, the largest the controller had at start-up.
+    let triggers = watcher(
+        nodes_watch,
+        watcher::Config::default().page_size(crate::store::NODE_PAGE),
+    )
         .default_backoff()
         .map_ok(move |event| {
             let done = matches!(event, watcher::Event::InitDone);

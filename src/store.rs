@@ -25,6 +25,10 @@ use kube::runtime::watcher::Event;
 
 use crate::node::{CachedNode, LiteNode, Sharing};
 
+/// Nodes per page of every list of Nodes the controller makes (the watcher's initial list and
+/// relists, the start-up scan for retired labels): a page is held whole before it is decoded.
+pub const NODE_PAGE: u32 = 100;
+
 /// A cached node, found in the set by its name.
 #[derive(Debug, Clone)]
 struct ByName(Arc<CachedNode>);

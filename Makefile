@@ -130,9 +130,10 @@ fmt:
 # deploy/: the Namespace, then the chart with its defaults for an API server that serves
 # ValidatingAdmissionPolicy (the chart's kubeVersion, 1.30, does), without the helm test pod or
 # the post-upgrade retire hook (no Helm runs it: after turning a feature off, run
-# `ec2-topology-labeler retire`, docs/operations.md).
+# `ec2-topology-labeler retire`, docs/operations.md) or the record key (a random key on every
+# render: docs/install-eks.md says how to add one to plain manifests).
 RENDER_MANIFESTS = { printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: $(NAMESPACE)\n'; \
-  $$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) --skip-tests --set retireHook.enabled=false \
+  $$(e2e/tools/build.sh)/helm template $(NAMESPACE) $(CHART) --namespace $(NAMESPACE) --skip-tests --set retireHook.enabled=false --set recordKey.enabled=false \
     --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy; }
 
 ## manifests: render the chart into deploy/ (plain manifests for kubectl apply -f deploy/)

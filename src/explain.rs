@@ -309,7 +309,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     let now = if args.no_ec2 {
         None
     } else {
-        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
+        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await?;
         let gate = Gate::from(&args.gate);
         plan_nodes(
             std::slice::from_ref(&lite),
@@ -327,8 +327,9 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         .filter(|(k, _)| scheme.is_family_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let key = args.lookup.record_key().map_err(Error::Config)?;
     let record = match crate::reconcile::target(&lite, &scheme, args.ec2.region.as_deref()) {
-        Ok(Ok(t)) => match crate::reconcile::trusted(&lite, &scheme, &t) {
+        Ok(Ok(t)) => match crate::reconcile::trusted(&lite, &scheme, &t, key.as_ref()) {
             Ok(v) => format!(
                 "trusted (EC2 has given this answer for {}s): a new leader takes it, no EC2 call, and asks again within --cache-ttl",
                 crate::lookup::cache::unix_now().saturating_sub(v.at)

@@ -390,7 +390,7 @@ impl Metrics {
         let verification_records = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "verification_records",
-            "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_instance, other_boot, labels_changed, incomplete)",
+            "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_key, no_key, other_instance, other_boot, labels_changed, incomplete)",
             verification_records.clone(),
         );
         let first_label_latency = Histogram::new(JOIN_BUCKETS);

@@ -22,7 +22,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::{
     intern::Interner,
     topology::InstanceTopology,
-    verified::{VERIFIED_KEY, Verified},
+    verified::{Seal, VERIFIED_KEY, Verified},
 };
 
 /// The condition type we own on Nodes.
@@ -338,12 +338,14 @@ pub struct KeptRecord {
     boot_id: Option<Box<str>>,
     at: u64,
     answer: Arc<InstanceTopology>,
+    /// Its seal as read (not checked here: the key is not needed to keep it).
+    seal: Seal,
 }
 
 impl KeptRecord {
     fn keep(text: &str) -> Option<Self> {
-        let verified = Verified::parse(text).ok()?;
-        if verified.encode() != text {
+        let (verified, seal) = Verified::parse(text).ok()?;
+        if verified.encode_sealed(&seal) != text {
             return None;
         }
         let mut answer = verified.topology;
@@ -353,6 +355,7 @@ impl KeptRecord {
             boot_id: verified.boot_id.map(String::into_boxed_str),
             at: verified.at,
             answer: Arc::new(answer),
+            seal,
         })
     }
 
@@ -366,7 +369,7 @@ impl KeptRecord {
             boot_id: self.boot_id.as_deref().map(str::to_owned),
             at: self.at,
         }
-        .encode()
+        .encode_sealed(&self.seal)
     }
 }
 
@@ -829,7 +832,10 @@ mod tests {
             boot_id: Some("5d3a1c2e-8f4b-4a6c-9e7d-0b1f2a3c4d5e".into()),
             at: 1_796_300_000,
         }
-        .encode()
+        .encode(
+            &crate::verified::RecordKey::new(b"a test key of thirty-two bytes or more")
+                .expect("a key"),
+        )
     }
 
     fn cached(annotations: &[(&str, &str)], sharing: &mut Sharing) -> LiteNode {
@@ -842,7 +848,7 @@ mod tests {
 
     /// A record we wrote is kept as its parts, its answer shared by the nodes under one
     /// switch, and reads back as the very text it was; any other value under the record's key
-    /// (a record edited by hand, a sum that does not match) is kept as its text.
+    /// (not in the form we write it) is kept as its text.
     #[test]
     fn a_record_is_kept_as_its_parts_and_reads_back_as_it_was() {
         let mut sharing = Sharing::default();
@@ -868,10 +874,18 @@ mod tests {
         assert_eq!(sharing.len().1, 2, "two switches, two answers kept");
         let answer = |n: &LiteNode| n.kept_record().map(|r| r.answer.clone());
         assert!(Arc::ptr_eq(&answer(&na).unwrap(), &answer(&nb).unwrap()));
-        // Not what we wrote: kept as text, read back as it is.
-        let spaced = a.replacen(',', ", ", 1);
+        // Edited: kept as its parts too (whether it is trusted is judged with the key, not
+        // here), and read back as the very text it is.
         let tampered = a.replacen("nn-leaf-1", "nn-leaf-9", 1);
-        for text in [spaced, tampered, "{}".to_string()] {
+        let n = cached(&[(VERIFIED_KEY, &tampered)], &mut sharing);
+        assert!(n.kept_record().is_some());
+        assert_eq!(
+            n.annotation(VERIFIED_KEY).as_deref(),
+            Some(tampered.as_str())
+        );
+        // Not as we write it: kept as text, read back as it is.
+        let spaced = a.replacen(',', ", ", 1);
+        for text in [spaced, "{}".to_string()] {
             let n = cached(&[(VERIFIED_KEY, &text)], &mut sharing);
             assert!(n.kept_record().is_none(), "{text}");
             assert_eq!(n.annotation(VERIFIED_KEY).as_deref(), Some(text.as_str()));

@@ -263,7 +263,7 @@ pub async fn run(args: PlanArgs) -> Result<()> {
     let client = Client::try_default().await?;
     let api: Api<WireNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
-    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await;
+    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await?;
     let gate = Gate::from(&args.gate);
     let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
     let retired = crate::retire::find(&Api::all(client), &scheme).await?;

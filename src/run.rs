@@ -94,12 +94,17 @@ fn relevant(node: &LiteNode) -> u64 {
 }
 
 /// Build the lookup stack: EC2 client, shared limiter, batching cache.
-pub async fn lookup_from(ec2: &Ec2Args, lookup: &LookupArgs, metrics: Arc<Metrics>) -> Lookup {
+pub async fn lookup_from(
+    ec2: &Ec2Args,
+    lookup: &LookupArgs,
+    metrics: Arc<Metrics>,
+) -> Result<Lookup> {
+    let key = lookup.record_key().map_err(Error::Config)?;
     let limiter = Arc::new(Limiter::new(ec2.limiter()));
     let source = AwsTopology::from_env(ec2.ec2_timeout.0)
         .await
         .with_limiter(limiter.clone());
-    Lookup::spawn(source, limiter, lookup.lookup(), metrics)
+    Ok(Lookup::spawn(source, limiter, lookup.lookup(), metrics).with_record_key(key))
 }
 
 /// What `/debug/nodes/NAME` reads, once the controller is wired: the node cache, the context and
@@ -157,7 +162,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     }
     let client = Client::try_default().await?;
-    let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await;
+    let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await?;
+    match lookup.record_key() {
+        Some(key) => info!(key = %key.id(), "verification records are sealed with this key"),
+        None => warn!(
+            "no --record-key-file: verification records are neither written nor trusted, and every start asks EC2 about every instance"
+        ),
+    }
     let batcher = lookup.clone();
     live.check("ec2 batcher", move || batcher.batcher_running());
     let nodes: Api<WireNode> = Api::all(client.clone());
@@ -230,23 +241,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
         nodes_watch,
         watcher::Config::default().page_size(crate::store::NODE_PAGE),
     )
-        .default_backoff()
-        .map_ok(move |event| {
-            let done = matches!(event, watcher::Event::InitDone);
-            let touched = feeder.apply(crate::store::map_event(event, |wire| {
-                let mut node = LiteNode::from(wire);
-                prune(&mut node, &prune_scheme);
-                node
-            }));
-            if done && !mark_synced.swap(true, Ordering::SeqCst) {
-                info!("node cache synced");
-            }
-            touched
-        })
-        .try_filter_map(|touched| std::future::ready(Ok(touched)))
-        .try_filter(move |node| {
-            std::future::ready(filter_ctx.records.changed(node, relevant(node)))
-        });
+    .default_backoff()
+    .map_ok(move |event| {
+        let done = matches!(event, watcher::Event::InitDone);
+        let touched = feeder.apply(crate::store::map_event(event, |wire| {
+            let mut node = LiteNode::from(wire);
+            prune(&mut node, &prune_scheme);
+            node
+        }));
+        if done && !mark_synced.swap(true, Ordering::SeqCst) {
+            info!("node cache synced");
+        }
+        touched
+    })
+    .try_filter_map(|touched| std::future::ready(Ok(touched)))
+    .try_filter(move |node| std::future::ready(filter_ctx.records.changed(node, relevant(node))));
 
     // Each time EC2 answers again after failing, re-check every node: those waiting out a
     // per-node backoff are labelled now (they share batched calls; the rest are cache hits).

@@ -29,7 +29,7 @@ use ec2_topology_labeler::{
         reconcile, warm,
     },
     topology::{Ec2Error, InstanceTopology, TopologySource},
-    verified::{VERIFIED_KEY, Verified},
+    verified::{RecordKey, VERIFIED_KEY, Verified},
 };
 use http::{Method, Request, Response};
 use kube::{Api, Client, client::Body};
@@ -121,6 +121,11 @@ fn node(labels: &[(&str, &str)]) -> LiteNode {
     n
 }
 
+/// The key the controller under test seals and opens records with.
+fn record_key() -> RecordKey {
+    RecordKey::new(b"the reconcile tests' key, 32 bytes or more").expect("a key")
+}
+
 fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
     let (ctx, handle) = setup_context(fake);
     (Arc::new(ctx), handle)
@@ -138,7 +143,8 @@ fn setup_context(fake: &Fake) -> (Context, Handle) {
             ..LookupConfig::default()
         },
         metrics.clone(),
-    );
+    )
+    .with_record_key(Some(record_key()));
     let ctx = Context::new(
         Api::all(client),
         lookup,
@@ -263,7 +269,7 @@ async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
         .as_str()
         .expect("the verification record")
         .to_string();
-    let record = Verified::parse(&record).expect("a record we can read back");
+    let record = Verified::open(&record, &record_key()).expect("a record we can read back");
     assert_eq!(record.topology, shared_answer(ID));
     assert_eq!(record.boot_id.as_deref(), Some("boot-1"));
     assert!(unix_now().abs_diff(record.at) <= 5, "verified now");
@@ -1145,7 +1151,7 @@ fn as_verified(mut n: LiteNode, topology: InstanceTopology, age_s: u64) -> LiteN
     n.metadata
         .annotations
         .get_or_insert_default()
-        .insert(VERIFIED_KEY.into(), record.encode());
+        .insert(VERIFIED_KEY.into(), record.encode(&record_key()));
     n
 }
 
@@ -1219,7 +1225,7 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
         match k {
             0 => n.status.node_info.boot_id = Some("boot-2".into()),
             1 => {
-                let r = record(&mut n).replacen(r#""v":1"#, r#""v":2"#, 1);
+                let r = record(&mut n).replacen(r#""v":2"#, r#""v":3"#, 1);
                 set(&mut n, r);
             }
             2 => {

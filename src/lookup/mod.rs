@@ -36,6 +36,7 @@ use crate::{
     duration::HumanDuration,
     metrics::Metrics,
     topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
+    verified::RecordKey,
 };
 use batcher::{Batcher, Health};
 use cache::{Answer, Cache, Check};
@@ -137,9 +138,30 @@ pub struct LookupArgs {
     /// instance type).
     #[arg(long, value_parser = crate::bounds::duration_flag("not-described-ttl"), env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
     pub not_described_ttl: HumanDuration,
+    /// A file holding the key verification records are sealed with (an HMAC key of at least 32
+    /// bytes; the chart mounts one from a Secret it creates). A record is trusted only if sealed
+    /// with this key: whoever may patch a node cannot forge one. Without it, records are
+    /// neither written nor trusted (every start asks EC2 about every instance).
+    #[arg(long, env = "LABELER_RECORD_KEY_FILE")]
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub record_key_file: Option<std::path::PathBuf>,
 }
 
 impl LookupArgs {
+    /// The key of `--record-key-file`, if given: the file's bytes, a trailing newline left out.
+    pub fn record_key(&self) -> Result<Option<RecordKey>, String> {
+        let Some(path) = &self.record_key_file else {
+            return Ok(None);
+        };
+        let bytes = std::fs::read(path)
+            .map_err(|e| format!("cannot read --record-key-file {}: {e}", path.display()))?;
+        let secret = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        RecordKey::new(secret)
+            .map(Some)
+            .map_err(|e| format!("--record-key-file {}: {e}", path.display()))
+    }
+
     pub fn lookup(&self) -> LookupConfig {
         LookupConfig {
             batch_window: self.batch_window.0,
@@ -156,6 +178,9 @@ impl LookupArgs {
 #[derive(Clone)]
 pub struct Lookup {
     cache: Arc<Cache>,
+    /// The key verification records are sealed and opened with (none: records are neither
+    /// written nor trusted).
+    record_key: Option<Arc<RecordKey>>,
     /// IDs per call (EC2 allows at most 100).
     max_batch: usize,
     requests: mpsc::UnboundedSender<Request>,
@@ -199,12 +224,25 @@ impl Lookup {
         });
         Self {
             cache: Arc::new(Cache::new(cfg, Instant::now())),
+            record_key: None,
             max_batch: cfg.max_batch,
             requests: tx,
             metrics,
             recoveries,
             batcher_alive,
         }
+    }
+
+    /// Seal and open verification records with `key` (none: records are neither written nor
+    /// trusted).
+    pub fn with_record_key(mut self, key: Option<RecordKey>) -> Self {
+        self.record_key = key.map(Arc::new);
+        self
+    }
+
+    /// The key verification records are sealed and opened with.
+    pub fn record_key(&self) -> Option<&RecordKey> {
+        self.record_key.as_deref()
     }
 
     /// Whether the batcher task still runs: without it every lookup fails.

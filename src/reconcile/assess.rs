@@ -13,7 +13,7 @@ use crate::{
     node::LiteNode,
     provider_id::{self, SkipReason},
     topology::Ec2Error,
-    verified::{RecordError, VERIFIED_KEY, Verified},
+    verified::{RecordError, RecordKey, VERIFIED_KEY, Verified},
 };
 
 /// What a node needs, as far as reading can tell.
@@ -187,7 +187,7 @@ pub async fn assess(
                 boot_id: boot_id(node).map(str::to_owned),
                 at: verified_at,
             };
-            match derive(node, scheme, &verified) {
+            match derive(node, scheme, &verified, lookup.record_key()) {
                 Ok((desired, diff)) => Ok(Assessment::Ready {
                     instance_id,
                     desired,
@@ -202,24 +202,28 @@ pub async fn assess(
 }
 
 /// What `node` should carry for the answer `verified` holds — its labels, annotations and the
-/// verification record itself — and what must change to get there.
+/// verification record itself, sealed with `key` — and what must change to get there.
 fn derive(
     node: &LiteNode,
     scheme: &LabelScheme,
     verified: &Verified,
+    key: Option<&RecordKey>,
 ) -> Result<(Desired, NodeDiff), DeriveError> {
     let mut desired = labels::desired(scheme, &verified.topology)?;
     let labels = labels_of(node);
     labels::settle(scheme, &labels, &mut desired);
     // A record without the boot ID is never trusted (a reboot could not be told): none is
     // written until the kubelet reports it (a write saved per joining node), and one there
-    // already stays.
-    if verified.boot_id.is_some() {
-        desired
-            .annotations
-            .insert(VERIFIED_KEY.to_string(), verified.encode());
-    } else {
-        desired.keep.insert(VERIFIED_KEY.to_string());
+    // already stays. Without a key none is written either (and one there stays, untrusted).
+    match key {
+        Some(key) if verified.boot_id.is_some() => {
+            desired
+                .annotations
+                .insert(VERIFIED_KEY.to_string(), verified.encode(key));
+        }
+        _ => {
+            desired.keep.insert(VERIFIED_KEY.to_string());
+        }
     }
     let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
     Ok((desired, diff))
@@ -235,8 +239,13 @@ pub enum Distrust {
     Unreadable,
     /// A record of another format version.
     OtherVersion,
-    /// The record does not match its sum: edited by hand.
+    /// The record does not match its sum: edited, or forged without the key.
     Tampered,
+    /// Sealed with another key than this process holds (forged, or sealed before the key was
+    /// rotated).
+    OtherKey,
+    /// This process holds no key (`--record-key-file`), so trusts no record.
+    NoKey,
     /// About another instance than the node's providerID names.
     OtherInstance,
     /// About another boot: the node rebooted (maybe while no leader ran), and may have moved.
@@ -249,11 +258,13 @@ pub enum Distrust {
 }
 
 impl Distrust {
-    pub const ALL: [Distrust; 8] = [
+    pub const ALL: [Distrust; 10] = [
         Distrust::Missing,
         Distrust::Unreadable,
         Distrust::OtherVersion,
         Distrust::Tampered,
+        Distrust::OtherKey,
+        Distrust::NoKey,
         Distrust::OtherInstance,
         Distrust::OtherBoot,
         Distrust::LabelsChanged,
@@ -266,7 +277,15 @@ impl Distrust {
             Distrust::Missing => "the node carries no verification record",
             Distrust::Unreadable => "its verification record cannot be read",
             Distrust::OtherVersion => "its verification record is of another format version",
-            Distrust::Tampered => "its verification record does not match its checksum (edited?)",
+            Distrust::Tampered => {
+                "its verification record does not match its sum (edited, or forged without the key)"
+            }
+            Distrust::OtherKey => {
+                "its verification record is sealed with another key (forged, or sealed before the key was rotated)"
+            }
+            Distrust::NoKey => {
+                "no record key is configured (--record-key-file): no record is trusted"
+            }
             Distrust::OtherInstance => {
                 "its verification record is about another instance than its providerID's"
             }
@@ -286,6 +305,8 @@ impl Distrust {
             Distrust::Unreadable => "unreadable",
             Distrust::OtherVersion => "other_version",
             Distrust::Tampered => "tampered",
+            Distrust::OtherKey => "other_key",
+            Distrust::NoKey => "no_key",
             Distrust::OtherInstance => "other_instance",
             Distrust::OtherBoot => "other_boot",
             Distrust::LabelsChanged => "labels_changed",
@@ -305,12 +326,15 @@ pub fn trusted(
     node: &LiteNode,
     scheme: &LabelScheme,
     target: &Target,
+    key: Option<&RecordKey>,
 ) -> Result<Verified, Distrust> {
     let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
-    let verified = Verified::parse(&value).map_err(|e| match e {
+    let key = key.ok_or(Distrust::NoKey)?;
+    let verified = Verified::open(&value, key).map_err(|e| match e {
         RecordError::Unreadable(_) => Distrust::Unreadable,
         RecordError::OtherVersion(_) => Distrust::OtherVersion,
         RecordError::Tampered => Distrust::Tampered,
+        RecordError::OtherKey(_) => Distrust::OtherKey,
     })?;
     if verified.topology.instance_id != target.instance_id {
         return Err(Distrust::OtherInstance);
@@ -324,7 +348,7 @@ pub fn trusted(
     if verified.topology.settling(target.capacity_block_expected) {
         return Err(Distrust::Incomplete);
     }
-    match derive(node, scheme, &verified) {
+    match derive(node, scheme, &verified, Some(key)) {
         Ok((_, diff)) if diff.is_empty() => Ok(verified),
         _ => Err(Distrust::LabelsChanged),
     }
@@ -337,7 +361,7 @@ pub fn adopt(node: &LiteNode, scheme: &LabelScheme, target: &Target, lookup: &Lo
     if lookup.knows(&target.instance_id) {
         return;
     }
-    match trusted(node, scheme, target) {
+    match trusted(node, scheme, target, lookup.record_key()) {
         Ok(verified) => {
             // Taken unless another reconcile's answer got there first (then that one stands).
             if lookup.adopt(verified) {
@@ -412,6 +436,10 @@ mod trust {
         }
     }
 
+    fn key() -> RecordKey {
+        RecordKey::new(b"the controller's key, 32 bytes or more").expect("a key")
+    }
+
     fn target() -> Target {
         Target {
             region: "us-west-2".into(),
@@ -432,7 +460,8 @@ mod trust {
             boot_id: Some(boot.into()),
             at: NOW - age_s,
         };
-        let (desired, _) = derive(&n, scheme, &verified).expect("labels for the answer");
+        let (desired, _) =
+            derive(&n, scheme, &verified, Some(&key())).expect("labels for the answer");
         n.metadata.labels = Some(desired.labels);
         n.metadata.annotations = Some(desired.annotations);
         n
@@ -447,7 +476,7 @@ mod trust {
     }
 
     fn judge(n: &LiteNode) -> Result<Verified, Distrust> {
-        trusted(n, &LabelScheme::default(), &target())
+        trusted(n, &LabelScheme::default(), &target(), Some(&key()))
     }
 
     #[test]
@@ -458,7 +487,7 @@ mod trust {
         crate::run::prune(&mut n, &scheme);
         assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
-        let (_, diff) = derive(&n, &scheme, &v).expect("labels for the answer");
+        let (_, diff) = derive(&n, &scheme, &v, Some(&key())).expect("labels for the answer");
         assert!(diff.is_empty(), "nothing to write: {diff:?}");
     }
 
@@ -469,7 +498,7 @@ mod trust {
         assert_eq!(v.topology, answer());
         assert_eq!(v.at, NOW - 3600);
         // Taken as the answer, it makes the reconcile write nothing.
-        let (_, diff) = derive(&n, &LabelScheme::default(), &v).expect("labels");
+        let (_, diff) = derive(&n, &LabelScheme::default(), &v, Some(&key())).expect("labels");
         assert!(diff.is_empty(), "{diff:?}");
     }
 
@@ -487,8 +516,51 @@ mod trust {
     fn a_record_of_another_version_is_re_verified() {
         let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
         let r = record_of(&mut n);
-        *r = r.replacen(r#""v":1"#, r#""v":2"#, 1);
+        *r = r.replacen(r#""v":2"#, r#""v":3"#, 1);
         assert_eq!(judge(&n), Err(Distrust::OtherVersion));
+    }
+
+    /// Whoever may patch the node may write labels and a record to match: without the key, the
+    /// record is not taken as an answer, whatever it claims (issue 44).
+    #[test]
+    fn a_record_forged_without_the_key_is_re_verified() {
+        let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let forged = Verified {
+            topology: answer(),
+            boot_id: Some("boot-1".into()),
+            at: NOW - 60,
+        };
+        // Sealed with a key of the forger's own.
+        let theirs = RecordKey::new(b"a key the forger made up, long enough").expect("a key");
+        *record_of(&mut n) = forged.encode(&theirs);
+        assert_eq!(judge(&n), Err(Distrust::OtherKey));
+        // Their sum under our key's name.
+        *record_of(&mut n) = forged.encode(&theirs).replace(&theirs.id(), &key().id());
+        assert_eq!(judge(&n), Err(Distrust::Tampered));
+        // The format the sum of which anyone could recompute.
+        let old = serde_json::json!({"v": 1, "instanceId": ID, "bootId": "boot-1",
+            "at": NOW - 60, "networkNodes": ["nn-1", "nn-2", "nn-3"], "sum": "0123456789abcdef"});
+        *record_of(&mut n) = old.to_string();
+        assert_eq!(judge(&n), Err(Distrust::OtherVersion));
+        // The genuine record again, but this process holds no key: nothing is trusted.
+        let n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        assert!(judge(&n).is_ok());
+        assert_eq!(
+            trusted(&n, &LabelScheme::default(), &target(), None),
+            Err(Distrust::NoKey)
+        );
+    }
+
+    /// Without a key no record is written, and one the node carries is left as it is (no write
+    /// for it alone).
+    #[test]
+    fn without_a_key_no_record_is_written_and_none_removed() {
+        let n = verified_node(&LabelScheme::default(), 60, "boot-1");
+        let v = judge(&n).expect("trusted with the key");
+        let (desired, diff) = derive(&n, &LabelScheme::default(), &v, None).expect("labels");
+        assert!(!desired.annotations.contains_key(VERIFIED_KEY));
+        assert!(desired.keep.contains(VERIFIED_KEY));
+        assert!(diff.is_empty(), "{diff:?}");
     }
 
     #[test]
@@ -525,7 +597,7 @@ mod trust {
             ..LabelScheme::default()
         };
         assert_eq!(
-            trusted(&n, &padded, &target()),
+            trusted(&n, &padded, &target(), Some(&key())),
             Err(Distrust::LabelsChanged)
         );
     }
@@ -539,7 +611,7 @@ mod trust {
             ..target()
         };
         assert_eq!(
-            trusted(&n, &LabelScheme::default(), &other),
+            trusted(&n, &LabelScheme::default(), &other, Some(&key())),
             Err(Distrust::OtherInstance)
         );
     }
@@ -566,7 +638,7 @@ mod trust {
             boot_id: Some("boot-1".into()),
             at: NOW - 60,
         };
-        *record_of(&mut n) = v.encode();
+        *record_of(&mut n) = v.encode(&key());
         assert_eq!(judge(&n), Err(Distrust::Incomplete));
     }
 }

@@ -63,3 +63,18 @@ tolerations:
 {{- end }}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the verification records' key. */}}
+{{- define "ec2tl.recordKeySecret" -}}
+{{- .Values.recordKey.existingSecret | default (printf "%s-record-key" (include "ec2tl.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end }}
+
+{{/* The chart's record key, base64: the one in the cluster if there is one, else a new one. */}}
+{{- define "ec2tl.recordKey" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ec2tl.recordKeySecret" .) -}}
+{{- if and $existing $existing.data (index $existing.data "key") -}}
+{{- index $existing.data "key" -}}
+{{- else -}}
+{{- randAlphaNum 64 | b64enc -}}
+{{- end -}}
+{{- end }}

@@ -13,13 +13,16 @@
 //! answer in this boot, and a re-verification that finds the same answer keeps it. So the
 //! record, and the node, are written only when the answer changes, never once per TTL.
 //!
-//! The value is one line of JSON, fields in a fixed order, ending with `sum`: the first 16 hex
-//! digits of the SHA-256 of the line without it. The sum is not a secret (anyone may write an
-//! annotation who may write the node's labels); it tells a record we wrote from one edited by
-//! hand, which is then distrusted.
+//! The value is one line of JSON, fields in a fixed order, ending with `key` and `sum`: `sum` is
+//! the first 16 bytes (32 hex digits) of the HMAC-SHA-256 of the line without them, under a key
+//! only the controller holds (`key` names it: the first 4 bytes of its SHA-256, in hex). Whoever
+//! may write a node's labels may write its annotations too (a kubelet, any script with node
+//! patch rights): without the key, a record they make is not trusted, and the instance is asked
+//! about. Format 1 carried an unkeyed SHA-256 anyone could recompute; it is no longer trusted.
 //!
 //! Owns: the record's format. Never decides what to trust (the controller does, with the node).
 
+use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -29,7 +32,88 @@ use crate::topology::InstanceTopology;
 pub const VERIFIED_KEY: &str = "ec2-topology-labeler.io/verified";
 
 /// The record format this build writes and trusts.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+
+/// The shortest key a record is sealed with (bytes).
+pub const MIN_KEY_LEN: usize = 32;
+
+/// The key records are sealed with, and its public name.
+#[derive(Clone)]
+pub struct RecordKey {
+    id: [u8; 4],
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RecordKey({})", hex(&self.id))
+    }
+}
+
+impl PartialEq for RecordKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl RecordKey {
+    /// A key of `secret` (at least [`MIN_KEY_LEN`] bytes).
+    pub fn new(secret: &[u8]) -> Result<Self, String> {
+        if secret.len() < MIN_KEY_LEN {
+            return Err(format!(
+                "a record key of {} bytes: at least {MIN_KEY_LEN} are needed",
+                secret.len()
+            ));
+        }
+        let digest = Sha256::digest(secret);
+        let mut id = [0u8; 4];
+        for (to, from) in id.iter_mut().zip(digest.iter()) {
+            *to = *from;
+        }
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+            .map_err(|e| format!("not a record key: {e}"))?;
+        Ok(Self { id, mac })
+    }
+
+    /// Its public name, as records carry it (8 hex digits).
+    pub fn id(&self) -> String {
+        hex(&self.id)
+    }
+
+    fn sum(&self, line: &str) -> [u8; 16] {
+        let mut mac = self.mac.clone();
+        mac.update(line.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        let mut sum = [0u8; 16];
+        for (to, from) in sum.iter_mut().zip(tag.iter()) {
+            *to = *from;
+        }
+        sum
+    }
+}
+
+/// A record's seal, kept as its parts so that a record read can be written back as it was
+/// without the key: the key's name and the sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Seal {
+    key: [u8; 4],
+    sum: [u8; 16],
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
 
 /// What a node's labels were verified against: EC2's answer about its instance in one boot, and
 /// since when EC2 has given it.
@@ -51,8 +135,10 @@ pub enum RecordError {
     Unreadable(String),
     #[error("a record of format {0}, not {VERSION}")]
     OtherVersion(u64),
-    #[error("the record's sum does not match it (edited by hand?)")]
+    #[error("the record's sum does not match it (edited, or forged without the key)")]
     Tampered,
+    #[error("a record sealed with another key ({0})")]
+    OtherKey(String),
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -75,27 +161,28 @@ struct Wire {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     capacity_block_id: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    key: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     sum: String,
 }
 
 impl Wire {
-    fn sum(&self) -> String {
-        let unsummed = Wire {
+    /// The line the sum is taken of: the record without `key` and `sum`.
+    fn unsealed(&self) -> String {
+        let unsealed = Wire {
+            key: String::new(),
             sum: String::new(),
             ..self.clone()
         };
-        // Serialising a struct of strings cannot fail.
-        let line = serde_json::to_string(&unsummed).unwrap_or_default();
-        let digest = Sha256::digest(line.as_bytes());
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        // Serialising a struct of strings and numbers cannot fail.
+        serde_json::to_string(&unsealed).unwrap_or_default()
     }
 }
 
 impl Verified {
-    /// The annotation value.
-    pub fn encode(&self) -> String {
+    fn wire(&self, seal: &Seal) -> Wire {
         let t = &self.topology;
-        let mut wire = Wire {
+        Wire {
             v: VERSION,
             instance_id: t.instance_id.clone(),
             boot_id: self.boot_id.clone(),
@@ -106,14 +193,35 @@ impl Verified {
             network_nodes: t.network_nodes.clone(),
             group_name: t.group_name.clone(),
             capacity_block_id: t.capacity_block_id.clone(),
-            sum: String::new(),
-        };
-        wire.sum = wire.sum();
-        serde_json::to_string(&wire).unwrap_or_default()
+            key: hex(&seal.key),
+            sum: hex(&seal.sum),
+        }
     }
 
-    /// Read an annotation value: a record of this format whose sum matches.
-    pub fn parse(value: &str) -> Result<Self, RecordError> {
+    /// The seal `key` gives this record.
+    pub fn seal(&self, key: &RecordKey) -> Seal {
+        let mut seal = Seal {
+            key: key.id,
+            sum: [0; 16],
+        };
+        seal.sum = key.sum(&self.wire(&seal).unsealed());
+        seal
+    }
+
+    /// The annotation value, sealed with `key`.
+    pub fn encode(&self, key: &RecordKey) -> String {
+        self.encode_sealed(&self.seal(key))
+    }
+
+    /// The annotation value with a seal read before (no key needed: it is not checked).
+    pub fn encode_sealed(&self, seal: &Seal) -> String {
+        // Serialising a struct of strings and numbers cannot fail.
+        serde_json::to_string(&self.wire(seal)).unwrap_or_default()
+    }
+
+    /// Read an annotation value of this format, and its seal, without checking the seal
+    /// (see [`Verified::open`]).
+    pub fn parse(value: &str) -> Result<(Self, Seal), RecordError> {
         let any: serde_json::Value =
             serde_json::from_str(value).map_err(|e| RecordError::Unreadable(e.to_string()))?;
         match any.get("v").and_then(serde_json::Value::as_u64) {
@@ -123,22 +231,40 @@ impl Verified {
         }
         let wire: Wire =
             serde_json::from_value(any).map_err(|e| RecordError::Unreadable(e.to_string()))?;
-        if wire.sum.is_empty() || wire.sum != wire.sum() {
-            return Err(RecordError::Tampered);
-        }
-        Ok(Verified {
-            topology: InstanceTopology {
-                instance_id: wire.instance_id,
-                instance_type: wire.instance_type,
-                availability_zone: wire.availability_zone,
-                zone_id: wire.zone_id,
-                network_nodes: wire.network_nodes,
-                group_name: wire.group_name,
-                capacity_block_id: wire.capacity_block_id,
+        let seal = match (unhex::<4>(&wire.key), unhex::<16>(&wire.sum)) {
+            (Some(key), Some(sum)) => Seal { key, sum },
+            _ => return Err(RecordError::Tampered),
+        };
+        Ok((
+            Verified {
+                topology: InstanceTopology {
+                    instance_id: wire.instance_id,
+                    instance_type: wire.instance_type,
+                    availability_zone: wire.availability_zone,
+                    zone_id: wire.zone_id,
+                    network_nodes: wire.network_nodes,
+                    group_name: wire.group_name,
+                    capacity_block_id: wire.capacity_block_id,
+                },
+                boot_id: wire.boot_id,
+                at: wire.at,
             },
-            boot_id: wire.boot_id,
-            at: wire.at,
-        })
+            seal,
+        ))
+    }
+
+    /// Read an annotation value: a record of this format sealed with `key`, whose sum matches
+    /// (compared in constant time).
+    pub fn open(value: &str, key: &RecordKey) -> Result<Self, RecordError> {
+        let (verified, seal) = Self::parse(value)?;
+        if seal.key != key.id {
+            return Err(RecordError::OtherKey(hex(&seal.key)));
+        }
+        let mut mac = key.mac.clone();
+        mac.update(verified.wire(&seal).unsealed().as_bytes());
+        mac.verify_truncated_left(&seal.sum)
+            .map_err(|_| RecordError::Tampered)?;
+        Ok(verified)
     }
 }
 
@@ -162,56 +288,117 @@ mod tests {
         }
     }
 
+    fn key() -> RecordKey {
+        RecordKey::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    }
+
     #[test]
     fn a_record_reads_back_as_written() {
         let r = record();
-        let line = r.encode();
-        assert_eq!(Verified::parse(&line), Ok(r.clone()));
+        let line = r.encode(&key());
+        assert_eq!(Verified::open(&line, &key()), Ok(r.clone()));
         // One line, fields in a fixed order: the same record always encodes the same (a write
         // happens only when it changes).
-        assert_eq!(line, record().encode());
+        assert_eq!(line, record().encode(&key()));
         assert!(
             line.starts_with(
-                r#"{"v":1,"instanceId":"i-0123456789abcdef0","bootId":"4f6c-boot","at":1796300000,"#
+                r#"{"v":2,"instanceId":"i-0123456789abcdef0","bootId":"4f6c-boot","at":1796300000,"#
             ),
             "{line}"
         );
+        assert!(
+            line.contains(&format!(r#""key":"{}","sum":""#, key().id())),
+            "{line}"
+        );
         assert!(!line.contains('\n'));
+        // Read without the key and written back with its seal: the same text.
+        let (read, seal) = Verified::parse(&line).unwrap();
+        assert_eq!(read.encode_sealed(&seal), line);
     }
 
     #[test]
     fn a_record_edited_by_hand_is_tampered() {
-        let line = record().encode();
+        let line = record().encode(&key());
         // Made younger, to be trusted longer.
         let edited = line.replace("1796300000", "1796399999");
-        assert_eq!(Verified::parse(&edited), Err(RecordError::Tampered));
+        assert_eq!(Verified::open(&edited, &key()), Err(RecordError::Tampered));
         // Moved to another switch.
         let moved = line.replace("nn-3", "nn-9");
-        assert_eq!(Verified::parse(&moved), Err(RecordError::Tampered));
-        // The sum taken away.
+        assert_eq!(Verified::open(&moved, &key()), Err(RecordError::Tampered));
+        // The sum taken away, or cut short.
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         let mut m = v.as_object().unwrap().clone();
         m.remove("sum");
         let unsummed = serde_json::to_string(&m).unwrap();
-        assert_eq!(Verified::parse(&unsummed), Err(RecordError::Tampered));
+        assert_eq!(
+            Verified::open(&unsummed, &key()),
+            Err(RecordError::Tampered)
+        );
+        let sum = m.get("key").unwrap().clone();
+        m.insert("sum".into(), sum);
+        let short = serde_json::to_string(&m).unwrap();
+        assert_eq!(Verified::open(&short, &key()), Err(RecordError::Tampered));
+    }
+
+    /// Whoever may patch a node may write a record: one they make without the key is not
+    /// trusted, whether they seal it with a key of their own under its name or another's.
+    #[test]
+    fn a_record_forged_without_the_key_is_not_trusted() {
+        let theirs = RecordKey::new(b"an attacker's key, long enough to pass").unwrap();
+        let forged = record().encode(&theirs);
+        assert_eq!(
+            Verified::open(&forged, &key()),
+            Err(RecordError::OtherKey(theirs.id()))
+        );
+        // Their sum under our key's name.
+        let renamed = forged.replace(&theirs.id(), &key().id());
+        assert_eq!(Verified::open(&renamed, &key()), Err(RecordError::Tampered));
+        // Format 1's unkeyed sum, which anyone could recompute.
+        let mut old = serde_json::json!({"v": 1, "instanceId": "i-0123456789abcdef0",
+            "bootId": "4f6c-boot", "at": 1796300000u64, "networkNodes": ["nn-1", "nn-2", "nn-3"]});
+        let digest = Sha256::digest(old.to_string().as_bytes());
+        old["sum"] = hex(&digest[..8]).into();
+        assert_eq!(
+            Verified::open(&old.to_string(), &key()),
+            Err(RecordError::OtherVersion(1))
+        );
+    }
+
+    #[test]
+    fn a_key_is_long_enough_and_named_by_its_digest() {
+        assert!(RecordKey::new(b"short").is_err());
+        assert!(RecordKey::new(&[0u8; MIN_KEY_LEN - 1]).is_err());
+        let k = key();
+        assert_eq!(k.id().len(), 8);
+        assert_eq!(
+            k.id(),
+            hex(&Sha256::digest(b"0123456789abcdef0123456789abcdef")[..4])
+        );
+        assert!(
+            !format!("{k:?}").contains("0123456789abcdef"),
+            "the secret is not printed"
+        );
     }
 
     #[test]
     fn a_record_of_another_format_or_none_at_all_is_not_read() {
-        let line = record().encode().replacen(r#""v":1"#, r#""v":2"#, 1);
-        assert_eq!(Verified::parse(&line), Err(RecordError::OtherVersion(2)));
-        for bad in ["", "yes", "{}", "[1]", r#"{"v":1}"#, r#"{"v":"1"}"#] {
+        let line = record().encode(&key()).replacen(r#""v":2"#, r#""v":3"#, 1);
+        assert_eq!(
+            Verified::open(&line, &key()),
+            Err(RecordError::OtherVersion(3))
+        );
+        for bad in ["", "yes", "{}", "[1]", r#"{"v":2}"#, r#"{"v":"2"}"#] {
             assert!(
-                matches!(Verified::parse(bad), Err(RecordError::Unreadable(_))),
+                matches!(Verified::open(bad, &key()), Err(RecordError::Unreadable(_))),
                 "{bad:?}"
             );
         }
         // A field this format does not have: another writer's, not ours.
         let extra = record()
-            .encode()
-            .replacen(r#""v":1,"#, r#""v":1,"extra":true,"#, 1);
+            .encode(&key())
+            .replacen(r#""v":2,"#, r#""v":2,"extra":true,"#, 1);
         assert!(matches!(
-            Verified::parse(&extra),
+            Verified::open(&extra, &key()),
             Err(RecordError::Unreadable(_))
         ));
     }

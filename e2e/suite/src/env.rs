@@ -244,6 +244,19 @@ pub async fn wait_leader(l: &Labeler, leader: bool) -> anyhow::Result<()> {
     .await
 }
 
+/// The chart's values as the suite installs it (every publisher, the condition, the startup
+/// taint; scenarios turn the Slinky annotation on, which the admission policy allows only when
+/// the chart's configuration does): `--set` each.
+pub const INSTALL_SETS: &[&str] = &[
+    "config.kueueTopology=true",
+    "config.volcanoHypernodes=true",
+    "config.kaiTopology=true",
+    "config.slurmTopologyConfigmap=slurm/slurm-topology",
+    "config.nodeCondition=true",
+    "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
+    "config.slinkyAnnotation=true",
+];
+
 pub fn setup(prefix: &str) -> anyhow::Result<Env> {
     crate::init_tls();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -273,23 +286,10 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                     chart,
                     "--namespace",
                     NAMESPACE,
-                    "--set",
-                    "config.kueueTopology=true",
-                    "--set",
-                    "config.volcanoHypernodes=true",
-                    "--set",
-                    "config.kaiTopology=true",
-                    "--set",
-                    "config.slurmTopologyConfigmap=slurm/slurm-topology",
-                    "--set",
-                    "config.nodeCondition=true",
-                    "--set",
-                    "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
-                    // Scenarios turn the Slinky annotation on: the admission policy lets the
-                    // controller write it only when the chart's configuration does.
-                    "--set",
-                    "config.slinkyAnnotation=true",
-                ],
+                ]
+                .into_iter()
+                .chain(INSTALL_SETS.iter().flat_map(|s| ["--set", s]))
+                .collect::<Vec<_>>(),
             )?;
             eprintln!("helm install of the chart succeeded");
             // The schedulers' CRDs, from the pinned Kueue and Volcano modules, KAI's own Topology

@@ -71,9 +71,25 @@ impl Labeler {
             }
             _ => Command::new(bin),
         };
+        // The key verification records are sealed with, as the chart mounts one: one per work
+        // directory, so that every controller of a run (restarts, a second replica, a new
+        // build) trusts the others' records. A scenario may pass its own.
+        let key_flag = if opts.args.iter().any(|a| a.starts_with("--record-key-file")) {
+            None
+        } else {
+            let key = opts.dir.join("record.key");
+            if !key.exists() {
+                let secret: String = (0..48)
+                    .map(|_| char::from_digit(fastrand::u32(..16), 16).unwrap_or('0'))
+                    .collect();
+                std::fs::write(&key, secret)?;
+            }
+            Some(format!("--record-key-file={}", key.display()))
+        };
         cmd.arg("run")
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
             .arg(format!("--debug-addr=127.0.0.1:{debug_port}"))
+            .args(key_flag)
             .args(&opts.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())

@@ -798,6 +798,107 @@ fn dashboard_configmap_is_the_checked_dashboard() {
 
 /// The post-delete hook runs a command line the binary accepts, with the Lease, HyperNode prefix
 /// and startup taint the controller was given, under a ServiceAccount of its own.
+/// The verification records' key: a Secret the chart creates (a random key the binary accepts)
+/// or one the user names, mounted read-only into the controller and named by
+/// `LABELER_RECORD_KEY_FILE` (an environment variable, which `explain` in the Pod inherits); the
+/// controller's RBAC grants nothing on Secrets. Off, nothing of it is rendered.
+#[test]
+fn record_key_is_a_secret_only_the_controllers_pods_mount() {
+    const FILE: &str = "/etc/ec2-topology-labeler/record-key/key";
+    let env_of = |docs: &[Value]| -> Option<String> {
+        container(docs)["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "LABELER_RECORD_KEY_FILE")
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    let secret_volume = |docs: &[Value]| -> Option<Value> {
+        pod_spec(docs)["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "record-key").cloned())
+    };
+    let docs = render(&[]);
+    let secrets = kind(&docs, "Secret");
+    assert_eq!(secrets.len(), 1);
+    assert_eq!(
+        secrets[0]["metadata"]["name"],
+        "ec2-topology-labeler-record-key"
+    );
+    let b64 = secrets[0]["data"]["key"].as_str().unwrap();
+    // (A ByteString reads the base64 a Secret's data holds.)
+    let key: k8s_openapi::ByteString = serde_json::from_value(json!(b64)).unwrap();
+    let key = String::from_utf8(key.0).unwrap();
+    assert_eq!(key.len(), 64);
+    assert!(ec2_topology_labeler::verified::RecordKey::new(key.as_bytes()).is_ok());
+    assert_ne!(
+        b64,
+        kind(&render(&[]), "Secret")[0]["data"]["key"]
+            .as_str()
+            .unwrap(),
+        "random at each install (kept across upgrades by lookup)"
+    );
+    assert_eq!(env_of(&docs).as_deref(), Some(FILE));
+    let volume = secret_volume(&docs).expect("the key's volume");
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "ec2-topology-labeler-record-key"
+    );
+    assert_eq!(
+        volume["secret"]["items"],
+        json!([{ "key": "key", "path": "key" }])
+    );
+    let mount = container(&docs)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "record-key")
+        .cloned()
+        .expect("mounted");
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(
+        format!("{}/key", mount["mountPath"].as_str().unwrap()),
+        FILE
+    );
+    // A rotated key (a new Secret) rolls the replicas.
+    let pod_annotations =
+        &kind(&docs, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"];
+    assert!(pod_annotations["checksum/record-key"].is_string());
+    // Nothing on Secrets for the controller.
+    for role in kind(&docs, "ClusterRole")
+        .into_iter()
+        .chain(kind(&docs, "Role"))
+    {
+        for r in role["rules"].as_array().unwrap() {
+            assert!(
+                !r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("secrets")),
+                "{r}"
+            );
+        }
+    }
+    // The user's own Secret, with the user's volumes beside it.
+    let docs = render(&[
+        "recordKey.existingSecret=team-key".into(),
+        "extraVolumes[0].name=scratch".into(),
+        "extraVolumes[0].emptyDir.medium=Memory".into(),
+    ]);
+    assert!(kind(&docs, "Secret").is_empty());
+    assert_eq!(
+        secret_volume(&docs).unwrap()["secret"]["secretName"],
+        "team-key"
+    );
+    assert_eq!(pod_spec(&docs)["volumes"].as_array().unwrap().len(), 2);
+    assert_eq!(env_of(&docs).as_deref(), Some(FILE));
+    // Off: no key at all (records neither written nor trusted).
+    let docs = render(&["recordKey.enabled=false".into()]);
+    assert!(kind(&docs, "Secret").is_empty());
+    assert!(secret_volume(&docs).is_none());
+    assert_eq!(env_of(&docs), None);
+}
+
 fn uninstall_job(docs: &[Value]) -> &Value {
     kind(docs, "Job")
         .into_iter()
@@ -1827,9 +1928,20 @@ fn env_from_and_extra_volumes_reach_the_pod() {
         "extraVolumeMounts[0].mountPath=/var/run/secrets/eks.amazonaws.com/serviceaccount".into(),
         "extraVolumeMounts[0].readOnly=true".into(),
     ]);
+    // (The record key's volume comes first: see record_key_is_a_secret_only_the_controllers_pods_mount.)
+    let theirs = |list: &Value| -> Value {
+        Value::Array(
+            list.as_array()
+                .unwrap()
+                .iter()
+                .filter(|v| v["name"] != "record-key")
+                .cloned()
+                .collect(),
+        )
+    };
     let pod = &kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
     assert_eq!(
-        pod["volumes"],
+        theirs(&pod["volumes"]),
         json!([{ "name": "aws-iam-token", "projected": { "sources": [
             { "serviceAccountToken": { "audience": "sts.amazonaws.com", "path": "token" } }
         ] } }])
@@ -1840,14 +1952,21 @@ fn env_from_and_extra_volumes_reach_the_pod() {
         json!([{ "secretRef": { "name": "aws-creds" } }])
     );
     assert_eq!(
-        c["volumeMounts"],
+        theirs(&c["volumeMounts"]),
         json!([{ "name": "aws-iam-token", "readOnly": true,
                  "mountPath": "/var/run/secrets/eks.amazonaws.com/serviceaccount" }])
     );
-    // None of them by default.
+    // None of them by default (the record key's alone).
     let docs = render(&[]);
     let c = container(&docs);
-    assert!(c["envFrom"].is_null() && c["volumeMounts"].is_null());
+    assert!(c["envFrom"].is_null() && theirs(&c["volumeMounts"]) == json!([]));
+    assert_eq!(
+        theirs(&kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"]),
+        json!([])
+    );
+    // And none at all without the record key.
+    let docs = render(&["recordKey.enabled=false".into()]);
+    assert!(container(&docs)["volumeMounts"].is_null());
     assert!(kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"].is_null());
 }
 
@@ -2083,6 +2202,10 @@ pub fn values_schema() -> Value {
             })),
             "retireHook": closed(json!({
                 "enabled": boolean()
+            })),
+            "recordKey": closed(json!({
+                "enabled": boolean(),
+                "existingSecret": string()
             }))
         },
         // Two replicas without leader election would both write.

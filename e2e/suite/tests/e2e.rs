@@ -370,6 +370,120 @@ async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whoever may patch a Node (a compromised kubelet patches its own) may write its labels and a
+/// verification record to match. While no controller runs, two nodes are moved to a leaf EC2
+/// never named, each with a record claiming it: one sealed with a key of the forger's own, one in
+/// format 1 (whose unkeyed sum anyone can recompute). The next leader takes neither as its
+/// answer (`other_key`, `other_version`), asks EC2, and puts the labels back as EC2 answers.
+async fn a_forged_record_is_re_verified(env: &Env) -> anyhow::Result<()> {
+    use ec2_topology_labeler::{
+        topology::InstanceTopology,
+        verified::{RecordKey, VERIFIED_KEY, Verified},
+    };
+    let c = env.admin().await?;
+    let (a, b) = (
+        NodeSpec::ec2(0x1b0, 1, "p5.48xlarge"),
+        NodeSpec::ec2(0x1b0, 2, "p5.48xlarge"),
+    );
+    let truth = ["nn-fr-s", "nn-fr-a", "nn-fr-l"];
+    label_and_wait(
+        env,
+        &c,
+        &[
+            (a.clone(), a.instance(&truth)),
+            (b.clone(), b.instance(&truth)),
+        ],
+    )
+    .await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    let forged = ["nn-fr-s", "nn-fr-a", "nn-fr-forged"];
+    // The forger's labels: ours, moved to the forged leaf.
+    let forged_labels =
+        |s: &NodeSpec| -> BTreeMap<String, String> { expected_of(&s.instance(&forged)) };
+    let record = |s: &NodeSpec, boot: &str| Verified {
+        topology: InstanceTopology {
+            instance_id: s.instance_id.clone(),
+            instance_type: Some(s.instance_type.clone()),
+            availability_zone: Some(s.zone.clone()),
+            zone_id: Some("usw2-az1".into()),
+            network_nodes: forged.iter().map(|n| n.to_string()).collect(),
+            group_name: None,
+            capacity_block_id: None,
+        },
+        boot_id: Some(boot.to_string()),
+        at: 1_796_300_000,
+    };
+    let boot_of = |n: &k8s_openapi::api::core::v1::Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default()
+    };
+    // No controller runs while the nodes are rewritten (it would put the labels back at once).
+    if let Some(mut l) = env.labeler.lock().await.take() {
+        l.stop();
+    }
+    let theirs =
+        RecordKey::new(b"the forger's own key, long enough to pass").map_err(anyhow::Error::msg)?;
+    let with_their_key = record(&a, &boot_of(&nodes.get(&a.name).await?)).encode(&theirs);
+    let v1 = {
+        let r = record(&b, &boot_of(&nodes.get(&b.name).await?));
+        let t = &r.topology;
+        let mut line = json!({"v": 1, "instanceId": t.instance_id, "bootId": r.boot_id, "at": r.at,
+            "instanceType": t.instance_type, "availabilityZone": t.availability_zone,
+            "zoneId": t.zone_id, "networkNodes": t.network_nodes});
+        let sum = {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(line.to_string().as_bytes());
+            digest
+                .iter()
+                .take(8)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        line["sum"] = json!(sum);
+        line.to_string()
+    };
+    for (s, text) in [(&a, &with_their_key), (&b, &v1)] {
+        let patch =
+            json!({"metadata": {"labels": forged_labels(s), "annotations": {VERIFIED_KEY: text}}});
+        nodes
+            .patch(&s.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    for s in [&a, &b] {
+        wait_for_topology(&c, &s.name, &expected(&truth, &[]), WAIT)
+            .await
+            .with_context(|| format!("{}: the forged labels stayed", s.name))?;
+    }
+    let m = match env.labeler.lock().await.as_ref() {
+        Some(l) => l.metrics().await?,
+        None => String::new(),
+    };
+    let outcome = |o: &str| {
+        metric_sum(
+            &m,
+            "ec2_topology_labeler_verification_records_total",
+            &[&format!("outcome=\"{o}\"")],
+        )
+    };
+    ensure!(
+        outcome("other_key") >= 1.0 && outcome("other_version") >= 1.0,
+        "the forged records were not judged as such: other_key {}, other_version {}",
+        outcome("other_key"),
+        outcome("other_version")
+    );
+    eprintln!(
+        "    forged records: other_key {}, other_version {}, trusted {}; labels put back as EC2 answers",
+        outcome("other_key"),
+        outcome("other_version"),
+        outcome("trusted")
+    );
+    Ok(())
+}
+
 /// Quiet forever (issue 42): with nothing changing, a controller whose answers come due every
 /// 20 s asks EC2 again at each TTL, in full calls (at most ceil(N/100) + 1 a TTL), and writes
 /// no Node over three TTLs: a re-verification that finds the same answer leaves the node's
@@ -2450,6 +2564,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(dashboard_queries_match_live_metrics, true),
         scenario!(steady_state_is_silent, false),
+        scenario!(a_forged_record_is_re_verified, true),
         scenario!(quiet_over_three_ttls, true),
         scenario!(uninstall_leaves_only_labels, true),
         scenario!(controller_is_healthy, false),

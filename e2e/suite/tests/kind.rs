@@ -616,7 +616,14 @@ async fn explain_in_the_leaders_pod(env: &Env) -> anyhow::Result<()> {
         "{}",
         e["controller"]
     );
-    eprintln!("    kubectl exec {holder} -- /app explain {worker}: {verdict}");
+    // The record key the chart mounts reaches `explain` too (LABELER_RECORD_KEY_FILE): the
+    // record the leader sealed with it is one a new leader would trust.
+    let record = e["record"].as_str().unwrap_or_default();
+    ensure!(
+        record.starts_with("trusted"),
+        "the worker's verification record, judged with the mounted key: {record}"
+    );
+    eprintln!("    kubectl exec {holder} -- /app explain {worker}: {verdict}; record {record}");
     Ok(())
 }
 

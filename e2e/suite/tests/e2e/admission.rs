@@ -369,7 +369,7 @@ pub async fn exclusive_keys_refuse_every_other_writer(env: &Env) -> anyhow::Resu
         .patch(name, &merge(), &labels(json!({ MARK: "yes" })))
         .await?;
 
-    // The chart as the suite installed it (env.rs), with exclusiveKeys on.
+    // The chart as the suite installed it (env::INSTALL_SETS), with exclusiveKeys on.
     let chart = e2e::helm::chart();
     let mut args = vec![
         "template",
@@ -382,11 +382,10 @@ pub async fn exclusive_keys_refuse_every_other_writer(env: &Env) -> anyhow::Resu
         "--show-only",
         "templates/admissionpolicy.yaml",
     ];
-    for set in [
-        "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
-        "config.slinkyAnnotation=true",
-        "admissionPolicy.exclusiveKeys=true",
-    ] {
+    for set in e2e::env::INSTALL_SETS
+        .iter()
+        .chain(&["admissionPolicy.exclusiveKeys=true"])
+    {
         args.extend(["--set", set]);
     }
     let docs: Vec<Value> = serde_saphyr::from_multiple(&e2e::helm::helm(None, &args)?)?;

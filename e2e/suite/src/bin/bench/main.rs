@@ -761,9 +761,9 @@ fn bodies_like_ours(
                 .into_iter()
                 .map(|(k, v)| (rename(&k), serde_json::Value::String(v)))
                 .collect();
-            // The record's fields as the controller writes them (its wire format), summed.
+            // The record's fields as the controller writes them (its wire format), sealed.
             let record = serde_json::json!({
-                "v": 1,
+                "v": 2,
                 "instanceId": i.instance_id,
                 "bootId": "6f1b8f4e-2a7c-4d1e-9b3a-0c5d7e9f1a2b",
                 "at": 1_796_300_000u64,
@@ -771,7 +771,8 @@ fn bodies_like_ours(
                 "availabilityZone": i.availability_zone,
                 "zoneId": i.zone_id,
                 "networkNodes": i.network_nodes,
-                "sum": "0123456789abcdef",
+                "key": "0123abcd",
+                "sum": "0123456789abcdef0123456789abcdef",
             })
             .to_string();
             (

@@ -737,6 +737,23 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
         .map(|p| p.name_any())
         .collect();
     let watch = LossWatch::start(&c).await?;
+    // An absurd value is refused before anything changes, with a message naming it.
+    let refused = kind.helm_released(
+        "upgrade",
+        &[
+            "--namespace",
+            NAMESPACE,
+            "--reset-then-reuse-values",
+            "--set",
+            "config.concurrency=100000",
+        ],
+    );
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("concurrency")),
+        "config.concurrency=100000 was not refused by the chart: {refused:?}"
+    );
     kind.helm_released(
         "upgrade",
         &[

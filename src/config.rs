@@ -152,6 +152,17 @@ pub struct UninstallArgs {
     pub output: OutputFormat,
 }
 
+/// For the commands an operator runs in the controller's container with `kubectl exec`
+/// (`explain`, `plan`, `tree`): there they take the running controller's own flags, read from
+/// its command line (PID 1), so that they see what it sees.
+#[derive(Debug, Clone, Args)]
+pub struct OwnFlags {
+    /// Use this command's own flags even inside the controller's container (by default, run
+    /// there with `kubectl exec`, it reads the running controller's flags from its command line).
+    #[arg(long, env = "LABELER_OWN_FLAGS", action = clap::ArgAction::SetTrue)]
+    pub own_flags: bool,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ExplainArgs {
     /// The node's name.
@@ -172,10 +183,8 @@ pub struct ExplainArgs {
     /// controller's Pod its own value is used).
     #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
     pub debug_addr: std::net::SocketAddr,
-    /// Use these flags even inside the controller's container (by default, `explain` run there
-    /// with `kubectl exec` reads the running controller's own flags from its command line).
-    #[arg(long, env = "LABELER_EXPLAIN_OWN_FLAGS", action = clap::ArgAction::SetTrue)]
-    pub own_flags: bool,
+    #[command(flatten)]
+    pub own: OwnFlags,
     /// Do not ask EC2: show only the node and the controller's view.
     #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
     pub no_ec2: bool,
@@ -216,6 +225,8 @@ pub struct TreeArgs {
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub min_labelled: usize,
+    #[command(flatten)]
+    pub own: OwnFlags,
 }
 
 /// What `tree` prints.
@@ -277,6 +288,8 @@ pub struct PlanArgs {
         default_value_t
     )]
     pub output: OutputFormat,
+    #[command(flatten)]
+    pub own: OwnFlags,
 }
 
 #[cfg(test)]

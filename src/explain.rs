@@ -256,6 +256,17 @@ pub fn controller_flags() -> Option<RunArgs> {
     run_args_of(&raw)
 }
 
+/// The running controller's flags when this command runs in its container and was not told to
+/// use its own (`--own-flags`); says so on stderr.
+pub fn in_the_controllers_container(own: &crate::config::OwnFlags) -> Option<RunArgs> {
+    if own.own_flags {
+        return None;
+    }
+    let run = controller_flags()?;
+    eprintln!("(using the flags of the controller in this container: --own-flags to use yours)");
+    Some(run)
+}
+
 /// `run`'s arguments from a NUL-separated command line, if it is one.
 pub fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
     let argv: Vec<String> = cmdline
@@ -281,14 +292,9 @@ pub fn adopt(mut args: ExplainArgs, run: RunArgs) -> ExplainArgs {
 }
 
 pub async fn run(args: ExplainArgs) -> Result<()> {
-    let args = match (args.own_flags, controller_flags()) {
-        (false, Some(run)) => {
-            eprintln!(
-                "(using the flags of the controller in this container: --own-flags to use yours)"
-            );
-            adopt(args, run)
-        }
-        _ => args,
+    let args = match in_the_controllers_container(&args.own) {
+        Some(run) => adopt(args, run),
+        None => args,
     };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
@@ -556,8 +562,9 @@ mod tests {
         args.iter().flat_map(|a| a.bytes().chain([0])).collect()
     }
 
-    /// `kubectl exec deploy/... -- ec2-topology-labeler explain NODE` sees the chart's flags:
-    /// they are read from the controller's command line (PID 1 in its container).
+    /// `kubectl exec deploy/... -- ec2-topology-labeler explain NODE` (or `tree`, `plan`) sees
+    /// the chart's flags: they are read from the controller's command line (PID 1 in its
+    /// container).
     #[test]
     fn explain_in_the_controllers_container_uses_its_flags() {
         let pid1 = cmdline(&[
@@ -581,6 +588,41 @@ mod tests {
         assert_eq!(adopted.leader.leader_election_lease_name, "other");
         let scheme = adopted.labels.scheme().expect("scheme");
         assert!(scheme.is_family_label("example.com/layer-1"));
+        // `tree` and `plan` there read its label keys (and `plan` its EC2 settings) too.
+        let run = run_args_of(&pid1).expect("a run command line");
+        let Command::Tree(tree) = Cli::try_parse_from(["ec2-topology-labeler", "tree"])
+            .expect("tree parses")
+            .command
+        else {
+            panic!("tree command");
+        };
+        let tree = crate::tree_cmd::adopt(tree, run.clone());
+        assert!(
+            tree.labels
+                .scheme()
+                .expect("scheme")
+                .is_family_label("example.com/layer-1")
+        );
+        let Command::Plan(plan) =
+            Cli::try_parse_from(["ec2-topology-labeler", "plan", "-o", "json"])
+                .expect("plan parses")
+                .command
+        else {
+            panic!("plan command");
+        };
+        let plan = crate::plan::adopt(plan, run);
+        assert!(
+            plan.labels
+                .scheme()
+                .expect("scheme")
+                .is_family_label("example.com/layer-1")
+        );
+        assert_eq!(plan.ec2.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(
+            plan.output,
+            OutputFormat::Json,
+            "its own output format stays"
+        );
         // Not the controller: a shell, another subcommand, garbage.
         assert!(run_args_of(&cmdline(&["/bin/sh", "-c", "sleep 1"])).is_none());
         assert!(run_args_of(&cmdline(&["/ec2-topology-labeler", "tree"])).is_none());

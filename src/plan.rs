@@ -258,7 +258,23 @@ pub async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec
     }
 }
 
+/// `args` with the running controller's label, gate, EC2 and lookup flags (`plan` run in its
+/// container with `kubectl exec`, where its credentials are too).
+pub fn adopt(args: PlanArgs, run: crate::config::RunArgs) -> PlanArgs {
+    PlanArgs {
+        labels: run.labels,
+        gate: run.gate,
+        ec2: run.ec2,
+        lookup: run.lookup,
+        ..args
+    }
+}
+
 pub async fn run(args: PlanArgs) -> Result<()> {
+    let args = match crate::explain::in_the_controllers_container(&args.own) {
+        Some(run) => adopt(args, run),
+        None => args,
+    };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let client = Client::try_default().await?;
     let api: Api<WireNode> = Api::all(client.clone());

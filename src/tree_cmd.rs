@@ -37,7 +37,21 @@ fn note(taint: Option<&StartupTaint>, node: &Node) -> (Option<String>, bool) {
     (gate::note(taint, &lite), taint.is_some_and(|t| t.on(&lite)))
 }
 
+/// `args` with the running controller's label keys and startup taint (`tree` run in its
+/// container with `kubectl exec`).
+pub fn adopt(args: TreeArgs, run: crate::config::RunArgs) -> TreeArgs {
+    TreeArgs {
+        labels: run.labels,
+        startup_taint: run.gate.startup_taint,
+        ..args
+    }
+}
+
 pub async fn run(args: TreeArgs) -> Result<()> {
+    let args = match crate::explain::in_the_controllers_container(&args.own) {
+        Some(run) => adopt(args, run),
+        None => args,
+    };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let api: Api<Node> = Api::all(Client::try_default().await?);
     let mut views = Vec::new();

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod credentials;
+pub mod doctest;
 pub mod env;
 pub mod fixtures;
 pub mod helm;

@@ -974,6 +974,28 @@ fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
             assert_eq!(policy, "before-hook-creation,hook-succeeded");
         }
     }
+    // Its pod is not one of the controller's (the Service, the PodDisruptionBudget, kubectl -l
+    // select those by the Deployment's selector).
+    let both = render(&["uninstallHook.enabled=true".into()]);
+    let selector = kind(&both, "Deployment")[0]["spec"]["selector"]["matchLabels"].clone();
+    assert_eq!(
+        kind(&both, "Job").len(),
+        2,
+        "the retire and the uninstall hooks"
+    );
+    for job in kind(&both, "Job") {
+        let labels = &job["spec"]["template"]["metadata"]["labels"];
+        let matches = selector
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v);
+        assert!(
+            !matches,
+            "{} pod labels {labels} match the controller's selector {selector}",
+            job["metadata"]["name"]
+        );
+    }
     let role = h.iter().find(|d| d["kind"] == "Role").unwrap();
     assert_eq!(
         role["rules"],

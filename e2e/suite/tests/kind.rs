@@ -823,6 +823,83 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
     watch.finish().await
 }
 
+/// Every shell block the docs mark `<!-- doc-test: kind -->` (README's verify steps,
+/// install-eks.md's, the runbooks of operations.md: see `e2e::doctest`) runs as written against
+/// this cluster, after the install and an upgrade, in the order of the docs: `bash -e -o
+/// pipefail`, with `kubectl`, `helm` and `ec2-topology-labeler` on the PATH, this cluster as the
+/// current context, in an empty directory. Each exits 0 within two minutes, and its output
+/// holds what its mark expects.
+async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
+    use e2e::doctest::{self, Mark};
+    let kind = KindEnv::from_env()?;
+    let dir = std::env::temp_dir().join(format!("ec2tl-doc-commands-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let parent = |p: &std::path::Path| {
+        p.parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default()
+    };
+    let path = std::env::join_paths(
+        [
+            parent(&kind.kubectl),
+            parent(&helm::helm_bin()?),
+            e2e::bin_dir(),
+        ]
+        .into_iter()
+        .chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )),
+    )?;
+    let mut ran = 0;
+    let result = async {
+        for b in doctest::blocks(&e2e::repo_root())? {
+            let Some(Mark::Kind { expect }) = &b.mark else {
+                continue;
+            };
+            let out = std::process::Command::new("timeout")
+                .args(["120", "bash", "-e", "-o", "pipefail", "-c", &b.code])
+                .current_dir(&dir)
+                .env("KUBECONFIG", &kind.kubeconfig)
+                .env("PATH", &path)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .context("running bash")?;
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ensure!(
+                out.status.success(),
+                "{} exited {:?}:\n{}\n--- output:\n{text}",
+                b.at(),
+                out.status.code(),
+                b.code
+            );
+            for e in expect {
+                ensure!(
+                    text.contains(e.as_str()),
+                    "{}: the output lacks {e:?}:\n{}\n--- output:\n{text}",
+                    b.at(),
+                    b.code
+                );
+            }
+            eprintln!(
+                "    {}: ran as written ({} lines of output)",
+                b.at(),
+                text.lines().count()
+            );
+            ran += 1;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    ensure!(ran >= 8, "only {ran} doc blocks are marked to run");
+    Ok(())
+}
+
 /// EC2 refusing the controller's credentials is loud, not silent: a Warning Event on the
 /// leader's Pod (where an operator looking at the controller sees it), one on the node, the error
 /// counter by category; the replicas stay Ready and do not restart (restarting does not fix
@@ -1332,6 +1409,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         s!(
             "ops::helm_upgrade_rolls_without_label_loss",
             helm_upgrade_rolls_without_label_loss
+        ),
+        s!(
+            "ops::doc_commands_run_as_written",
+            doc_commands_run_as_written
         ),
         s!(
             "ops::ec2_denied_is_loud_and_readiness_holds",

@@ -69,12 +69,17 @@ tolerations:
 {{- .Values.recordKey.existingSecret | default (printf "%s-record-key" (include "ec2tl.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- end }}
 
-{{/* The chart's record key, base64: the one in the cluster if there is one, else a new one. */}}
+{{/* The chart's record key, base64: the one in the cluster if there is one, else a new one;
+made once per render (kept in .Values), so that the Secret and the Deployment's checksum of it
+agree. */}}
 {{- define "ec2tl.recordKey" -}}
+{{- if not (hasKey .Values "ec2tlRenderedRecordKey") -}}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ec2tl.recordKeySecret" .) -}}
+{{- $key := randAlphaNum 64 | b64enc -}}
 {{- if and $existing $existing.data (index $existing.data "key") -}}
-{{- index $existing.data "key" -}}
-{{- else -}}
-{{- randAlphaNum 64 | b64enc -}}
+{{- $key = index $existing.data "key" -}}
 {{- end -}}
+{{- $_ := set .Values "ec2tlRenderedRecordKey" $key -}}
+{{- end -}}
+{{- index .Values "ec2tlRenderedRecordKey" -}}
 {{- end }}

@@ -14,18 +14,22 @@
 #    pushed by buildah to $REGISTRY/ec2-topology-labeler:$VERSION; its digest is what the
 #    chart pins. Timestamps are fixed: the same binaries give the same digest.
 # 3. An SBOM of what the binary links (CycloneDX JSON, cargo-cyclonedx).
+#    The same static binaries in dist/ for workstations (ec2-topology-labeler-linux-amd64,
+#    -linux-arm64) with SHA256SUMS; the release workflow attaches them to the GitHub release.
 # 4. The chart with image.repository/tag/digest set to what was pushed, packaged and pushed to
 #    oci://$REGISTRY/charts (helm push).
 # 5. With COSIGN_KEY (a cosign key file; COSIGN_PASSWORD its password): the image index, the
-#    chart and an SBOM attestation on the image signed with it (no transparency log: a private
-#    key, verified with its public key, `cosign verify --key`). With COSIGN_KEYLESS=1 (the release
-#    workflow, GitHub's OIDC token): keyless, recorded in Sigstore's public log.
+#    chart, an SBOM attestation on the image and SHA256SUMS (a bundle beside it) signed with it
+#    (no transparency log: a private key, verified with its public key, `cosign verify --key`).
+#    With COSIGN_KEYLESS=1 (the release workflow, GitHub's OIDC token): keyless, recorded in
+#    Sigstore's public log.
 #
-# Writes dist/: release.json (what was pushed, by digest, and the image sizes), the SBOM and the
-# chart package. Environment: REGISTRY (required), VERSION (default: the crate's, which must
-# equal the chart's version and appVersion), REGISTRY_PLAIN_HTTP=1 for a registry without TLS
-# (the default for localhost and 127.0.0.1), DIST (default: dist), RELEASE_PROFILE (release;
-# ci-dist only into a local registry, never signed keyless).
+# Writes dist/: release.json (what was pushed, by digest, and the image sizes), the SBOM, the
+# chart package, the workstation binaries with SHA256SUMS (and SHA256SUMS.sigstore.json when
+# signed). Environment: REGISTRY (required), VERSION (default: the crate's, which must equal the
+# chart's version and appVersion), REGISTRY_PLAIN_HTTP=1 for a registry without TLS (the default
+# for localhost and 127.0.0.1), DIST (default: dist), RELEASE_PROFILE (release; ci-dist only into
+# a local registry, never signed keyless).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -103,7 +107,11 @@ for t in "${targets[@]}"; do
   got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
   [[ $got == "${machine[$t]}" ]] || die "$bin is built for '$got', not ${machine[$t]}"
   if (( $(readelf -l "$bin" | grep -c 'INTERP') > 0 )); then die "$bin is not static (it names an interpreter)"; fi
+  # The same static binary for a workstation (explain, tree, plan, uninstall, retire with your own
+  # kubeconfig and AWS credentials, exec plugins such as `aws eks get-token` included).
+  cp "$bin" "$dist/ec2-topology-labeler-${platform[$t]/\//-}"
 done
+(cd "$dist" && sha256sum ec2-topology-labeler-linux-* >SHA256SUMS)
 
 # --- 2. image ----------------------------------------------------------------------------------
 step "image: one per platform, an OCI index of both, pushed to $image_repo:$VERSION"
@@ -186,9 +194,17 @@ if [[ -n $cosign ]]; then
   "$cosign" sign "${sign_flags[@]}" "$chart_ref" >&2
   "$cosign" attest "${sign_flags[@]}" --type cyclonedx --predicate "$dist/sbom.cdx.json" \
     "$image_repo@$image_digest" >&2
+  # The workstation binaries: their checksums, signed (verify-blob with the bundle, then
+  # sha256sum -c; docs/install-eks.md "A workstation").
+  blob_flags=(--yes)
+  if [[ -n ${COSIGN_KEY:-} ]]; then blob_flags+=(--key "$COSIGN_KEY" --use-signing-config=false --tlog-upload=false); fi
+  "$cosign" sign-blob "${blob_flags[@]}" --bundle "$dist/SHA256SUMS.sigstore.json" "$dist/SHA256SUMS" >&2
   signed=true
 fi
 
+binaries=$(for t in "${targets[@]}"; do
+  printf '"%s": "ec2-topology-labeler-%s"\n' "${platform[$t]}" "${platform[$t]/\//-}"
+done | paste -sd, -)
 cat >"$dist/release.json" <<EOF
 {
   "version": "$VERSION",
@@ -200,6 +216,8 @@ cat >"$dist/release.json" <<EOF
   "plain_http": $( ((plain_http)) && echo true || echo false ),
   "signed": $signed,
   "profile": "$profile",
+  "binaries": {$binaries},
+  "checksums": "SHA256SUMS",
   "platforms": {$sizes}
 }
 EOF

@@ -29,6 +29,8 @@ pub struct KindEnv {
     pub release: Release,
     /// `ipv4` or `ipv6`: the address family of the cluster.
     pub family: String,
+    /// The release's directory (`dist/`): the workstation binaries, SHA256SUMS, its bundle.
+    pub dist: PathBuf,
 }
 
 /// `dist/release.json`, as `hack/release.sh` writes it.
@@ -42,6 +44,12 @@ pub struct Release {
     pub chart_digest: String,
     pub plain_http: bool,
     pub signed: bool,
+    /// The workstation binaries by platform (`linux/amd64` -> a file name in `dist/`).
+    #[serde(default)]
+    pub binaries: std::collections::BTreeMap<String, String>,
+    /// The checksums file of the binaries, in `dist/` (`SHA256SUMS`).
+    #[serde(default)]
+    pub checksums: String,
 }
 
 impl Release {
@@ -87,7 +95,27 @@ impl KindEnv {
             release: serde_json::from_str(&text)
                 .with_context(|| format!("parsing {}", release.display()))?,
             family: std::env::var("E2E_KIND_FAMILY").unwrap_or_else(|_| "ipv4".to_string()),
+            dist: release
+                .parent()
+                .map(PathBuf::from)
+                .context("the release file has no directory")?,
         })
+    }
+
+    /// The released workstation binary for this machine's architecture (what an operator
+    /// downloads: `dist/ec2-topology-labeler-linux-amd64` on x86-64).
+    pub fn workstation_binary(&self) -> anyhow::Result<PathBuf> {
+        let platform = match std::env::consts::ARCH {
+            "x86_64" => "linux/amd64",
+            "aarch64" => "linux/arm64",
+            other => anyhow::bail!("no released binary for {other}"),
+        };
+        let name = self
+            .release
+            .binaries
+            .get(platform)
+            .with_context(|| format!("the release lists no binary for {platform}"))?;
+        Ok(self.dist.join(name))
     }
 
     /// Run kubectl; returns (success, stdout + stderr).

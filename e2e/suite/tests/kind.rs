@@ -826,7 +826,7 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
 /// Every shell block the docs mark `<!-- doc-test: kind -->` (README's verify steps,
 /// install-eks.md's, the runbooks of operations.md: see `e2e::doctest`) runs as written against
 /// this cluster, after the install and an upgrade, in the order of the docs: `bash -e -o
-/// pipefail`, with `kubectl`, `helm` and `ec2-topology-labeler` on the PATH, this cluster as the
+/// pipefail`, with `kubectl`, `helm` and the released `ec2-topology-labeler` on the PATH, this cluster as the
 /// current context, in an empty directory. Each exits 0 within two minutes, and its output
 /// holds what its mark expects.
 async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
@@ -839,8 +839,16 @@ async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
             .map(std::path::Path::to_path_buf)
             .unwrap_or_default()
     };
+    // `ec2-topology-labeler` is the released workstation binary (what docs/operations.md's
+    // "From a workstation" downloads), not the dev build.
+    let released = dir.join("bin");
+    std::fs::create_dir_all(&released)?;
+    let link = released.join("ec2-topology-labeler");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(kind.workstation_binary()?, &link)?;
     let path = std::env::join_paths(
         [
+            released,
             parent(&kind.kubectl),
             parent(&helm::helm_bin()?),
             e2e::bin_dir(),
@@ -1346,6 +1354,197 @@ async fn signatures_and_sbom_verify(_env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The workstation path (docs/operations.md "From a workstation"): the release carries a static
+/// binary per platform with SHA256SUMS, signed (a cosign bundle); the checksums verify with the
+/// run's public key and the files with `sha256sum -c`, and neither passes once a byte changes.
+/// This machine's binary then runs from the host as an operator's laptop would, through a
+/// kubeconfig whose user is an exec plugin (as `aws eks update-kubeconfig` writes: the case
+/// the image, FROM scratch, cannot serve), and reads the cluster.
+async fn workstation_binaries_verify_and_run(_env: &Env) -> anyhow::Result<()> {
+    let kind = KindEnv::from_env()?;
+    let r = &kind.release;
+    ensure!(r.signed, "the release was not signed");
+    for (platform, machine) in [("linux/amd64", 62u16), ("linux/arm64", 183)] {
+        let name = r
+            .binaries
+            .get(platform)
+            .with_context(|| format!("release.json lists no binary for {platform}"))?;
+        let bytes =
+            std::fs::read(kind.dist.join(name)).with_context(|| format!("reading {name}"))?;
+        ensure!(
+            elf_machine(&bytes)? == machine,
+            "{name} is not built for {platform}"
+        );
+        ensure!(!has_interpreter(&bytes), "{name} is not static");
+    }
+    let sums = kind.dist.join(&r.checksums);
+    let bundle = kind.dist.join(format!("{}.sigstore.json", r.checksums));
+    let run = |cmd: &str,
+               args: &[&std::ffi::OsStr],
+               dir: &std::path::Path|
+     -> anyhow::Result<(bool, String)> {
+        let out = std::process::Command::new(cmd)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .with_context(|| format!("running {cmd}"))?;
+        Ok((
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    };
+    let cosign = std::env::var("E2E_KIND_COSIGN").context("E2E_KIND_COSIGN")?;
+    let public = std::env::var("E2E_KIND_COSIGN_PUB").context("E2E_KIND_COSIGN_PUB")?;
+    let verify_blob = |file: &std::path::Path| {
+        run(
+            &cosign,
+            &[
+                "verify-blob".as_ref(),
+                "--key".as_ref(),
+                public.as_ref(),
+                "--insecure-ignore-tlog=true".as_ref(),
+                "--bundle".as_ref(),
+                bundle.as_os_str(),
+                file.as_os_str(),
+            ],
+            &kind.dist,
+        )
+    };
+    let (ok, out) = verify_blob(&sums)?;
+    ensure!(ok, "cosign verify-blob {}:\n{out}", sums.display());
+    let (ok, out) = run("sha256sum", &["-c".as_ref(), sums.as_os_str()], &kind.dist)?;
+    ensure!(ok, "sha256sum -c:\n{out}");
+    ensure!(
+        out.lines().filter(|l| l.ends_with(": OK")).count() == r.binaries.len(),
+        "sha256sum -c checked {out:?}, not the {} binaries",
+        r.binaries.len()
+    );
+    // One changed byte: the binary fails its checksum, the checksums their signature.
+    let tampered = tempdir("tampered")?;
+    for name in r.binaries.values() {
+        let mut bytes = std::fs::read(kind.dist.join(name))?;
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(tampered.join(name), bytes)?;
+    }
+    std::fs::copy(&sums, tampered.join(&r.checksums))?;
+    let (ok, _) = run(
+        "sha256sum",
+        &["-c".as_ref(), r.checksums.as_ref()],
+        &tampered,
+    )?;
+    ensure!(!ok, "sha256sum -c passed a changed binary");
+    let mut text = std::fs::read_to_string(&sums)?;
+    text = text.replacen(&text[..1], if text.starts_with('0') { "1" } else { "0" }, 1);
+    std::fs::write(tampered.join(&r.checksums), text)?;
+    let (ok, _) = verify_blob(&tampered.join(&r.checksums))?;
+    ensure!(!ok, "cosign verified changed checksums");
+
+    // The operator's laptop: a kubeconfig whose user is an exec plugin handing out the kind
+    // user's client certificate (an ExecCredential, as `aws eks get-token` hands out a token).
+    let home = tempdir("workstation")?;
+    let view = |path: &str| {
+        kind.kubectl(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    };
+    let (ok1, server) = view("{.clusters[0].cluster.server}")?;
+    let (ok2, ca) = view("{.clusters[0].cluster.certificate-authority-data}")?;
+    let (ok3, cert) = view("{.users[0].user.client-certificate-data}")?;
+    let (ok4, key) = view("{.users[0].user.client-key-data}")?;
+    ensure!(ok1 && ok2 && ok3 && ok4, "reading the kind kubeconfig");
+    let decode = |b64: &str| -> anyhow::Result<String> {
+        let f = home.join("b64");
+        std::fs::write(&f, b64.trim())?;
+        let out = std::process::Command::new("base64")
+            .arg("-d")
+            .arg(&f)
+            .output()?;
+        ensure!(out.status.success(), "base64 -d");
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let credential = json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"clientCertificateData": decode(&cert)?, "clientKeyData": decode(&key)?},
+    });
+    std::fs::write(home.join("credential.json"), credential.to_string())?;
+    let plugin = home.join("get-credential");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\ncat '{}'\n",
+            home.join("credential.json").display()
+        ),
+    )?;
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&plugin)
+        .status()?;
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kind", "cluster": {"server": server.trim(), "certificate-authority-data": ca.trim()}}],
+        "users": [{"name": "exec", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": plugin.display().to_string(),
+            "interactiveMode": "Never",
+        }}}],
+        "contexts": [{"name": "kind", "context": {"cluster": "kind", "user": "exec"}}],
+        "current-context": "kind",
+    });
+    let config = home.join("kubeconfig");
+    std::fs::write(&config, kubeconfig.to_string())?;
+    let binary = kind.workstation_binary()?;
+    let (ok, names) = kind.kubectl(&["get", "nodes", "-o", "name"])?;
+    ensure!(ok, "kubectl get nodes: {names}");
+    let nodes = names.lines().filter(|l| l.starts_with("node/")).count();
+    let out = std::process::Command::new(&binary)
+        .args(["tree", "-o", "dot"])
+        .env("KUBECONFIG", &config)
+        .env("HOME", &home)
+        .output()
+        .with_context(|| format!("running {}", binary.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{} tree with an exec-plugin kubeconfig: {}{}",
+        binary.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        text.contains(&format!("{nodes} without topology labels")),
+        "tree from the workstation does not see the {nodes} unlabelled nodes:\n{text}"
+    );
+    let version = std::process::Command::new(&binary)
+        .arg("--version")
+        .output()?;
+    ensure!(
+        String::from_utf8_lossy(&version.stdout).contains(&r.version),
+        "{} --version: {}",
+        binary.display(),
+        String::from_utf8_lossy(&version.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&tampered);
+    eprintln!(
+        "    {} binaries, checksums signed and verified; {} ran tree through an exec-plugin kubeconfig ({nodes} nodes)",
+        r.binaries.len(),
+        binary.display()
+    );
+    Ok(())
+}
+
 fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
     macro_rules! s {
         ($name:literal, $f:ident) => {
@@ -1364,6 +1563,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         s!(
             "release::signatures_and_sbom_verify",
             signatures_and_sbom_verify
+        ),
+        s!(
+            "release::workstation_binaries_verify_and_run",
+            workstation_binaries_verify_and_run
         ),
         s!(
             "install::pod_waits_for_topology_before_install",

@@ -9,6 +9,7 @@
 
 pub mod bounds;
 pub mod cleanup;
+pub mod compact;
 pub mod config;
 #[cfg(test)]
 mod docs;

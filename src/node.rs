@@ -20,6 +20,7 @@ use k8s_openapi::{
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{
+    compact::{BootId, InstanceId},
     intern::Interner,
     topology::InstanceTopology,
     verified::{Seal, VERIFIED_KEY, Verified},
@@ -334,8 +335,8 @@ impl Sharing {
 /// exactly its text is kept this way (any other is kept as text), so it reads back as it was.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeptRecord {
-    instance_id: Box<str>,
-    boot_id: Option<Box<str>>,
+    instance_id: InstanceId,
+    boot_id: Option<BootId>,
     at: u64,
     answer: Arc<InstanceTopology>,
     /// Its seal as read (not checked here: the key is not needed to keep it).
@@ -349,10 +350,10 @@ impl KeptRecord {
             return None;
         }
         let mut answer = verified.topology;
-        let instance_id = std::mem::take(&mut answer.instance_id).into_boxed_str();
+        let instance_id = InstanceId::from(std::mem::take(&mut answer.instance_id));
         Some(Self {
             instance_id,
-            boot_id: verified.boot_id.map(String::into_boxed_str),
+            boot_id: verified.boot_id.as_deref().map(BootId::new),
             at: verified.at,
             answer: Arc::new(answer),
             seal,
@@ -366,7 +367,7 @@ impl KeptRecord {
                 instance_id: self.instance_id.to_string(),
                 ..(*self.answer).clone()
             },
-            boot_id: self.boot_id.as_deref().map(str::to_owned),
+            boot_id: self.boot_id.as_ref().map(ToString::to_string),
             at: self.at,
         }
         .encode_sealed(&self.seal)

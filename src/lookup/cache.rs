@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::{LookupConfig, Resolved};
 use crate::{
+    compact::{BootId, InstanceId},
     intern::Interner,
     topology::{Ec2Error, InstanceTopology},
     verified::Verified,
@@ -60,7 +61,7 @@ enum State {
 /// An instance's entry, as it was when a lookup found it not fresh.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    boot_id: Option<Box<str>>,
+    boot_id: Option<BootId>,
     state: State,
     /// Answers for this boot that could not be turned into labels (see [`Cache::reject`]).
     rejected: u32,
@@ -162,7 +163,7 @@ pub struct Cache {
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<Box<str>, Entry>,
+    entries: HashMap<InstanceId, Entry>,
     /// Every answer an entry holds, without its instance ID, once.
     shapes: Interner<InstanceTopology>,
 }
@@ -209,11 +210,11 @@ impl Cache {
         let Some(e) = inner.entries.get_mut(instance_id) else {
             return Check::Ask { stale: None };
         };
-        if rebooted(e.boot_id.as_deref(), boot_id) {
+        if rebooted(e.boot_id.as_ref(), boot_id) {
             return Check::Ask { stale: None };
         }
         if e.boot_id.is_none() {
-            e.boot_id = boot_id.map(Box::from);
+            e.boot_id = boot_id.map(BootId::new);
         }
         match &e.state {
             State::Known {
@@ -281,7 +282,7 @@ impl Cache {
             inner.entries.insert(
                 instance_id.into(),
                 Entry {
-                    boot_id: boot_id.map(Box::from),
+                    boot_id: boot_id.map(BootId::new),
                     state,
                     rejected: stale.as_ref().map_or(0, |e| e.rejected),
                     taken: false,
@@ -523,7 +524,7 @@ impl Cache {
             return false;
         };
         // The same answer of the same boot (a boot ID that appeared meanwhile is the same boot).
-        let same = !rebooted(was.boot_id.as_deref(), current.boot_id.as_deref())
+        let same = !matches!((&was.boot_id, &current.boot_id), (Some(a), Some(b)) if a != b)
             && matches!((&current.state, &was.state),
                 (
                     State::Known { topology: a, verified_at: at_a, .. },
@@ -585,7 +586,7 @@ impl Cache {
     /// ([`seeded_wait`]).
     pub fn seed(&self, verified: Verified, now: Instant) -> bool {
         let mut inner = self.inner();
-        let instance_id: Box<str> = verified.topology.instance_id.as_str().into();
+        let instance_id = InstanceId::from(verified.topology.instance_id.as_str());
         if inner.entries.contains_key(&instance_id) {
             return false;
         }
@@ -595,7 +596,7 @@ impl Cache {
         inner.entries.insert(
             instance_id,
             Entry {
-                boot_id: verified.boot_id.map(Box::from),
+                boot_id: verified.boot_id.as_deref().map(BootId::new),
                 state: State::Known {
                     topology,
                     refresh_at,
@@ -638,7 +639,7 @@ impl Cache {
     pub fn retain(&self, live: &HashSet<String>) -> usize {
         let mut inner = self.inner();
         let before = inner.entries.len();
-        inner.entries.retain(|id, _| live.contains(&**id));
+        inner.entries.retain(|id, _| live.contains(id.as_str()));
         inner.shapes.sweep();
         before - inner.entries.len()
     }
@@ -670,7 +671,7 @@ impl Cache {
                 refused,
                 ..
             } => CacheView {
-                boot_id: e.boot_id.as_deref().map(str::to_owned),
+                boot_id: e.boot_id.as_ref().map(ToString::to_string),
                 state: if refused.is_some() {
                     "refused"
                 } else if *settling > 0 {
@@ -701,7 +702,7 @@ impl Cache {
                 attempts,
                 refused,
             } => CacheView {
-                boot_id: e.boot_id.as_deref().map(str::to_owned),
+                boot_id: e.boot_id.as_ref().map(ToString::to_string),
                 state: if refused.is_some() {
                     "refused"
                 } else {
@@ -793,6 +794,6 @@ pub fn spread(instance_id: &str, ttl: Duration, wall: Duration) -> Duration {
 
 /// Only a change from one known boot to another counts: a boot ID that appears for the first
 /// time (kubelet reports it shortly after registration) is the same boot we looked up.
-fn rebooted(cached: Option<&str>, now: Option<&str>) -> bool {
-    matches!((cached, now), (Some(a), Some(b)) if a != b)
+fn rebooted(cached: Option<&BootId>, now: Option<&str>) -> bool {
+    matches!((cached, now), (Some(a), Some(b)) if !a.is(b))
 }

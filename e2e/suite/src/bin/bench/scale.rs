@@ -32,7 +32,11 @@ part, so mostly not resident: capping them at 32 KiB left the 20,000-node peak R
 was, 63.6 MiB against 63.2), the 512 reconciles in flight 5.7 MB (a dev build's futures; smaller in \
 the release build), a reconcile's decision 2.1 MB. At rest the resident size above idle is \
 about 1.3x the heap (musl's size classes). An install adds, per node written and until the \
-watch shows the write, an echo of what was written (a hash and the resourceVersion).\n\n";
+watch shows the write, an echo of what was written (a hash and the resourceVersion). Since \
+2026-12-05 the instance and boot IDs of the record and of the answer cache are kept compact \
+(`src/compact.rs`: instance IDs inline, kernel boot IDs as their 16 bytes; four allocations a \
+node fewer): at 20,000 nodes the shipped binary rests at 44 MiB (1.44 KiB a node above idle; \
+46 before) and peaks at 61 (63 before).\n\n";
 
 /// How long the one-call-per-node workers call EC2.
 const ONE_CALL_WINDOW: Duration = Duration::from_secs(40);

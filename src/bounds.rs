@@ -83,6 +83,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("rollout-timeout", secs(0), secs(3600)),
     duration("startup-taint-timeout", secs(1), secs(30 * DAY)),
     duration("resync-period", secs(1), secs(30 * DAY)),
+    duration("reservations-interval", secs(10), secs(DAY)),
     duration("conflict-backoff", secs(1), secs(30 * DAY)),
     duration("conflict-window", secs(1), secs(30 * DAY)),
     count("concurrency", 1, 4096),

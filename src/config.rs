@@ -225,6 +225,18 @@ pub struct TreeArgs {
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub min_labelled: usize,
+    /// Instead of the tree: the account's Capacity Reservations under the network nodes EC2
+    /// places them at (known before any instance runs), with instances reserved, in use, and
+    /// the nodes that joined from each (by Karpenter's
+    /// `karpenter.k8s.aws/capacity-reservation-id` label). Asks EC2 with the AWS credentials at
+    /// hand: needs `ec2:DescribeCapacityReservationTopology` and
+    /// `ec2:DescribeCapacityReservations`. Table or JSON.
+    #[arg(long, env = "LABELER_TREE_RESERVATIONS")]
+    pub reservations: bool,
+    /// The region whose reservations `--reservations` shows; by default each region the nodes'
+    /// `topology.kubernetes.io/region` labels name.
+    #[arg(long, env = "AWS_REGION", value_parser = crate::lookup::ec2::parse_region)]
+    pub region: Option<String>,
     #[command(flatten)]
     pub own: OwnFlags,
 }
@@ -259,6 +271,8 @@ pub struct RunArgs {
     pub serve: ServeArgs,
     #[command(flatten)]
     pub leader: LeaderArgs,
+    #[command(flatten)]
+    pub reservations: crate::reserved::ReservationArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

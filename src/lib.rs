@@ -28,6 +28,7 @@ pub mod node;
 pub mod plan;
 pub mod process;
 pub mod publish;
+pub mod reserved;
 pub mod retire;
 pub mod retire_cmd;
 pub mod scheme;
@@ -36,7 +37,7 @@ pub mod tree_cmd;
 pub mod uninstall;
 
 pub use ec2_topology_core::{
-    coverage, labels, picture, provider_id, slurm, topology, tree, verified,
+    coverage, labels, picture, provider_id, reservations, slurm, topology, tree, verified,
 };
 use topology::Ec2Error;
 

@@ -160,6 +160,8 @@ pub struct Metrics {
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     kai_mismatch: Family<TopologyLabels, Gauge>,
     coverage_nodes: Family<CellLabels, Gauge>,
+    reserved_instances: Family<ReservedLabels, Gauge>,
+    reserved_joined: Family<ReservedLabels, Gauge>,
     coverage_full: Family<CellLabels, Gauge>,
     coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
@@ -189,6 +191,13 @@ pub struct PublisherLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopologyLabels {
     pub topology: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReservedLabels {
+    pub network_node: String,
+    pub reservation: String,
+    pub instance_type: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -338,6 +347,18 @@ impl Metrics {
             "kai_topology_mismatch",
             "1 when a KAI Topology of our name exists with other levels (left alone)",
             kai_mismatch.clone(),
+        );
+        let reserved_instances = Family::<ReservedLabels, Gauge>::default();
+        fleet.register(
+            "reserved_instances",
+            "Instances a live (active or pending) Capacity Reservation holds, by the deepest network node EC2 places it under (empty: not placed) (--capacity-reservations)",
+            reserved_instances.clone(),
+        );
+        let reserved_joined = Family::<ReservedLabels, Gauge>::default();
+        fleet.register(
+            "reserved_instances_joined",
+            "Nodes of this cluster joined from that reservation (Karpenter's karpenter.k8s.aws/capacity-reservation-id label) (--capacity-reservations)",
+            reserved_joined.clone(),
         );
         let coverage_nodes = Family::<CellLabels, Gauge>::default();
         fleet.register(
@@ -515,6 +536,8 @@ impl Metrics {
             kueue_mismatch,
             kai_mismatch,
             coverage_nodes,
+            reserved_instances,
+            reserved_joined,
             coverage_full,
             coverage_layer,
             label_conflicts,
@@ -673,6 +696,26 @@ impl Metrics {
                 topology: topology.to_string(),
             })
             .set(i64::from(mismatch));
+    }
+
+    /// Replace the reserved-capacity gauges with `series` (those of reservations gone or no
+    /// longer live disappear).
+    pub fn set_reserved(&self, series: &[crate::reservations::Series]) {
+        self.reserved_instances.clear();
+        self.reserved_joined.clear();
+        for s in series {
+            let labels = ReservedLabels {
+                network_node: s.network_node.clone(),
+                reservation: s.reservation.clone(),
+                instance_type: s.instance_type.clone(),
+            };
+            self.reserved_instances
+                .get_or_create(&labels)
+                .set(i64::from(s.reserved));
+            self.reserved_joined
+                .get_or_create(&labels)
+                .set(i64::from(s.joined));
+        }
     }
 
     /// Replace the coverage gauges with `cells` (series of cells that emptied disappear).

@@ -52,11 +52,13 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     let meta = &mut node.metadata;
     if let Some(labels) = meta.labels.as_mut() {
         // The instance type tells a type EC2 describes (but has not yet) from one it never will;
-        // it and the zone are what coverage counts nodes by.
+        // it and the zone are what coverage counts nodes by; the reservation a node joined
+        // from, what the reserved-capacity gauges count.
         labels.retain(|k, _| {
             scheme.is_family_label(k)
                 || k == INSTANCE_TYPE_LABEL
                 || k == crate::coverage::ZONE_LABEL
+                || k == crate::reservations::RESERVATION_LABEL
         });
     }
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -99,8 +101,17 @@ pub async fn lookup_from(
     lookup: &LookupArgs,
     metrics: Arc<Metrics>,
 ) -> Result<Lookup> {
+    lookup_sharing(ec2, lookup, metrics, Arc::new(Limiter::new(ec2.limiter()))).await
+}
+
+/// [`lookup_from`], pacing its calls with `limiter` (which other EC2 callers share).
+async fn lookup_sharing(
+    ec2: &Ec2Args,
+    lookup: &LookupArgs,
+    metrics: Arc<Metrics>,
+    limiter: Arc<Limiter>,
+) -> Result<Lookup> {
     let key = lookup.record_key().map_err(Error::Config)?;
-    let limiter = Arc::new(Limiter::new(ec2.limiter()));
     let source = AwsTopology::from_env(ec2.ec2_timeout.0)
         .await
         .with_limiter(limiter.clone());
@@ -162,7 +173,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     }
     let client = Client::try_default().await?;
-    let lookup = lookup_from(&args.ec2, &args.lookup, metrics.clone()).await?;
+    let limiter = Arc::new(Limiter::new(args.ec2.limiter()));
+    let lookup = lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone()).await?;
     match lookup.record_key() {
         Some(key) => info!(key = %key.id(), "verification records are sealed with this key"),
         None => warn!(
@@ -234,6 +246,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let prune_scheme = scheme.clone();
     let filter_ctx = ctx.clone();
     let mark_synced = synced.clone();
+    // The first list's nodes, for the lookups ahead of their reconciles (dropped once it is in).
+    // Bounded: while EC2's pace holds the lookups back, a node that finds the channel full is
+    // not held for them (its reconcile asks, or the walk after the list does).
+    let (arrivals_tx, arrivals) = tokio::sync::mpsc::channel(warm::IN_FLIGHT);
+    let mut arrivals_tx = Some(arrivals_tx);
     // Pages of NODE_PAGE nodes: a page is read whole before it is decoded, and with container
     // images a Node is ~15 kB of JSON; kube's default of 500 made each page of the initial list
     // a transient of several MB, the largest the controller had at start-up.
@@ -249,8 +266,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             prune(&mut node, &prune_scheme);
             node
         }));
-        if done && !mark_synced.swap(true, Ordering::SeqCst) {
-            info!("node cache synced");
+        if done {
+            arrivals_tx = None;
+            if !mark_synced.swap(true, Ordering::SeqCst) {
+                info!("node cache synced");
+            }
+        }
+        if let (Some(tx), Some(node)) = (&arrivals_tx, &touched) {
+            tx.try_send(node.clone()).ok();
         }
         touched
     })
@@ -306,6 +329,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reader.clone(),
         ctx.clone(),
         synced.clone(),
+        arrivals,
     ));
     tokio::spawn(coverage(
         live.task("coverage"),
@@ -315,6 +339,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
         args.publish.publish_interval.0.saturating_mul(12),
         ctx.clone(),
     ));
+    if args.reservations.capacity_reservations {
+        let ec2 = AwsTopology::from_env(args.ec2.ec2_timeout.0)
+            .await
+            .with_limiter(limiter.clone());
+        tokio::spawn(crate::reserved::run(
+            reader.clone(),
+            ctx.clone(),
+            synced.clone(),
+            ec2,
+            args.reservations.reservations_interval.0,
+        ));
+    }
     tokio::spawn(housekeeping(
         live.task("housekeeping"),
         reader.clone(),
@@ -339,17 +375,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let due = resync::due(reader.clone(), resync);
     let elected = on_election(elected_rx, reader.clone(), ctx.clone());
     let requests = futures::stream::select_all([changed.boxed(), due.boxed(), elected.boxed()]);
-    let ready = {
-        let reader = reader.clone();
-        async move { reader.wait_until_ready().await }
-    };
     let names_of = reader.clone();
     let get_from = reader.clone();
     queue::run(
         queue::Sources {
             requests,
             all: futures::stream::select(recoveries, kicks_rx),
-            ready,
+            // The first list's nodes are served as they come (crate::store): reconciles start
+            // on its first page.
+            ready: std::future::ready(()),
             shutdown: queue::signalled(),
             concurrency: usize::from(args.controller.concurrency),
         },
@@ -627,6 +661,11 @@ async fn housekeeping(
     tick.tick().await;
     loop {
         tick.tick().await;
+        // Only against the whole fleet: while the first list pages in, a node not listed yet
+        // is not gone.
+        if !reader.is_ready() {
+            continue;
+        }
         // The one place a deleted node is forgotten: its record (failures, our last write,
         // conflicts, state), and the cached answers of instances no node runs on any more.
         let live: HashSet<String> = reader.state().iter().map(|n| n.name_any()).collect();

@@ -73,6 +73,11 @@ pub async fn run(args: TreeArgs) -> Result<()> {
             None => break,
         }
     }
+    if args.reservations {
+        let text = reservations(&args, &views).await?;
+        std::io::stdout().write_all(text.as_bytes())?;
+        return Ok(());
+    }
     let forest = Forest::build(&scheme, &views);
     let coverage = Coverage::build(&scheme, &views);
     let text = match args.output {
@@ -132,4 +137,59 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The node label naming a node's region (set by the cloud provider).
+const REGION_LABEL: &str = "topology.kubernetes.io/region";
+
+/// `tree --reservations`: the reservations of `args.region`, or of each region the nodes name,
+/// beside the nodes that joined from them.
+async fn reservations(args: &TreeArgs, views: &[NodeView]) -> Result<String> {
+    use crate::reservations::{Member, RESERVATION_LABEL, view};
+    if !matches!(args.output, TreeFormat::Table | TreeFormat::Json) {
+        return Err(Error::Config(format!(
+            "--reservations prints a table or JSON, not {:?} (-o table or -o json)",
+            args.output
+        )));
+    }
+    let regions: std::collections::BTreeSet<String> = match &args.region {
+        Some(region) => [region.clone()].into(),
+        None => views
+            .iter()
+            .filter_map(|v| v.labels.get(REGION_LABEL))
+            .filter(|r| crate::provider_id::is_region_name(r))
+            .cloned()
+            .collect(),
+    };
+    if regions.is_empty() {
+        return Err(Error::Config(format!(
+            "--reservations: no node names its region ({REGION_LABEL}); say which with --region"
+        )));
+    }
+    let ec2 = crate::lookup::ec2::AwsTopology::from_env(std::time::Duration::from_secs(10)).await;
+    let mut all = Vec::new();
+    for region in &regions {
+        all.extend(ec2.reservations(region).await?);
+    }
+    let members: Vec<Member> = views
+        .iter()
+        .map(|v| Member {
+            name: v.name.clone(),
+            reservation: v.labels.get(RESERVATION_LABEL).cloned(),
+        })
+        .collect();
+    let shown = view(&all, &members);
+    match args.output {
+        TreeFormat::Table => Ok(shown.render()),
+        TreeFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&shown)
+                .map_err(|e| Error::Config(format!("cannot render JSON: {e}")))?;
+            s.push('\n');
+            Ok(s)
+        }
+        // Refused before EC2 was asked (above).
+        _ => Err(Error::Config(
+            "--reservations prints a table or JSON".into(),
+        )),
+    }
 }

@@ -54,7 +54,10 @@ async fn client_for(url: &str, timeout: Duration) -> AwsTopology {
 }
 
 async fn start(instances: Vec<Instance>) -> (MockEc2, AwsTopology) {
-    let mock = MockEc2::new(Scenario { instances });
+    let mock = MockEc2::new(Scenario {
+        instances,
+        ..Default::default()
+    });
     let url = mock_ec2::spawn(mock.clone())
         .await
         .expect("mock-ec2 starts");

@@ -25,6 +25,7 @@ async fn aws_endpoint_url_ec2_and_env_credentials_are_honoured() {
             capacity_block_id: None,
             state: "running".into(),
         }],
+        ..Default::default()
     });
     let url = mock_ec2::spawn(mock.clone()).await.unwrap();
     // SAFETY: this test binary holds this one test; nothing else reads the environment

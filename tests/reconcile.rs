@@ -1114,6 +1114,71 @@ async fn a_follower_walks_nothing() {
     assert!(fake.0.calls.lock().unwrap().is_empty(), "no EC2 call");
 }
 
+/// The first list's nodes, sent as the watch delivers them: pages of 100, a pause between.
+async fn deliver(
+    store: &ec2_topology_labeler::store::NodeCache,
+    tx: tokio::sync::mpsc::Sender<Arc<LiteNode>>,
+) {
+    let mut nodes = store.state();
+    nodes.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+    for page in nodes.chunks(100) {
+        for n in page {
+            // Never full here: the lookups keep up.
+            let _ = tx.try_send(Arc::new(n.expand()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_first_list_is_looked_up_as_it_pages_in_in_full_calls() {
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (ctx, _handle) = setup(&fake);
+    let store = fleet(1_050);
+    let (tx, rx) = tokio::sync::mpsc::channel(warm::IN_FLIGHT);
+    let (looked, ()) = tokio::join!(warm::ahead_of_first_list(rx, &ctx), deliver(&store, tx));
+    assert_eq!(looked, 1_050, "every node, once the list is in");
+    assert_eq!(ctx.lookup.cached(), 1_050, "every answer kept");
+    let calls = fake.0.calls.lock().unwrap().clone();
+    let full = calls.iter().filter(|&&c| c == 100).count();
+    assert!(
+        calls.len() <= 12 && full >= 9,
+        "a page is a call's worth: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_first_list_asks_nothing_more_after_a_failed_call_nor_as_a_follower() {
+    let fake = Fake::default();
+    fake.0.down.store(true, Ordering::SeqCst);
+    let (ctx, _handle) = setup(&fake);
+    let store = fleet(3_000);
+    let (tx, rx) = tokio::sync::mpsc::channel(warm::IN_FLIGHT);
+    let (looked, ()) = tokio::join!(warm::ahead_of_first_list(rx, &ctx), deliver(&store, tx));
+    assert_eq!(looked, 0);
+    let calls = fake.0.calls.lock().unwrap().len();
+    // What was in flight when the first call failed, not the 30 calls the whole list would
+    // take.
+    assert!(
+        calls <= warm::IN_FLIGHT / 100 + 1,
+        "the first call failed: the pages after it are not asked about ({calls} calls)"
+    );
+
+    let fake = Fake::default();
+    fake.0.describe_all.store(true, Ordering::SeqCst);
+    let (mut ctx, _handle) = setup_context(&fake);
+    ctx.leader = ec2_topology_labeler::leader::Leadership::follower();
+    let few = fleet(300);
+    let (tx, rx) = tokio::sync::mpsc::channel(warm::IN_FLIGHT);
+    let (looked, ()) = tokio::join!(warm::ahead_of_first_list(rx, &ctx), deliver(&few, tx));
+    assert_eq!(looked, 0);
+    assert!(
+        fake.0.calls.lock().unwrap().is_empty(),
+        "a follower asks nothing"
+    );
+}
+
 /// The topology `Fake` answers for every instance with `describe_all`.
 fn shared_answer(instance_id: &str) -> InstanceTopology {
     InstanceTopology {

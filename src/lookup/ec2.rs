@@ -41,7 +41,7 @@ pub const REGION_PATTERN: &str = "^[a-z]{2,4}(-[a-z]{2,4})?-(north|south|east|we
 
 /// `--region`: a region name (`us-west-2`, `us-gov-west-1`), refused at start otherwise (the SDK
 /// would only fail every call later, naming a host that does not exist).
-fn parse_region(s: &str) -> Result<String, String> {
+pub fn parse_region(s: &str) -> Result<String, String> {
     if crate::provider_id::is_region_name(s) {
         Ok(s.to_string())
     } else {
@@ -115,6 +115,14 @@ impl AwsTopology {
         }
     }
 
+    /// Every call that is not a batch of instances (whose first token the batcher takes)
+    /// waits for the shared limiter's token, when there is one.
+    pub(super) async fn pace(&self) {
+        if let Some(limiter) = &self.limiter {
+            limiter.acquire().await;
+        }
+    }
+
     /// The SDK configuration loader with our transport, timeouts and retry policy.
     pub fn loader(call_timeout: Duration) -> aws_config::ConfigLoader {
         // One TLS stack for the process: rustls with ring, the same provider kube uses.
@@ -135,7 +143,7 @@ impl AwsTopology {
     /// The client for `region`, made on first use. At most [`MAX_REGIONS`] are kept: region
     /// names come from providerIDs (validated, see `provider_id::is_region_name`), and a cluster
     /// spans a few regions at most.
-    fn client(&self, region: &str) -> Result<Client, Ec2Error> {
+    pub(super) fn client(&self, region: &str) -> Result<Client, Ec2Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = clients.get(region) {
             return Ok(c.clone());
@@ -269,7 +277,7 @@ fn credentials_error(err: &(dyn std::error::Error + 'static)) -> Option<Ec2Error
     None
 }
 
-fn classify<E, R>(err: SdkError<E, R>) -> Ec2Error
+pub(super) fn classify<E, R>(err: SdkError<E, R>) -> Ec2Error
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug + 'static,

@@ -12,6 +12,7 @@ mod batcher;
 pub mod cache;
 pub mod ec2;
 pub mod limiter;
+mod reservations;
 #[cfg(test)]
 mod tests;
 

@@ -10,7 +10,8 @@
 //! The rules are kube-runtime's: a node is reconciled by at most one task at a time (a request
 //! that arrives meanwhile runs once that task ends); requests for a node that is waiting merge
 //! (the earliest time wins); the reconcile's [`Action`] says when to look again; nothing starts
-//! before the cache has synced; on SIGTERM or SIGINT no new reconcile starts and the running
+//! before `ready` resolves (the controller's resolves at once: its cache serves the first list's
+//! nodes as they come); on SIGTERM or SIGINT no new reconcile starts and the running
 //! ones finish.
 //!
 //! Owns: when a node's reconcile runs, and how many run at once. Never reconciles.
@@ -161,7 +162,7 @@ pub struct Sources<R, A, Rd, S> {
     pub requests: R,
     /// Every node in the cache, now (on each item).
     pub all: A,
-    /// Resolves once the cache has synced; nothing starts before.
+    /// Resolves once `get` can serve the nodes asked for; nothing starts before.
     pub ready: Rd,
     /// Resolves when the controller is to stop.
     pub shutdown: S,

@@ -10,6 +10,10 @@
 //! join the call already on its way). Nothing is held per node: the walk keeps a bounded
 //! number of lookups in flight.
 //!
+//! The first list is not waited for: reconciles start on its first page, so its nodes are
+//! looked up as they arrive, a page (100 nodes, a call's worth) at a time; the walk that follows
+//! the list then finds them cached.
+//!
 //! Stops at the first failed call (EC2 down, throttling that outlasted its re-sends): the
 //! reconciles' own backoff and the re-check on recovery take over, and a walk never sends a
 //! stream of calls to an EC2 that is failing. Stops too when leadership is lost.
@@ -23,7 +27,10 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{Context, assess};
-use crate::topology::{Ec2Error, MAX_IDS_PER_CALL};
+use crate::{
+    node::LiteNode,
+    topology::{Ec2Error, MAX_IDS_PER_CALL},
+};
 
 /// Lookups in flight during the walk: ten full calls' worth, so the batcher always has a full
 /// call to send while answers come back, and memory stays bounded. A multiple of the IDs a
@@ -93,42 +100,131 @@ async fn walk(store: &crate::store::NodeCache, ctx: &Context) -> (usize, Option<
             // calls of 1 and 49 where one of 50 was due).
             while in_flight.len() > IN_FLIGHT - MAX_IDS_PER_CALL {
                 match in_flight.next().await {
-                    Some(Err(e)) => return (done, Some(Stop::Failed(e))),
+                    Some(Err(e)) => return drain(in_flight, done, Stop::Failed(e)).await,
                     Some(Ok(())) => done += 1,
                     None => break,
                 }
             }
         }
         if !ctx.leader.is_leader() {
-            return (done, Some(Stop::NotLeading));
+            return drain(in_flight, done, Stop::NotLeading).await;
         }
-        // A node whose verification record holds is answered from it: no EC2 call.
-        assess::adopt(&node, &ctx.scheme, &target, &ctx.lookup);
-        let boot = assess::boot_id(&node);
-        let asked = ctx.lookup.ask(
-            &target.region,
-            &target.instance_id,
-            boot,
-            target.capacity_block_expected,
-            false,
-        );
-        in_flight.push(async move { asked.answer().await.map(|_| ()) });
+        in_flight.push(ask(&node, &target, ctx));
     }
     while let Some(answer) = in_flight.next().await {
         match answer {
-            Err(e) => return (done, Some(Stop::Failed(e))),
+            Err(e) => return drain(in_flight, done, Stop::Failed(e)).await,
             Ok(()) => done += 1,
         }
     }
     (done, None)
 }
 
-/// Each time this replica starts leading with a synced node cache: one [`warm`] walk.
+/// Stopping early, nothing more is asked; the answers on their way are still awaited, since
+/// an answer is recorded in the cache only when awaited (dropped, the calls already made would
+/// be made again).
+async fn drain<F>(
+    mut in_flight: FuturesUnordered<F>,
+    mut done: usize,
+    stop: Stop,
+) -> (usize, Option<Stop>)
+where
+    F: std::future::Future<Output = Result<(), Ec2Error>>,
+{
+    while let Some(answer) = in_flight.next().await {
+        if answer.is_ok() {
+            done += 1;
+        }
+    }
+    (done, Some(stop))
+}
+
+/// `node`'s lookup, to be awaited (the answer is recorded in the cache then).
+fn ask(
+    node: &LiteNode,
+    target: &assess::Target,
+    ctx: &Context,
+) -> impl std::future::Future<Output = Result<(), Ec2Error>> + use<> {
+    // A node whose verification record holds is answered from it: no EC2 call.
+    assess::adopt(node, &ctx.scheme, target, &ctx.lookup);
+    let asked = ctx.lookup.ask(
+        &target.region,
+        &target.instance_id,
+        assess::boot_id(node),
+        target.capacity_block_expected,
+        false,
+    );
+    async move { asked.answer().await.map(|_| ()) }
+}
+
+/// The first list's nodes as they come, for [`on_leading`]; the sender is dropped once the
+/// list is in. Bounded (a node that finds it full is looked up by its reconcile, or by the walk
+/// after the list): while EC2's pace held the lookups back, an unbounded one kept most of the
+/// list (+5 MiB at the peak at 10,000 nodes).
+pub type Arrivals = tokio::sync::mpsc::Receiver<Arc<LiteNode>>;
+
+/// While the first list pages in: each node looked up as it arrives (once this replica leads),
+/// so that the reconciles, which start on the first page, find their answers on the way; a
+/// page is 100 nodes, a call's worth, and comes whole, so the calls go out full. At most
+/// [`IN_FLIGHT`] at a time (the rest wait in `arrivals`, or are left to their reconciles); after a failed call nothing more is
+/// asked (the reconciles' own backoff takes over). Returns the nodes looked up, once the list
+/// is in and their answers are back.
+pub async fn ahead_of_first_list(mut arrivals: Arrivals, ctx: &Context) -> usize {
+    let mut in_flight = FuturesUnordered::new();
+    let (mut done, mut failed) = (0usize, false);
+    let mut settle = |answer: Result<(), Ec2Error>, failed: &mut bool| match answer {
+        Ok(()) => done += 1,
+        Err(_) => *failed = true,
+    };
+    loop {
+        if in_flight.len() >= IN_FLIGHT {
+            // As in the walk: a call's worth of room at a time.
+            while in_flight.len() > IN_FLIGHT - MAX_IDS_PER_CALL {
+                match in_flight.next().await {
+                    Some(answer) => settle(answer, &mut failed),
+                    None => break,
+                }
+            }
+        }
+        tokio::select! {
+            // Every node already here before any answer: a page is handed over whole.
+            biased;
+            node = arrivals.recv() => {
+                let Some(node) = node else { break };
+                if failed || !ctx.leader.is_leader() {
+                    continue;
+                }
+                if let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) {
+                    in_flight.push(ask(&node, &target, ctx));
+                }
+            }
+            Some(answer) = in_flight.next(), if !in_flight.is_empty() => settle(answer, &mut failed),
+        }
+    }
+    while let Some(answer) = in_flight.next().await {
+        settle(answer, &mut failed);
+    }
+    done
+}
+
+/// While the first list pages in, each node looked up as it comes (see
+/// [`ahead_of_first_list`]); then, each time this replica starts leading with a synced node
+/// cache, one [`warm`] walk (after the first list, mostly cache hits).
 pub async fn on_leading(
     store: crate::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<std::sync::atomic::AtomicBool>,
+    arrivals: Arrivals,
 ) {
+    let started = Instant::now();
+    let nodes = ahead_of_first_list(arrivals, &ctx).await;
+    if nodes > 0 {
+        info!(
+            nodes,
+            took_ms = started.elapsed().as_millis() as u64,
+            "looked up the first list's nodes as they came"
+        );
+    }
     // Well inside the batch window (200 ms by default): the reconciles start at the same moment
     // and their first lookups should go out in the walk's full calls, not in a call of their own.
     let poll = Duration::from_millis(20);

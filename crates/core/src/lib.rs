@@ -6,6 +6,7 @@ pub mod coverage;
 pub mod labels;
 pub mod picture;
 pub mod provider_id;
+pub mod reservations;
 pub mod slurm;
 pub mod topology;
 pub mod tree;

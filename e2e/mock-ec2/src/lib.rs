@@ -11,7 +11,9 @@
 //! - `GET|PUT /_admin/faults`: throttling (fraction or token bucket), latency, 5xx, timeouts,
 //!   malformed or truncated XML, unauthorized, omitted instances, duplicated items.
 //! - `GET|PUT /_admin/instances`, `PUT|DELETE /_admin/instances/{id}`: the scenario itself
-//!   (move an instance or change its depth by replacing it).
+//!   (move an instance or change its depth by replacing it; its Capacity Reservations too).
+//! - `Action=DescribeCapacityReservationTopology` and `DescribeCapacityReservations`
+//!   ([`reservations`]; `GET /_admin/stats/reservations`).
 //! - Credentials as EKS hands them out: STS `AssumeRoleWithWebIdentity` on `/` (IRSA, [`sts`]),
 //!   EKS Auth `AssumeRoleForPodIdentity` on `/clusters/{name}/assume-role-for-pod-identity`
 //!   (EKS Pod Identity, [`eks_auth`]; the node agent is [`agent`]), both checking the pod's
@@ -23,6 +25,7 @@ pub mod agent;
 pub mod auth;
 pub mod eks_auth;
 pub mod oidc;
+pub mod reservations;
 pub mod sts;
 
 use std::{
@@ -78,6 +81,9 @@ fn running() -> String {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Scenario {
     pub instances: Vec<Instance>,
+    /// Capacity Reservations (`DescribeCapacityReservationTopology`, `DescribeCapacityReservations`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<reservations::CapacityReservation>,
 }
 
 impl Scenario {
@@ -126,6 +132,12 @@ pub struct Faults {
     pub duplicate_items: bool,
     /// Page answers to requests with instance IDs too, this many items per page (EC2 may).
     pub page_size: Option<usize>,
+    /// Answer the Capacity Reservation calls `UnauthorizedOperation` (the role lacks
+    /// `ec2:DescribeCapacityReservationTopology`), the topology calls as usual.
+    pub reservations_unauthorized: bool,
+    /// Leave reservations neither active nor pending out of `DescribeCapacityReservationTopology`
+    /// (by default they are listed without network nodes; the API Reference reads both ways).
+    pub reservations_topology_active_only: bool,
 }
 
 /// What the mock saw.
@@ -191,6 +203,8 @@ struct Inner {
     stats: Stats,
     bucket: Option<Bucket>,
     request_seq: u64,
+    reservations: BTreeMap<String, reservations::CapacityReservation>,
+    reservation_stats: reservations::ReservationStats,
 }
 
 /// Shared state of one mock.
@@ -206,6 +220,7 @@ impl MockEc2 {
     pub fn new(scenario: Scenario) -> Self {
         let mock = Self::default();
         mock.set_instances(scenario.instances);
+        mock.set_reservations(scenario.reservations);
         mock
     }
 
@@ -256,7 +271,9 @@ impl MockEc2 {
     }
 
     pub fn reset_stats(&self) {
-        self.lock().stats = Stats::default();
+        let mut inner = self.lock();
+        inner.stats = Stats::default();
+        inner.reservation_stats = reservations::ReservationStats::default();
     }
 
     fn registry(&self) -> MutexGuard<'_, auth::Registry> {
@@ -804,6 +821,7 @@ async fn query_api(
     if action.is_some_and(|a| a == "AssumeRoleWithWebIdentity") {
         return sts::assume_role_with_web_identity(&mock, &params).await;
     }
+    let reservations = action.and_then(|a| reservations::Action::of(a));
     let path = uri
         .path_and_query()
         .map(|p| p.as_str())
@@ -815,7 +833,10 @@ async fn query_api(
         headers: &headers,
         body: &body,
     };
-    let outcome = mock.handle_signed(&params, Some(&signed));
+    let outcome = match reservations {
+        Some(action) => mock.handle_reservations(action, &params, Some(&signed)),
+        None => mock.handle_signed(&params, Some(&signed)),
+    };
     answer(outcome).await
 }
 
@@ -861,12 +882,20 @@ async fn put_faults(State(mock): State<MockEc2>, Json(faults): Json<Faults>) -> 
 async fn get_instances(State(mock): State<MockEc2>) -> Json<Scenario> {
     Json(Scenario {
         instances: mock.instances(),
+        reservations: mock.reservations(),
     })
 }
 
 async fn put_instances(State(mock): State<MockEc2>, Json(s): Json<Scenario>) -> StatusCode {
     mock.set_instances(s.instances);
+    mock.set_reservations(s.reservations);
     StatusCode::NO_CONTENT
+}
+
+async fn get_reservation_stats(
+    State(mock): State<MockEc2>,
+) -> Json<reservations::ReservationStats> {
+    Json(mock.reservation_stats())
 }
 
 async fn put_instance(
@@ -925,6 +954,7 @@ pub fn router(mock: MockEc2) -> Router {
         .route("/_admin/credentials/expire", post(expire_credentials))
         .route("/_admin/stats", get(get_stats))
         .route("/_admin/stats/reset", post(reset_stats))
+        .route("/_admin/stats/reservations", get(get_reservation_stats))
         .route("/_admin/faults", get(get_faults).put(put_faults))
         .route("/_admin/instances", get(get_instances).put(put_instances))
         .route(
@@ -1032,7 +1062,10 @@ mod tests {
             })
             .collect();
         instances[4].state = "stopped".into();
-        let m = MockEc2::new(Scenario { instances });
+        let m = MockEc2::new(Scenario {
+            instances,
+            ..Default::default()
+        });
         let first = body(m.handle(&params(&[("MaxResults", "3")])));
         assert_eq!(first.matches("<instanceId>").count(), 3);
         let token = first
@@ -1056,6 +1089,7 @@ mod tests {
                 inst("i-00000000000000001", "p5.48xlarge", &["a"]),
                 inst("i-00000000000000002", "trn2.48xlarge", &["a"]),
             ],
+            ..Default::default()
         });
         let out = body(m.handle(&params(&[
             ("Filter.1.Name", "instance-type"),
@@ -1103,7 +1137,10 @@ mod tests {
     fn xml_escapes_hostile_group_names() {
         let mut i = inst("i-00000000000000001", "p5.48xlarge", &["a"]);
         i.group_name = Some("a<b>&\"c'".into());
-        let m = MockEc2::new(Scenario { instances: vec![i] });
+        let m = MockEc2::new(Scenario {
+            instances: vec![i],
+            ..Default::default()
+        });
         let out = body(m.handle(&params(&[])));
         assert!(out.contains("<groupName>a&lt;b&gt;&amp;&quot;c&apos;</groupName>"));
     }

@@ -213,18 +213,25 @@ pub async fn restart_labeler_with(env: &Env, extra: &[&str]) -> anyhow::Result<(
     Ok(())
 }
 
-/// `plan -o json` against the environment's cluster and EC2, as an operator runs it.
-pub fn plan_json(env: &Env, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let out = std::process::Command::new(crate::bin_dir().join("ec2-topology-labeler"))
-        .arg("plan")
-        .args(["-o", "json"])
-        .args(extra)
-        .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
+/// The binary as an operator runs it from a workstation: the environment's cluster
+/// (kubeconfig) and EC2 (endpoint, credentials).
+pub fn operator_cli(env: &Env) -> std::process::Command {
+    let mut cmd = std::process::Command::new(crate::bin_dir().join("ec2-topology-labeler"));
+    cmd.env("KUBECONFIG", &env.cluster.admin_kubeconfig)
         .env("AWS_ENDPOINT_URL_EC2", &env.ec2_url)
         .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
         .env("AWS_SECRET_ACCESS_KEY", "e2e-not-a-secret")
         .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// `plan -o json` against the environment's cluster and EC2, as an operator runs it.
+pub fn plan_json(env: &Env, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let out = operator_cli(env)
+        .arg("plan")
+        .args(["-o", "json"])
+        .args(extra)
         .output()?;
     anyhow::ensure!(
         out.status.success(),

@@ -192,6 +192,32 @@ impl MockAdmin {
         .map(drop)
     }
 
+    /// The Capacity Reservations the mock describes, replaced (its instances kept).
+    pub async fn set_reservations(
+        &self,
+        reservations: &[mock_ec2::reservations::CapacityReservation],
+    ) -> anyhow::Result<()> {
+        let mut scenario = self.scenario().await?;
+        scenario.reservations = reservations.to_vec();
+        self.call(
+            http::Method::PUT,
+            "/_admin/instances",
+            Some(serde_json::to_vec(&scenario)?),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn reservation_stats(
+        &self,
+    ) -> anyhow::Result<mock_ec2::reservations::ReservationStats> {
+        Ok(serde_json::from_slice(
+            &self
+                .call(http::Method::GET, "/_admin/stats/reservations", None)
+                .await?,
+        )?)
+    }
+
     pub async fn scenario(&self) -> anyhow::Result<Scenario> {
         Ok(serde_json::from_slice(
             &self

@@ -78,6 +78,7 @@ fn aws(url: &str, args: &[&str]) -> std::process::Output {
 async fn the_aws_cli_reads_the_scenario_paginated() {
     let mock = MockEc2::new(Scenario {
         instances: instances(45),
+        ..Default::default()
     });
     let url = mock_ec2::spawn(mock.clone()).await.expect("mock-ec2");
     let out = tokio::task::spawn_blocking({

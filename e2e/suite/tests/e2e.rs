@@ -52,7 +52,10 @@ use admission::{
     admission_policy_holds_the_controller_to_its_scheduler_objects,
     admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
 };
-use manifests::{deploy_manifests_apply_cleanly, tree_min_labelled_checks_the_labels};
+use manifests::{
+    deploy_manifests_apply_cleanly, reserved_capacity_metrics_follow_the_reservations,
+    tree_min_labelled_checks_the_labels, tree_reservations_show_capacity_by_network_node,
+};
 #[path = "e2e/dashboard.rs"]
 mod dashboard;
 use dashboard::dashboard_queries_match_live_metrics;
@@ -2549,6 +2552,8 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         ),
         scenario!(deploy_manifests_apply_cleanly, false),
         scenario!(tree_min_labelled_checks_the_labels, false),
+        scenario!(tree_reservations_show_capacity_by_network_node, false),
+        scenario!(reserved_capacity_metrics_follow_the_reservations, true),
         scenario!(startup_taint_and_condition, true),
         scenario!(hypernodes_follow_nodes, true),
         scenario!(kueue_topology_published_and_never_changed, true),

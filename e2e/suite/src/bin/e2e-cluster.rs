@@ -142,6 +142,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let fleet = fleet();
     let scenario = Scenario {
         instances: fleet.iter().map(|(_, i)| i.clone()).collect(),
+        ..Default::default()
     };
     let mock = MockProcess::start(&dir.join("mock"), &scenario).await?;
 

@@ -370,7 +370,14 @@ impl Env {
             }
             e2e::helm::helm(Some(&cp.admin_kubeconfig), &args)?;
         }
-        let mock = MockProcess::start(&dir.join("mock"), &Scenario { instances }).await?;
+        let mock = MockProcess::start(
+            &dir.join("mock"),
+            &Scenario {
+                instances,
+                ..Default::default()
+            },
+        )
+        .await?;
         // EC2 as it behaves: 50 ms per call, the account's token bucket.
         mock.admin
             .set_faults(&Faults {

@@ -64,10 +64,11 @@ pub enum Reason {
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
     HyperNodeOwnedByAnother,
+    ReservationIdle,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -83,6 +84,7 @@ impl Reason {
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
         Reason::HyperNodeOwnedByAnother,
+        Reason::ReservationIdle,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +104,7 @@ impl Reason {
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
             Reason::HyperNodeOwnedByAnother => "HyperNodeOwnedByAnother",
+            Reason::ReservationIdle => "ReservationIdle",
         }
     }
 
@@ -121,7 +124,8 @@ impl Reason {
             | Reason::NotInSchedulerTopology
             | Reason::TopologyLevelsMismatch
             | Reason::SlurmTopologyInvalid
-            | Reason::HyperNodeOwnedByAnother => EventType::Warning,
+            | Reason::HyperNodeOwnedByAnother
+            | Reason::ReservationIdle => EventType::Warning,
         }
     }
 
@@ -139,6 +143,7 @@ impl Reason {
             Reason::TopologyLevelsChanged => "KAI Topology",
             Reason::SlurmTopologyInvalid => "the Slurm ConfigMap",
             Reason::HyperNodeOwnedByAnother => "the other installation's HyperNode",
+            Reason::ReservationIdle => "the leader's Pod",
             _ => "Node",
         }
     }
@@ -190,6 +195,9 @@ impl Reason {
             }
             Reason::HyperNodeOwnedByAnother => {
                 "a HyperNode we would publish belongs to another installation using the same `--volcano-hypernode-prefix` (its `ec2-topology-labeler.io/owner` annotation names that installation's Lease): we write no HyperNode until each installation has its own prefix, and never touch the other's"
+            }
+            Reason::ReservationIdle => {
+                "with `--capacity-reservations`: an active Capacity Reservation started `--reservation-idle-after` (1h) or longer ago and no node of this cluster carries its ID in `karpenter.k8s.aws/capacity-reservation-id` (the note says where it is, how many instances and since when); repeated every `--reservation-idle-after` (at least every 10 minutes) while it lasts"
             }
         }
     }

@@ -16,6 +16,7 @@ mod docs;
 pub mod duration;
 pub mod events;
 pub mod explain;
+pub mod fit_cmd;
 pub mod http;
 pub mod intern;
 pub mod reconcile;
@@ -37,7 +38,7 @@ pub mod tree_cmd;
 pub mod uninstall;
 
 pub use ec2_topology_core::{
-    coverage, labels, picture, provider_id, reservations, slurm, topology, tree, verified,
+    coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree, verified,
 };
 use topology::Ec2Error;
 

@@ -42,6 +42,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => ec2_topology_labeler::run::run(args).await,
         Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
         Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
+        Command::Fit(args) => ec2_topology_labeler::fit_cmd::run(args).await,
         Command::Explain(args) => ec2_topology_labeler::explain::run(args).await,
         Command::Uninstall(args) => ec2_topology_labeler::uninstall::run(args).await,
         Command::Retire(args) => ec2_topology_labeler::retire_cmd::run(args).await,

@@ -4,16 +4,22 @@
 //! shares), as the gauges `reserved_instances` and `reserved_instances_joined` per reservation
 //! and the deepest network node EC2 places it under, beside the nodes joined from it
 //! (Karpenter's `karpenter.k8s.aws/capacity-reservation-id` label, kept in the node cache).
+//! An active reservation no node joined from, started `--reservation-idle-after` ago or
+//! longer, is a `ReservationIdle` Warning Event on the leader's Pod, repeated every
+//! `--reservation-idle-after` (at least [`REPEAT_MIN`]) while it lasts: Events expire (an hour
+//! by default), so a reservation idle for days keeps one in view.
 //!
-//! Owns: the reserved-capacity gauges. Never writes to the cluster; a failed call leaves the
-//! gauges as they were and is tried again at the next interval.
+//! Owns: the reserved-capacity gauges and the `ReservationIdle` Event. Never writes anything
+//! else to the cluster; a failed call leaves the gauges as they were and is tried again at the
+//! next interval.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::{Duration, Instant, SystemTime},
 };
 
 use clap::Args;
@@ -23,10 +29,14 @@ use tracing::{debug, warn};
 
 use crate::{
     duration::HumanDuration,
+    events::Reason,
     lookup::ec2::AwsTopology,
     reconcile::Context,
-    reservations::{Member, RESERVATION_LABEL, view},
+    reservations::{Member, RESERVATION_LABEL, View, view},
 };
+
+/// The `ReservationIdle` Event about one reservation is repeated no more often than this.
+pub const REPEAT_MIN: Duration = Duration::from_secs(600);
 
 /// Reserved capacity by network node.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -42,6 +52,41 @@ pub struct ReservationArgs {
     /// How often the leader asks about reservations (two calls a region, and their pages).
     #[arg(long, value_parser = crate::bounds::duration_flag("reservations-interval"), env = "LABELER_RESERVATIONS_INTERVAL", default_value = "5m")]
     pub reservations_interval: HumanDuration,
+    /// An active reservation no node of this cluster joined from, started this long ago or
+    /// longer, is a `ReservationIdle` Warning Event on the leader's Pod (repeated as often
+    /// while it lasts, at least every 10 minutes).
+    #[arg(long, value_parser = crate::bounds::duration_flag("reservation-idle-after"), env = "LABELER_RESERVATION_IDLE_AFTER", default_value = "1h")]
+    pub reservation_idle_after: HumanDuration,
+}
+
+/// Which idle reservations to record an Event about now: those not recorded in the last
+/// `every` (at least [`REPEAT_MIN`]) by this leader. Forgets reservations no longer idle, so
+/// one idle again is recorded again.
+#[derive(Debug, Default)]
+pub struct IdleReports {
+    recorded: BTreeMap<String, Instant>,
+}
+
+impl IdleReports {
+    /// The IDs in `idle` (now idle past the threshold) to record now, marked as recorded.
+    pub fn due(&mut self, idle: &[&str], every: Duration, now: Instant) -> Vec<String> {
+        let every = every.max(REPEAT_MIN);
+        self.recorded.retain(|id, _| idle.contains(&id.as_str()));
+        let mut due = Vec::new();
+        for id in idle {
+            let recorded = self.recorded.get(*id);
+            if recorded.is_none_or(|at| now.saturating_duration_since(*at) >= every) {
+                self.recorded.insert((*id).to_string(), now);
+                due.push((*id).to_string());
+            }
+        }
+        due
+    }
+
+    /// Leadership lost: a later term records again from its start.
+    pub fn forget(&mut self) {
+        self.recorded.clear();
+    }
 }
 
 /// The regions to ask about: `--region`, or each region the cached nodes' zones are in.
@@ -63,13 +108,19 @@ pub async fn run(
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
     ec2: AwsTopology,
-    every: std::time::Duration,
+    args: ReservationArgs,
 ) {
-    let mut tick = tokio::time::interval(every);
+    let mut tick = tokio::time::interval(args.reservations_interval.0);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let idle_after = args.reservation_idle_after.0;
+    let mut reports = IdleReports::default();
     loop {
         tick.tick().await;
-        if !(synced.load(Ordering::SeqCst) && ctx.leader.is_leader()) {
+        if !ctx.leader.is_leader() {
+            reports.forget();
+            continue;
+        }
+        if !synced.load(Ordering::SeqCst) {
             continue;
         }
         let mut all = Vec::new();
@@ -102,5 +153,79 @@ pub async fn run(
             "reserved capacity counted"
         );
         ctx.metrics.set_reserved(&series);
+        report_idle(&ctx, &shown, idle_after, &mut reports);
+    }
+}
+
+/// A `ReservationIdle` Event on this replica's Pod for each reservation idle past `after` and
+/// due again (see [`IdleReports`]); logged as well, for a controller run outside a Pod.
+fn report_idle(ctx: &Context, shown: &View, after: Duration, reports: &mut IdleReports) {
+    let idle = shown.idle_past(SystemTime::now(), after);
+    let ids: Vec<&str> = idle
+        .iter()
+        .map(|(row, _)| row.reservation.id.as_str())
+        .collect();
+    let due = reports.due(&ids, after, Instant::now());
+    for (row, for_) in idle {
+        if !due.contains(&row.reservation.id) {
+            continue;
+        }
+        let note = row.idle_note(for_);
+        warn!(reservation = %row.reservation.id, "{note}");
+        if let Some(pod) = &ctx.pod {
+            ctx.events.publish(
+                Reason::ReservationIdle,
+                "WatchReservations",
+                &note,
+                pod.clone(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn an_idle_reservation_is_reported_once_per_interval_and_again_after_a_pause() {
+        let mut r = IdleReports::default();
+        let t0 = Instant::now();
+        let every = 60 * MIN;
+        assert_eq!(r.due(&["cr-a", "cr-b"], every, t0), ["cr-a", "cr-b"]);
+        assert!(r.due(&["cr-a", "cr-b"], every, t0 + 59 * MIN).is_empty());
+        assert_eq!(
+            r.due(&["cr-a", "cr-b"], every, t0 + every),
+            ["cr-a", "cr-b"]
+        );
+        // cr-a is joined (not idle) for a while, then idle again: recorded at once.
+        assert_eq!(
+            r.due(&["cr-b"], every, t0 + every + MIN),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            r.due(&["cr-a", "cr-b"], every, t0 + every + 2 * MIN),
+            ["cr-a"]
+        );
+    }
+
+    #[test]
+    fn a_short_threshold_still_repeats_no_more_than_every_ten_minutes() {
+        let mut r = IdleReports::default();
+        let t0 = Instant::now();
+        assert_eq!(r.due(&["cr-a"], MIN, t0), ["cr-a"]);
+        assert!(r.due(&["cr-a"], MIN, t0 + 5 * MIN).is_empty());
+        assert_eq!(r.due(&["cr-a"], MIN, t0 + REPEAT_MIN), ["cr-a"]);
+    }
+
+    #[test]
+    fn a_new_term_reports_again() {
+        let mut r = IdleReports::default();
+        let t0 = Instant::now();
+        assert_eq!(r.due(&["cr-a"], MIN, t0), ["cr-a"]);
+        r.forget();
+        assert_eq!(r.due(&["cr-a"], MIN, t0 + MIN), ["cr-a"]);
     }
 }

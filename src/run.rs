@@ -348,7 +348,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             ctx.clone(),
             synced.clone(),
             ec2,
-            args.reservations.reservations_interval.0,
+            args.reservations.clone(),
         ));
     }
     tokio::spawn(housekeeping(

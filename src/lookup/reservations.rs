@@ -59,6 +59,7 @@ impl AwsTopology {
                         network_nodes: item.network_nodes().to_vec(),
                         total: None,
                         available: None,
+                        start: None,
                     },
                 );
             }
@@ -102,6 +103,9 @@ impl AwsTopology {
                 let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok());
                 r.total = count(item.total_instance_count());
                 r.available = count(item.available_instance_count());
+                r.start = item
+                    .start_date()
+                    .and_then(|t| std::time::SystemTime::try_from(*t).ok());
                 if r.state.is_none() {
                     r.state = item.state().map(|s| s.as_str().to_owned());
                 }

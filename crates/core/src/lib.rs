@@ -3,6 +3,7 @@
 //! describe. Small and dependency-light, so it is unit-, property- and fuzz-tested on its own.
 
 pub mod coverage;
+pub mod fit;
 pub mod labels;
 pub mod picture;
 pub mod provider_id;

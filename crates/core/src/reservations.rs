@@ -5,7 +5,10 @@
 //! `tree --reservations` prints and the reserved-capacity metrics count. Pure: nothing here
 //! does I/O.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, SystemTime},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +35,29 @@ pub struct Reservation {
     pub total: Option<u32>,
     /// Of those, how many no instance uses (`availableInstanceCount`), when known.
     pub available: Option<u32>,
+    /// When it started (`startDate`), when known; RFC 3339 in JSON.
+    #[serde(default, with = "rfc3339")]
+    pub start: Option<SystemTime>,
+}
+
+/// An optional [`SystemTime`] as RFC 3339 text (seconds, UTC).
+mod rfc3339 {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(&humantime::format_rfc3339_seconds(*t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| humantime::parse_rfc3339_weak(&t).map_err(D::Error::custom))
+            .transpose()
+    }
 }
 
 impl Reservation {
@@ -68,6 +94,50 @@ impl Row {
     /// here (its instances may run elsewhere: [`Reservation::in_use`] says).
     pub fn idle(&self) -> bool {
         self.reservation.state.as_deref() == Some("active") && self.joined.is_empty()
+    }
+
+    /// How long it has been [`Row::idle`] at `now`, counted from its start (a reservation no
+    /// node ever joined from has been idle since it started): `None` when it is not idle, or
+    /// EC2 did not say when it started.
+    pub fn idle_for(&self, now: SystemTime) -> Option<Duration> {
+        if !self.idle() {
+            return None;
+        }
+        now.duration_since(self.reservation.start?).ok()
+    }
+
+    /// The note of the Event that says it has been idle `for_` (see [`View::idle_past`]).
+    pub fn idle_note(&self, for_: Duration) -> String {
+        let r = &self.reservation;
+        let mut what = format!(
+            "{} x {}",
+            r.total.map_or_else(|| "?".to_string(), |n| n.to_string()),
+            r.instance_type.as_deref().unwrap_or("?")
+        );
+        if let Some(zone) = &r.availability_zone {
+            what.push_str(&format!(" in {zone}"));
+        }
+        if !r.network_nodes.is_empty() {
+            what.push_str(&format!(" under {}", r.network_nodes.join(" / ")));
+        }
+        if let Some(block) = &r.capacity_block_id {
+            what.push_str(&format!(", capacity block {block}"));
+        }
+        let since = r
+            .start
+            .map(|t| format!(" since {}", humantime::format_rfc3339_seconds(t)))
+            .unwrap_or_default();
+        let in_use = match r.in_use() {
+            Some(0) => "no instance runs in it".to_string(),
+            Some(n) => format!("{n} instance(s) run in it outside this cluster"),
+            None => "EC2 did not say how many instances run in it".to_string(),
+        };
+        let minutes = Duration::from_secs(for_.as_secs() / 60 * 60);
+        format!(
+            "Capacity Reservation {} ({what}) has been active{since} ({}) and no node of this cluster joined from it (label {RESERVATION_LABEL}); {in_use}. It is paid for whether used or not: `ec2-topology-labeler tree --reservations` lists every reservation",
+            r.id,
+            humantime::format_duration(minutes)
+        )
     }
 }
 
@@ -163,6 +233,18 @@ impl View {
             .iter()
             .find(|p| p.path.iter().map(String::as_str).eq(path.iter().copied()))
             .map(|p| p.reservations.as_slice())
+    }
+
+    /// The idle reservations ([`Row::idle`]) that started `after` or longer before `now`, with
+    /// how long they have been idle, by ID: what the `ReservationIdle` Event is about.
+    pub fn idle_past(&self, now: SystemTime, after: Duration) -> Vec<(&Row, Duration)> {
+        let mut idle: Vec<(&Row, Duration)> = self
+            .rows()
+            .filter_map(|row| Some((row, row.idle_for(now)?)))
+            .filter(|(_, for_)| *for_ >= after)
+            .collect();
+        idle.sort_by(|a, b| a.0.reservation.id.cmp(&b.0.reservation.id));
+        idle
     }
 
     /// A series per live reservation (`active` or `pending`) for the metrics
@@ -389,6 +471,90 @@ mod tests {
              (no network nodes from EC2: type not supported, or neither active nor pending)\n  cr-x  p5.48xlarge  expired  reserved 2  in use 0  joined 0\n\
              ! cr-zz: carried by 1 node(s) (n9), not a reservation EC2 describes\n"
         );
+    }
+}
+
+#[cfg(test)]
+mod idle {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn at(hours_ago: u64, now: SystemTime) -> Option<SystemTime> {
+        now.checked_sub(HOUR * u32::try_from(hours_ago).unwrap_or(0))
+    }
+
+    fn started(id: &str, state: &str, start: Option<SystemTime>) -> Reservation {
+        Reservation {
+            id: id.into(),
+            instance_type: Some("p5.48xlarge".into()),
+            state: Some(state.into()),
+            availability_zone: Some("us-east-1a".into()),
+            network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-3".into()],
+            total: Some(4),
+            available: Some(4),
+            start,
+            ..Reservation::default()
+        }
+    }
+
+    #[test]
+    fn an_active_reservation_nobody_joined_is_idle_past_the_threshold_from_its_start() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        let v = view(
+            &[
+                started("cr-old", "active", at(3, now)),
+                started("cr-new", "active", at(0, now)),
+                started("cr-used", "active", at(5, now)),
+                started("cr-pending", "pending", at(5, now)),
+                started("cr-undated", "active", None),
+                started("cr-future", "active", now.checked_add(HOUR)),
+            ],
+            &[Member {
+                name: "n1".into(),
+                reservation: Some("cr-used".into()),
+            }],
+        );
+        let idle: Vec<(&str, Duration)> = v
+            .idle_past(now, 2 * HOUR)
+            .into_iter()
+            .map(|(row, for_)| (row.reservation.id.as_str(), for_))
+            .collect();
+        assert_eq!(
+            idle,
+            [("cr-old", 3 * HOUR)],
+            "not one under the threshold, joined, pending, of unknown or future start"
+        );
+        assert_eq!(v.idle_past(now, 4 * HOUR), []);
+    }
+
+    #[test]
+    fn the_note_says_what_is_idle_where_since_when_and_how_to_see_all() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        let mut r = started("cr-0123456789abcdef0", "active", at(6, now));
+        r.available = Some(3);
+        r.capacity_block_id = Some("cb-1".into());
+        let v = view(&[r], &[]);
+        let (row, for_) = v.idle_past(now, HOUR)[0];
+        let note = row.idle_note(for_ + Duration::from_secs(59));
+        assert_eq!(
+            note,
+            "Capacity Reservation cr-0123456789abcdef0 (4 x p5.48xlarge in us-east-1a under nn-1 / nn-2 / nn-3, capacity block cb-1) has been active since 2026-05-28T14:26:40Z (6h) and no node of this cluster joined from it (label karpenter.k8s.aws/capacity-reservation-id); 1 instance(s) run in it outside this cluster. It is paid for whether used or not: `ec2-topology-labeler tree --reservations` lists every reservation"
+        );
+        assert!(note.len() < 1000, "within the Events API's note limit");
+    }
+
+    #[test]
+    fn the_start_reads_and_writes_as_rfc3339() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        let r = started("cr-a", "active", Some(now));
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json["start"], "2026-05-28T20:26:40Z");
+        let back: Reservation = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back.start, Some(now));
+        let none: Reservation =
+            serde_json::from_value(serde_json::json!({"id": "cr-b"})).expect("no start");
+        assert_eq!(none.start, None);
     }
 }
 

@@ -51,6 +51,10 @@ pub struct CapacityReservation {
     pub capacity_block_id: Option<String>,
     pub total_instance_count: u32,
     pub available_instance_count: u32,
+    /// When it started, as EC2 writes timestamps (`2026-12-05T10:00:00.000Z`); the
+    /// reservations call's `startDate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_date: Option<String>,
 }
 
 fn active() -> String {
@@ -420,6 +424,9 @@ fn reservations_xml(
             r.available_instance_count
         );
         element(&mut s, i, "state", &r.state);
+        if let Some(t) = &r.start_date {
+            element(&mut s, i, "startDate", t);
+        }
         if let Some(c) = &r.capacity_block_id {
             element(&mut s, i, "capacityBlockId", c);
         }
@@ -449,6 +456,7 @@ mod tests {
             capacity_block_id: None,
             total_instance_count: 4,
             available_instance_count: 1,
+            start_date: None,
         }
     }
 
@@ -566,7 +574,9 @@ mod tests {
     #[test]
     fn reservations_give_the_counts_and_filter_by_state() {
         let mock = MockEc2::default();
-        mock.set_reservations(vec![cr(1, "active", &[]), cr(2, "expired", &[])]);
+        let mut started = cr(1, "active", &[]);
+        started.start_date = Some("2026-12-05T10:00:00.000Z".into());
+        mock.set_reservations(vec![started, cr(2, "expired", &[])]);
         let text = body(mock.handle_reservations(
             Action::Reservations,
             &params(
@@ -578,6 +588,7 @@ mod tests {
         assert_eq!(text.matches("<capacityReservationId>").count(), 1);
         assert!(text.contains("<totalInstanceCount>4</totalInstanceCount>"));
         assert!(text.contains("<availableInstanceCount>1</availableInstanceCount>"));
+        assert!(text.contains("<startDate>2026-12-05T10:00:00.000Z</startDate>"));
     }
 
     #[test]

@@ -197,6 +197,16 @@ pub fn start_labeler_with_env(
 /// Replace the running controller (local only) with one started with `extra` flags (none: the
 /// usual one), ready and leading.
 pub async fn restart_labeler_with(env: &Env, extra: &[&str]) -> anyhow::Result<()> {
+    restart_labeler_with_env(env, extra, &[]).await
+}
+
+/// [`restart_labeler_with`] with extra environment (`POD_NAMESPACE`, say, for Events about the
+/// controller's own Pod).
+pub async fn restart_labeler_with_env(
+    env: &Env,
+    extra: &[&str],
+    vars: &[(&str, &str)],
+) -> anyhow::Result<()> {
     let kc = env
         .cluster
         .controller_kubeconfig
@@ -206,7 +216,7 @@ pub async fn restart_labeler_with(env: &Env, extra: &[&str]) -> anyhow::Result<(
     if let Some(mut old) = guard.take() {
         old.stop();
     }
-    let mut l = start_labeler_with(&kc, &env.ec2_url, &env.dir, "controller-1", extra)?;
+    let mut l = start_labeler_with_env(&kc, &env.ec2_url, &env.dir, "controller-1", extra, vars)?;
     l.wait_ready(Duration::from_secs(30)).await?;
     wait_leader(&l, true).await?;
     *guard = Some(l);

@@ -2016,6 +2016,8 @@ struct ChartConfig {
     gate: GateArgs,
     #[serde(flatten)]
     publish: PublishArgs,
+    #[serde(flatten)]
+    reservations: ec2_topology_labeler::reserved::ReservationArgs,
 }
 
 /// JSON Schema (draft-07, what Helm validates) of the `config:` block. Every key is optional;

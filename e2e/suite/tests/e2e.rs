@@ -46,12 +46,15 @@ use volcano::{
 };
 #[path = "e2e/admission.rs"]
 mod admission;
+#[path = "e2e/fit.rs"]
+mod fit;
 #[path = "e2e/manifests.rs"]
 mod manifests;
 use admission::{
     admission_policy_holds_the_controller_to_its_scheduler_objects,
     admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
 };
+use fit::fit_names_the_domains_that_take_the_gang;
 use manifests::{
     deploy_manifests_apply_cleanly, reserved_capacity_metrics_follow_the_reservations,
     tree_min_labelled_checks_the_labels, tree_reservations_show_capacity_by_network_node,
@@ -2553,6 +2556,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(deploy_manifests_apply_cleanly, false),
         scenario!(tree_min_labelled_checks_the_labels, false),
         scenario!(tree_reservations_show_capacity_by_network_node, false),
+        scenario!(fit_names_the_domains_that_take_the_gang, true),
         scenario!(reserved_capacity_metrics_follow_the_reservations, true),
         scenario!(startup_taint_and_condition, true),
         scenario!(hypernodes_follow_nodes, true),

@@ -177,9 +177,12 @@ pub async fn tree_reservations_show_capacity_by_network_node(env: &Env) -> anyho
         capacity_block_id: None,
         total_instance_count: 4,
         available_instance_count: 3,
+        start_date: None,
     };
+    let mut first = reservation(1, "active", &["nn-cr-spine", "nn-cr-agg", "nn-cr-leaf"]);
+    first.start_date = Some("2026-12-01T08:00:00.000Z".into());
     let mut all = vec![
-        reservation(1, "active", &["nn-cr-spine", "nn-cr-agg", "nn-cr-leaf"]),
+        first,
         reservation(2, "active", &["nn-cr-spine", "nn-cr-agg", "nn-cr-leaf"]),
         reservation(3, "expired", &["nn-cr-spine", "nn-cr-agg", "nn-cr-gone"]),
     ];
@@ -241,6 +244,18 @@ pub async fn tree_reservations_show_capacity_by_network_node(env: &Env) -> anyho
     ensure!(
         joined == Some(serde_json::json!([name])),
         "-o json: the node joined from {}: {v}",
+        id(1)
+    );
+    let start = v["placed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["reservations"].as_array().into_iter().flatten())
+        .find(|r| r["reservation"]["id"] == id(1).as_str())
+        .map(|r| r["reservation"]["start"].clone());
+    ensure!(
+        start == Some(serde_json::json!("2026-12-01T08:00:00Z")),
+        "-o json: when {} started (EC2's startDate): {start:?}",
         id(1)
     );
     // Read the other way (the topology call leaves out what is neither active nor pending):
@@ -368,18 +383,48 @@ pub async fn reserved_capacity_metrics_follow_the_reservations(env: &Env) -> any
         capacity_block_id: None,
         total_instance_count: 8,
         available_instance_count: 7,
+        // Started three hours ago: past the default --reservation-idle-after (1h).
+        start_date: Some(
+            k8s_openapi::jiff::Timestamp::now()
+                .checked_sub(k8s_openapi::jiff::SignedDuration::from_hours(3))?
+                .strftime("%Y-%m-%dT%H:%M:%S.000Z")
+                .to_string(),
+        ),
     };
     env.mock_admin
         .set_reservations(&[reservation.clone()])
         .await?;
-    e2e::env::restart_labeler_with(
+    // In a Pod's namespace (the downward API's POD_NAMESPACE): Events about the controller
+    // itself go on its Pod.
+    e2e::env::restart_labeler_with_env(
         env,
         &[
             "--capacity-reservations=true",
             "--reservations-interval=10s",
         ],
+        &[("POD_NAMESPACE", "default")],
     )
     .await?;
+    let idle_events = || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(c.clone(), "default");
+        anyhow::Ok(
+            events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("ReservationIdle")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some("controller-1")
+                        && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Pod")
+                })
+                .filter_map(|e| e.note)
+                .filter(|n| n.contains(&id))
+                .collect::<Vec<_>>(),
+        )
+    };
     let series = format!(
         "{{network_node=\"nn-rm-leaf\",reservation=\"{id}\",instance_type=\"p5.48xlarge\"}}"
     );
@@ -414,12 +459,16 @@ pub async fn reserved_capacity_metrics_follow_the_reservations(env: &Env) -> any
             vec![],
         )
         .await?;
-        // The node leaves the reservation; the reservation grows: both followed.
-        set_label(serde_json::Value::Null).await?;
+        ensure!(
+            idle_events().await?.is_empty(),
+            "a node joined from it: not idle"
+        );
+        // The reservation grows; the node leaves it: both followed.
         reservation.total_instance_count = 16;
         env.mock_admin
             .set_reservations(&[reservation.clone()])
             .await?;
+        set_label(serde_json::Value::Null).await?;
         wait_for(
             vec![
                 format!("ec2_topology_labeler_reserved_instances{series} 16"),
@@ -428,6 +477,26 @@ pub async fn reserved_capacity_metrics_follow_the_reservations(env: &Env) -> any
             vec![],
         )
         .await?;
+        // Active for three hours with none joined: one Warning Event on the leader's Pod,
+        // saying where and since when (not repeated within the test's minutes).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let notes = loop {
+            let notes = idle_events().await?;
+            if !notes.is_empty() || std::time::Instant::now() > deadline {
+                break notes;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        };
+        ensure!(
+            notes.len() == 1
+                && notes[0].contains(
+                    "16 x p5.48xlarge in us-west-2a under nn-rm-spine / nn-rm-agg / nn-rm-leaf"
+                )
+                && notes[0].contains("has been active since")
+                && notes[0].contains("(3h")
+                && notes[0].contains("9 instance(s) run in it outside this cluster"),
+            "one ReservationIdle Event on the Pod: {notes:?}"
+        );
         // It ends: no capacity, its series gone.
         reservation.state = "expired".into();
         env.mock_admin

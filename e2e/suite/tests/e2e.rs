@@ -54,7 +54,7 @@ use admission::{
     admission_policy_holds_the_controller_to_its_scheduler_objects,
     admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
 };
-use fit::fit_names_the_domains_that_take_the_gang;
+use fit::{fit_agrees_with_kueue, fit_names_the_domains_that_take_the_gang};
 use manifests::{
     deploy_manifests_apply_cleanly, reserved_capacity_metrics_follow_the_reservations,
     tree_min_labelled_checks_the_labels, tree_reservations_show_capacity_by_network_node,
@@ -2563,6 +2563,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
+        scenario!(fit_agrees_with_kueue, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
         scenario!(volcano_places_gangs_by_its_label_discovery, true),
         scenario!(volcano_on_a_mixed_fleet_both_ways, true),

@@ -322,6 +322,15 @@ pub async fn fit_agrees_with_kueue(env: &Env) -> anyhow::Result<()> {
                 if fits { "it fits" } else { "it does not fit" },
                 if admitted { "admitted" } else { "left pending" },
             );
+            if !fits && agreed.1 == 0 {
+                let table = e2e::env::operator_cli(env)
+                    .args(["fit", "--workload", &format!("{NS}/{name}")])
+                    .output()?;
+                eprintln!(
+                    "    fit --workload {NS}/{name}:\n{}",
+                    String::from_utf8_lossy(&table.stdout)
+                );
+            }
             if !fits {
                 // Kueue says how many of the pods its best domain takes; so does fit.
                 let nearest = said["podSets"][0]["misses"][0]["takes"]

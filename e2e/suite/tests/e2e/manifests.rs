@@ -217,6 +217,7 @@ pub async fn tree_reservations_show_capacity_by_network_node(env: &Env) -> anyho
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("    tree --reservations:\n{text}");
     // The expired one is not placed (EC2 gives no network nodes for it).
     let after_note = text
         .split("(no network nodes from EC2")

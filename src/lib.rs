@@ -7,6 +7,7 @@
 //! [`retire`] removes labels no longer configured; [`http`] serves metrics and probes. `plan` and
 //! `tree` ([`plan`], [`tree_cmd`]) read and write nothing.
 
+pub mod backoff;
 pub mod bounds;
 pub mod cleanup;
 pub mod compact;

@@ -556,11 +556,11 @@ impl Cache {
     }
 
     fn not_described_backoff(&self, attempts: u32) -> Duration {
-        let exp = attempts.saturating_sub(1).min(20);
-        self.cfg
-            .not_described_retry
-            .saturating_mul(1u32 << exp)
-            .min(self.cfg.not_described_ttl)
+        crate::backoff::capped(
+            self.cfg.not_described_retry,
+            attempts,
+            self.cfg.not_described_ttl,
+        )
     }
 
     /// When to ask again about an instance EC2 did not describe (or refused) `attempts` times:

@@ -100,14 +100,13 @@ impl Limiter {
     pub fn on_throttle(&self) -> Duration {
         let mut s = self.lock();
         s.consecutive_throttles = s.consecutive_throttles.saturating_add(1);
-        let exp = s.consecutive_throttles.saturating_sub(1).min(16);
-        let full = self
-            .cfg
-            .backoff_base
-            .saturating_mul(1u32 << exp)
-            .min(self.cfg.backoff_cap);
-        // "Equal jitter": at least half the pause, so a throttled fleet spreads out but still waits.
-        let pause = full / 2 + full.mul_f64(fastrand::f64() / 2.0);
+        let full = crate::backoff::capped(
+            self.cfg.backoff_base,
+            s.consecutive_throttles,
+            self.cfg.backoff_cap,
+        );
+        // At least half the pause, so a throttled fleet spreads out but still waits.
+        let pause = crate::backoff::equal_jitter(full);
         let until = Instant::now() + pause;
         if until > s.paused_until {
             s.paused_until = until;

@@ -122,10 +122,7 @@ impl History {
         }
         if fight.corrections.len() > cfg.max_corrections {
             fight.holds = fight.holds.saturating_add(1);
-            let pause = cfg
-                .backoff
-                .saturating_mul(1u32 << (fight.holds - 1).min(16))
-                .min(cfg.backoff_max);
+            let pause = crate::backoff::capped(cfg.backoff, fight.holds, cfg.backoff_max);
             let until = now + pause;
             fight.held_until = Some(until);
             fight.corrections.clear();

@@ -465,11 +465,8 @@ pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Acti
     } else {
         (Duration::from_secs(1), Duration::from_secs(300))
     };
-    let backoff = base
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(cap);
-    // Full jitter on the upper half: failed nodes spread out instead of retrying together.
-    let mut delay = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+    // Jittered: failed nodes spread out instead of retrying together.
+    let mut delay = crate::backoff::equal_jitter(crate::backoff::capped(base, failures, cap));
     // A startup-taint timeout falls due on time, backoff or not (once it has passed, the
     // release is retried with the backoff like any write).
     if let Some(due) = ctx.gate.timeout_in(&node).filter(|d| !d.is_zero()) {

@@ -173,10 +173,15 @@ pub async fn kueue_topologies(
     let Some(ar) = kueue::topology_resource(client).await? else {
         return Ok(Vec::new());
     };
-    let topologies: Vec<DynamicObject> = ours(client, &ar)
+    // Each with its verdict (ours, or kept and why), those not ours to list left out.
+    let topologies: Vec<(DynamicObject, Option<String>)> = ours(client, &ar)
         .await?
         .into_iter()
-        .filter(|t| scope.ours(t) != Err(None))
+        .filter_map(|t| match scope.ours(&t) {
+            Ok(()) => Some((t, None)),
+            Err(Some(why)) => Some((t, Some(why))),
+            Err(None) => None,
+        })
         .collect();
     if topologies.is_empty() {
         return Ok(Vec::new());
@@ -199,9 +204,9 @@ pub async fn kueue_topologies(
     };
     Ok(topologies
         .into_iter()
-        .map(|t| {
+        .map(|(t, kept)| {
             let name = t.name_any();
-            if let Err(Some(why)) = scope.ours(&t) {
+            if let Some(why) = kept {
                 return Item::keep("kueue-topology", name, why);
             }
             let users: BTreeSet<String> = flavors

@@ -67,7 +67,8 @@ pub fn claim(object: &DynamicObject, me: &str) -> Claim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Taken {
     pub name: String,
-    pub owner: String,
+    /// The other installation's Lease; `None`: our label and prefix, but no owner annotation.
+    pub owner: Option<String>,
 }
 
 /// Why a sync wrote nothing, or stopped.
@@ -90,18 +91,14 @@ impl std::fmt::Display for SyncError {
         match self {
             SyncError::Api(e) => e.fmt(f),
             SyncError::Taken(t) => {
-                let owners: BTreeSet<&str> = t
-                    .iter()
-                    .map(|t| t.owner.as_str())
-                    .filter(|o| !o.is_empty())
-                    .collect();
+                let owners: BTreeSet<&str> = t.iter().filter_map(|t| t.owner.as_deref()).collect();
                 let unclaimed: Vec<&str> = t
                     .iter()
-                    .filter(|t| t.owner.is_empty())
+                    .filter(|t| t.owner.is_none())
                     .map(|t| t.name.as_str())
                     .collect();
                 let mut said = false;
-                if let Some(first) = t.iter().find(|t| !t.owner.is_empty()) {
+                if let Some(first) = t.iter().find(|t| t.owner.is_some()) {
                     write!(
                         f,
                         "{} HyperNodes this installation would publish (such as {}) belong to another installation ({}) using the same name prefix; give each installation its own --volcano-hypernode-prefix",
@@ -394,7 +391,7 @@ impl HyperNodeSync {
         let listed = tokio::time::Instant::now();
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let mut existing: BTreeMap<String, DynamicObject> = BTreeMap::new();
-        let mut others: BTreeMap<String, String> = BTreeMap::new();
+        let mut others: BTreeMap<String, Option<String>> = BTreeMap::new();
         for o in self
             .api
             .list(&ListParams::default().labels(&selector))
@@ -407,10 +404,10 @@ impl HyperNodeSync {
             }
             match claim(&o, &self.owner) {
                 Claim::Other(owner) => {
-                    others.insert(name, owner);
+                    others.insert(name, Some(owner));
                 }
                 Claim::Unclaimed => {
-                    others.insert(name, String::new());
+                    others.insert(name, None);
                 }
                 Claim::Ours => {
                     existing.insert(name, o);
@@ -579,15 +576,13 @@ impl VolcanoPublisher {
             self.events.publish(
                 crate::events::Reason::HyperNodeOwnedByAnother,
                 "PublishHyperNodes",
-                &if t.owner.is_empty() {
-                    format!(
+                &match &t.owner {
+                    None => format!(
                         "this HyperNode has our label and name prefix but no annotation {OWNER}: not ours to change, so the installation using this prefix publishes no HyperNode; annotate it with that installation's Lease (<namespace>/<name>) to make it theirs, or delete it"
-                    )
-                } else {
-                    format!(
-                        "this HyperNode belongs to the installation with Lease {} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix (if that Lease was this installation's own before a rename, annotate it with the new Lease)",
-                        t.owner
-                    )
+                    ),
+                    Some(owner) => format!(
+                        "this HyperNode belongs to the installation with Lease {owner} (annotation {OWNER}); the installation using the same prefix publishes no HyperNode until each has its own --volcano-hypernode-prefix (if that Lease was this installation's own before a rename, annotate it with the new Lease)"
+                    ),
                 },
                 k8s_openapi::api::core::v1::ObjectReference {
                     api_version: Some("topology.volcano.sh/v1alpha1".into()),
@@ -937,7 +932,7 @@ mod sync_tests {
             taken,
             vec![Taken {
                 name: "ec2tl-t1-m".into(),
-                owner: OTHER.into()
+                owner: Some(OTHER.into())
             }]
         );
         assert!(text.contains(OTHER), "{text}");
@@ -982,7 +977,7 @@ mod sync_tests {
             taken,
             vec![Taken {
                 name: "ec2tl-t3-s".into(),
-                owner: String::new()
+                owner: None
             }]
         );
         assert!(

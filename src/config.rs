@@ -100,15 +100,8 @@ pub struct RetireArgs {
     /// This installation (its Lease): only what is annotated as its own is retired.
     #[command(flatten)]
     pub leader: LeaderArgs,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        env = "LABELER_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: Output,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -146,15 +139,8 @@ pub struct UninstallArgs {
     /// Where the Lease is.
     #[command(flatten)]
     pub leader: LeaderArgs,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        env = "LABELER_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: Output,
 }
 
 /// For the commands an operator runs in the controller's container with `kubectl exec`
@@ -193,15 +179,8 @@ pub struct ExplainArgs {
     /// Do not ask EC2: show only the node and the controller's view.
     #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
     pub no_ec2: bool,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        env = "LABELER_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: Output,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -235,15 +214,8 @@ pub struct FitArgs {
     /// Domains that do not fit to show, nearest first.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("misses"), env = "LABELER_FIT_MISSES", default_value_t = 5)]
     pub misses: usize,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        env = "LABELER_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: Output,
 }
 
 /// Per-pod requests, in thousandths of each resource's unit.
@@ -436,6 +408,20 @@ pub struct RunArgs {
     pub reservations: crate::reserved::ReservationArgs,
 }
 
+/// `-o`/`--output` of the commands that print a table or JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Args, Default)]
+pub struct Output {
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub format: OutputFormat,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum OutputFormat {
     #[default]
@@ -454,15 +440,8 @@ pub struct PlanArgs {
     pub ec2: Ec2Args,
     #[command(flatten)]
     pub lookup: LookupArgs,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        env = "LABELER_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: Output,
     #[command(flatten)]
     pub own: OwnFlags,
 }

@@ -360,7 +360,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         verdict: String::new(),
     };
     e.verdict = verdict(&e);
-    let text = match args.output {
+    let text = match args.output.format {
         OutputFormat::Table => render(&e, &args),
         OutputFormat::Json => {
             let mut s = serde_json::to_string_pretty(&e)
@@ -619,7 +619,7 @@ mod tests {
         );
         assert_eq!(plan.ec2.region.as_deref(), Some("eu-west-1"));
         assert_eq!(
-            plan.output,
+            plan.output.format,
             OutputFormat::Json,
             "its own output format stays"
         );

@@ -200,7 +200,7 @@ pub async fn run(args: FitArgs) -> Result<()> {
         ..Gang::new(pods, args.requests.0.clone())
     };
     let answer = fit(&capacities(&nodes, &bound, &level), &gang);
-    let text = match args.output {
+    let text = match args.output.format {
         OutputFormat::Table => answer.render(&level, args.misses),
         OutputFormat::Json => {
             let mut v = serde_json::to_value(&answer).map_err(|e| Error::Config(e.to_string()))?;
@@ -477,7 +477,7 @@ pub mod workload {
         for n in &notes {
             text.push_str(&format!("note: {n}\n"));
         }
-        let out = match args.output {
+        let out = match args.output.format {
             OutputFormat::Table => text,
             OutputFormat::Json => json_text(&serde_json::json!({
                 "workload": format!("{ns}/{name}"),

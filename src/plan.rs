@@ -284,7 +284,7 @@ pub async fn run(args: PlanArgs) -> Result<()> {
     let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
     let retired = crate::retire::find(&Api::all(client), &scheme).await?;
     add_retired(&mut plans, retired);
-    let text = match args.output {
+    let text = match args.output.format {
         OutputFormat::Table => render_table(&plans),
         OutputFormat::Json => {
             let mut s = serde_json::to_string_pretty(&plans)

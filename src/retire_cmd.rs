@@ -138,7 +138,7 @@ pub async fn run(args: RetireArgs) -> Result<()> {
         &items,
         &failed,
         args.dry_run,
-        args.output,
+        args.output.format,
         "nothing of this installation's left by a feature now turned off\n",
         serde_json::json!({ "installation": installation }),
     )?;

@@ -131,11 +131,11 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         &items,
         &failed,
         args.dry_run,
-        args.output,
+        args.output.format,
         "nothing of ours left in the cluster\n",
         serde_json::json!({ "nodesStillTainted": tainted }),
     )?;
-    if args.output == OutputFormat::Table {
+    if args.output.format == OutputFormat::Table {
         if !args.labels {
             out.push_str("topology labels left in place (they are what schedulers read; --labels removes the ones only we own)\n");
         }

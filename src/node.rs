@@ -508,6 +508,32 @@ fn lite_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     })
 }
 
+/// The body of a server-side apply to Node `name`: the labels and annotations this field
+/// manager owns, whole (an apply gives up every key it leaves out). With the UID, an apply to a
+/// node deleted meanwhile fails (409) instead of creating a new Node of that name; with the
+/// resourceVersion, it applies to the node as read or not at all.
+pub fn apply_body(
+    name: &str,
+    uid: Option<&str>,
+    resource_version: Option<&str>,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> serde_json::Value {
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("name".into(), name.into());
+    metadata.insert("labels".into(), serde_json::json!(labels));
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), serde_json::json!(annotations));
+    }
+    if let Some(uid) = uid {
+        metadata.insert("uid".into(), uid.into());
+    }
+    if let Some(rv) = resource_version {
+        metadata.insert("resourceVersion".into(), rv.into());
+    }
+    serde_json::json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
+}
+
 impl LiteStatus {
     pub fn boot_id(&self) -> Option<&str> {
         self.node_info.boot_id.as_deref().filter(|b| !b.is_empty())

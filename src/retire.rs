@@ -14,7 +14,6 @@ use kube::{
     Api, ResourceExt,
     api::{ListParams, ObjectMeta, Patch, PatchParams},
 };
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::{FIELD_MANAGER, labels::LabelScheme};
@@ -107,19 +106,13 @@ fn split(
 /// The server-side apply that gives up the retired keys: everything else we own, as it is.
 /// Carries the UID and resourceVersion, so it applies to the node as read or not at all.
 pub fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
-    let mut metadata = serde_json::Map::new();
-    metadata.insert("name".into(), json!(meta.name));
-    metadata.insert("labels".into(), json!(r.keep_labels));
-    if !r.keep_annotations.is_empty() {
-        metadata.insert("annotations".into(), json!(r.keep_annotations));
-    }
-    if let Some(uid) = &meta.uid {
-        metadata.insert("uid".into(), json!(uid));
-    }
-    if let Some(rv) = &meta.resource_version {
-        metadata.insert("resourceVersion".into(), json!(rv));
-    }
-    json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
+    crate::node::apply_body(
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref(),
+        meta.resource_version.as_deref(),
+        &r.keep_labels,
+        &r.keep_annotations,
+    )
 }
 
 /// Retired keys per node name, from one paginated list of the Nodes' metadata.
@@ -236,6 +229,7 @@ async fn retire_one(
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+    use serde_json::json;
 
     fn entry(manager: &str, labels: &[&str], annotations: &[&str]) -> ManagedFieldsEntry {
         let f = |keys: &[&str]| -> serde_json::Value {

@@ -44,18 +44,14 @@ pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
             annotations.insert(key.clone(), v.clone());
         }
     }
-    let mut metadata = serde_json::Map::new();
-    metadata.insert("name".into(), json!(node.name_any()));
-    metadata.insert("labels".into(), json!(labels));
-    if !annotations.is_empty() {
-        metadata.insert("annotations".into(), json!(annotations));
-    }
-    // With the UID in the body, an apply to a node deleted meanwhile fails (409) instead of
-    // creating a new Node of that name.
-    if let Some(uid) = &node.metadata.uid {
-        metadata.insert("uid".into(), json!(uid));
-    }
-    json!({ "apiVersion": "v1", "kind": "Node", "metadata": metadata })
+    // No resourceVersion: the apply is of the full set we manage, whatever changed meanwhile.
+    crate::node::apply_body(
+        node.name(),
+        node.metadata.uid.as_deref(),
+        None,
+        &labels,
+        &annotations,
+    )
 }
 
 /// One apply of the full managed set; then, only if stale keys survived it because another

@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::{
     FIELD_MANAGER,
     node::CONDITION_TYPE,
-    publish::{kai, kueue, volcano},
+    publish::{kai, kueue, owner, volcano},
 };
 
 /// One thing of ours, and what happens to it.
@@ -67,7 +67,7 @@ impl Item {
 }
 
 fn selector() -> String {
-    format!("{}={}", volcano::MANAGED_BY.0, volcano::MANAGED_BY.1)
+    owner::selector()
 }
 
 /// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
@@ -123,12 +123,12 @@ impl Scope<'_> {
     /// and listed (`uninstall` lists another installation's), `Err(None)` when it is not ours
     /// to list (the controller leaves anything not annotated as its own out).
     fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
-        match (self, volcano::claim(o, self.installation())) {
-            (_, volcano::Claim::Ours) | (Scope::Labelled(_), volcano::Claim::Unclaimed) => Ok(()),
+        match (self, owner::claim(o, self.installation())) {
+            (_, owner::Claim::Ours) | (Scope::Labelled(_), owner::Claim::Unclaimed) => Ok(()),
             (Scope::Annotated(_), _) => Err(None),
-            (Scope::Labelled(_), volcano::Claim::Other(owner)) => Err(Some(format!(
+            (Scope::Labelled(_), owner::Claim::Other(owner)) => Err(Some(format!(
                 "another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace",
-                volcano::OWNER
+                owner::OWNER
             ))),
         }
     }
@@ -267,7 +267,7 @@ pub async fn configmap(client: &Client, ns: &str, name: &str) -> Result<Vec<Item
         .get_opt(name)
         .await?
         .filter(|c| {
-            c.labels().get(volcano::MANAGED_BY.0).map(String::as_str) == Some(volcano::MANAGED_BY.1)
+            c.labels().get(owner::MANAGED_BY.0).map(String::as_str) == Some(owner::MANAGED_BY.1)
         })
         .map(|_| Item::remove("configmap", format!("{ns}/{name}")))
         .into_iter()

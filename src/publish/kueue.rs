@@ -51,8 +51,8 @@ pub fn topology_object(api_version: &str, name: &str, levels: &[String], owner: 
         "kind": "Topology",
         "metadata": {
             "name": name,
-            "labels": { super::volcano::MANAGED_BY.0: super::volcano::MANAGED_BY.1 },
-            "annotations": { super::volcano::OWNER: owner }
+            "labels": { super::owner::MANAGED_BY.0: super::owner::MANAGED_BY.1 },
+            "annotations": { super::owner::OWNER: owner }
         },
         "spec": { "levels": levels }
     })
@@ -348,7 +348,7 @@ mod tests {
             "ec2-topology-labeler/ec2-topology-labeler",
         );
         assert_eq!(
-            obj["metadata"]["annotations"][super::super::volcano::OWNER],
+            obj["metadata"]["annotations"][super::super::owner::OWNER],
             "ec2-topology-labeler/ec2-topology-labeler",
             "marked as this installation's (the admission policy's condition)"
         );

@@ -8,6 +8,7 @@
 
 pub mod kai;
 pub mod kueue;
+pub mod owner;
 pub mod slurm;
 pub mod volcano;
 

@@ -21,7 +21,7 @@ use kube::{
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::{Publisher, volcano::MANAGED_BY};
+use super::{Publisher, owner::MANAGED_BY};
 use crate::{
     FIELD_MANAGER, events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
     tree::NodeView,

@@ -219,9 +219,9 @@ pub fn verdict(e: &Explanation) -> String {
         "not-described" => match e
             .instance_type
             .as_deref()
-            .map(|t| crate::metrics::NotDescribed::of(Some(t)))
+            .map(|t| crate::state::NotDescribed::of(Some(t)))
         {
-            Some(crate::metrics::NotDescribed::UnsupportedType) => format!(
+            Some(crate::state::NotDescribed::UnsupportedType) => format!(
                 "Not labelled: EC2 describes no network topology for instance type {}; nothing to fix here (only some types have it).",
                 e.instance_type.as_deref().unwrap_or_default()
             ),

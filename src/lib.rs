@@ -34,6 +34,7 @@ pub mod reserved;
 pub mod retire;
 pub mod retire_cmd;
 pub mod scheme;
+pub mod state;
 pub mod store;
 pub mod tree_cmd;
 pub mod uninstall;

@@ -13,7 +13,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::topology::Ec2Error;
+use crate::{state::NodeState, topology::Ec2Error};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -49,85 +49,11 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// Why EC2 does not describe an instance, as far as we can tell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NotDescribed {
-    /// Its instance type is not one EC2 documents for `DescribeInstanceTopology`: it never will.
-    UnsupportedType,
-    /// A type EC2 describes (or one not known yet): the instance is new, not running, or EC2's
-    /// answer has not caught up.
-    NotYet,
-}
-
-impl NotDescribed {
-    /// From the node's `node.kubernetes.io/instance-type` label (absent: not known yet, as
-    /// right after registration, before the cloud controller sets it).
-    pub fn of(instance_type: Option<&str>) -> Self {
-        match instance_type {
-            Some(t) if !t.is_empty() && !crate::topology::is_topology_type(t) => {
-                NotDescribed::UnsupportedType
-            }
-            _ => NotDescribed::NotYet,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotDescribed::UnsupportedType => "unsupported_instance_type",
-            NotDescribed::NotYet => "not_described_yet",
-        }
-    }
-}
-
-/// Where a node stands, for the `nodes{state, reason}` gauge.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum NodeState {
-    /// Labels match EC2's answer.
-    Labelled,
-    /// EC2 does not describe the instance.
-    NotDescribed(NotDescribed),
-    /// EC2 refuses the instance ID (`InvalidInstanceID.*`).
-    Rejected,
-    /// Not an EC2 instance we can look up; the reason is `SkipReason::as_str`.
-    Skipped(&'static str),
-    /// Waiting for its first answer.
-    Pending,
-    /// The last attempt failed; the reason is the error's category (`Error::category`).
-    Failing(&'static str),
-    /// Another writer keeps changing our labels; writes are held.
-    Conflict,
-}
-
-impl NodeState {
-    /// The `state` label.
-    pub fn name(&self) -> &'static str {
-        match self {
-            NodeState::Labelled => "labelled",
-            NodeState::NotDescribed(_) => "not_described",
-            NodeState::Rejected => "rejected",
-            NodeState::Skipped(_) => "skipped",
-            NodeState::Pending => "pending",
-            NodeState::Failing(_) => "failing",
-            NodeState::Conflict => "conflict",
-        }
-    }
-
-    /// The `reason` label: why a node is in a state other than `labelled` or `pending`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            NodeState::Labelled | NodeState::Pending => "",
-            NodeState::NotDescribed(r) => r.as_str(),
-            NodeState::Rejected => "invalid_instance_id",
-            NodeState::Skipped(r) | NodeState::Failing(r) => r,
-            NodeState::Conflict => "other_writer",
-        }
-    }
-
-    fn labels(&self) -> StateLabels {
-        StateLabels {
-            state: self.name().to_string(),
-            reason: self.reason().to_string(),
-        }
+/// The `state` and `reason` labels of a node's state.
+fn state_labels(state: &NodeState) -> StateLabels {
+    StateLabels {
+        state: state.name().to_string(),
+        reason: state.reason().to_string(),
     }
 }
 
@@ -490,8 +416,8 @@ impl Metrics {
                 })
                 .get();
         }
-        for outcome in std::iter::once("trusted")
-            .chain(crate::reconcile::Distrust::ALL.iter().map(|d| d.as_str()))
+        for outcome in
+            std::iter::once("trusted").chain(crate::state::Distrust::ALL.iter().map(|d| d.as_str()))
         {
             verification_records
                 .get_or_create(&OutcomeLabels {
@@ -806,10 +732,10 @@ impl Metrics {
             return;
         }
         if let Some(p) = from {
-            self.nodes.get_or_create(&p.labels()).dec();
+            self.nodes.get_or_create(&state_labels(p)).dec();
         }
         if let Some(state) = to {
-            self.nodes.get_or_create(&state.labels()).inc();
+            self.nodes.get_or_create(&state_labels(state)).inc();
             if let NodeState::Skipped(reason) = state {
                 self.skips
                     .get_or_create(&ReasonLabels {
@@ -824,6 +750,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::NotDescribed;
 
     #[test]
     fn the_first_decision_of_each_term_is_timed_once() {

@@ -12,6 +12,7 @@ use crate::{
     lookup::{Lookup, Resolved},
     node::LiteNode,
     provider_id::{self, SkipReason},
+    state::Distrust,
     topology::Ec2Error,
     verified::{RecordError, RecordKey, VERIFIED_KEY, Verified},
 };
@@ -227,92 +228,6 @@ fn derive(
     }
     let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
     Ok((desired, diff))
-}
-
-/// Why a new leader does not take a node's verification record as its answer (and asks EC2
-/// about the instance at once).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Distrust {
-    /// The node carries no record (labelled before records, by another tool, or never).
-    Missing,
-    /// Not a record this build can read.
-    Unreadable,
-    /// A record of another format version.
-    OtherVersion,
-    /// The record does not match its sum: edited, or forged without the key.
-    Tampered,
-    /// Sealed with another key than this process holds (forged, or sealed before the key was
-    /// rotated).
-    OtherKey,
-    /// This process holds no key (`--record-key-file`), so trusts no record.
-    NoKey,
-    /// About another instance than the node's providerID names.
-    OtherInstance,
-    /// About another boot: the node rebooted (maybe while no leader ran), and may have moved.
-    OtherBoot,
-    /// The node's labels are no longer what the record's answer makes of them (changed by
-    /// someone else since, or under another label configuration).
-    LabelsChanged,
-    /// The record's answer lacks a field EC2 fills in late: it was still settling.
-    Incomplete,
-}
-
-impl Distrust {
-    pub const ALL: [Distrust; 10] = [
-        Distrust::Missing,
-        Distrust::Unreadable,
-        Distrust::OtherVersion,
-        Distrust::Tampered,
-        Distrust::OtherKey,
-        Distrust::NoKey,
-        Distrust::OtherInstance,
-        Distrust::OtherBoot,
-        Distrust::LabelsChanged,
-        Distrust::Incomplete,
-    ];
-
-    /// For `explain`.
-    pub fn explain(self) -> &'static str {
-        match self {
-            Distrust::Missing => "the node carries no verification record",
-            Distrust::Unreadable => "its verification record cannot be read",
-            Distrust::OtherVersion => "its verification record is of another format version",
-            Distrust::Tampered => {
-                "its verification record does not match its sum (edited, or forged without the key)"
-            }
-            Distrust::OtherKey => {
-                "its verification record is sealed with another key (forged, or sealed before the key was rotated)"
-            }
-            Distrust::NoKey => {
-                "no record key is configured (--record-key-file): no record is trusted"
-            }
-            Distrust::OtherInstance => {
-                "its verification record is about another instance than its providerID's"
-            }
-            Distrust::OtherBoot => {
-                "its verification record is of another boot (or one of them is unknown)"
-            }
-            Distrust::LabelsChanged => {
-                "its labels are not what its verification record's answer makes of them"
-            }
-            Distrust::Incomplete => "its verification record's answer was still settling",
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Distrust::Missing => "missing",
-            Distrust::Unreadable => "unreadable",
-            Distrust::OtherVersion => "other_version",
-            Distrust::Tampered => "tampered",
-            Distrust::OtherKey => "other_key",
-            Distrust::NoKey => "no_key",
-            Distrust::OtherInstance => "other_instance",
-            Distrust::OtherBoot => "other_boot",
-            Distrust::LabelsChanged => "labels_changed",
-            Distrust::Incomplete => "incomplete",
-        }
-    }
 }
 
 /// The answer `node`'s verification record holds, if it can be taken as this process's own: a

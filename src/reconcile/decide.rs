@@ -27,9 +27,9 @@ use crate::{
     Error,
     events::Reason,
     labels::{DeriveError, Desired, NodeDiff},
-    metrics::{NodeState, NotDescribed},
     node::LiteNode,
     provider_id::{self, SkipReason},
+    state::{NodeState, NotDescribed},
     topology::Ec2Error,
 };
 

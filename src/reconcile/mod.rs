@@ -40,7 +40,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-pub use assess::{Assessment, Distrust, Target, assess, boot_id, provider_id_of, target, trusted};
+pub use crate::state::Distrust;
+pub use assess::{Assessment, Target, assess, boot_id, provider_id_of, target, trusted};
 use conflict::GuardConfig;
 use decide::{Answer, Decision, Facts, GateStep, Say, decide, next_look};
 use gate::Gate;
@@ -53,8 +54,9 @@ use crate::{
     labels::LabelScheme,
     leader::Leadership,
     lookup::Lookup,
-    metrics::{Metrics, NodeState},
+    metrics::Metrics,
     node::{LiteNode, WireNode},
+    state::NodeState,
 };
 
 /// The controller's own behaviour.

@@ -13,11 +13,7 @@ use std::{
 };
 
 use super::conflict::History;
-use crate::{
-    labels::Desired,
-    metrics::{Metrics, NodeState},
-    node::LiteNode,
-};
+use crate::{labels::Desired, metrics::Metrics, node::LiteNode, state::NodeState};
 
 /// One node's record.
 #[derive(Debug, Default)]

@@ -446,6 +446,38 @@ pub struct PlanArgs {
     pub own: OwnFlags,
 }
 
+/// The flags of the controller this process runs beside: PID 1's command line when it is
+/// `ec2-topology-labeler run ...` (inside the controller's container, reached with `kubectl
+/// exec`; the container's environment is this process's too). `None` elsewhere.
+pub fn controller_flags() -> Option<RunArgs> {
+    let raw = std::fs::read("/proc/1/cmdline").ok()?;
+    run_args_of(&raw)
+}
+
+/// The running controller's flags when this command runs in its container and was not told to
+/// use its own (`--own-flags`); says so on stderr.
+pub fn in_the_controllers_container(own: &OwnFlags) -> Option<RunArgs> {
+    if own.own_flags {
+        return None;
+    }
+    let run = controller_flags()?;
+    eprintln!("(using the flags of the controller in this container: --own-flags to use yours)");
+    Some(run)
+}
+
+/// `run`'s arguments from a NUL-separated command line, if it is one.
+pub fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
+    let argv: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    match <Cli as clap::Parser>::try_parse_from(argv).ok()?.command {
+        Command::Run(run) => Some(run),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,37 +17,20 @@ use std::{io::Write, net::SocketAddr, sync::Arc, time::Duration};
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, Client, ResourceExt};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    config::{Cli, Command, ExplainArgs, OutputFormat, RunArgs},
-    lookup::cache::CacheView,
+    config::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
     metrics::Metrics,
     node::LiteNode,
     plan::{NodePlan, plan_nodes},
     provider_id,
-    reconcile::{gate::Gate, nodes::RecordView},
+    reconcile::gate::Gate,
     run::{lookup_from, prune},
+    view::ControllerView,
 };
-
-/// The controller's view of one node, served on loopback at `/debug/nodes/NODE`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ControllerView {
-    /// The replica that answered.
-    pub identity: String,
-    pub leading: bool,
-    /// The node is in this replica's node cache.
-    pub cached: bool,
-    /// Its record (`None` before its first reconcile on this replica, and on followers).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub record: Option<RecordView>,
-    /// What the EC2 cache holds about its instance.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lookup: Option<CacheView>,
-}
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
@@ -72,26 +55,6 @@ pub struct Explanation {
     /// What a new leader makes of the node's verification record.
     pub record: String,
     pub verdict: String,
-}
-
-/// The controller's side: what it knows about `name`.
-pub fn controller_view(
-    identity: &str,
-    leading: bool,
-    node: Option<&LiteNode>,
-    record: Option<RecordView>,
-    lookup: &crate::lookup::Lookup,
-) -> ControllerView {
-    let cache = node
-        .and_then(|n| provider_id::parse(n.provider_id()).ok())
-        .and_then(|i| lookup.inspect(&i.instance_id));
-    ControllerView {
-        identity: identity.to_string(),
-        leading,
-        cached: node.is_some(),
-        record,
-        lookup: cache,
-    }
 }
 
 /// Ask the controller on `addr` (its admin server; loopback) for its view of `node`.
@@ -245,38 +208,6 @@ pub fn verdict(e: &Explanation) -> String {
             "Cannot tell: asking EC2 failed ({}).",
             plan.reason.as_deref().unwrap_or_default()
         ),
-    }
-}
-
-/// The flags of the controller this process runs beside: PID 1's command line when it is
-/// `ec2-topology-labeler run ...` (inside the controller's container, reached with `kubectl
-/// exec`; the container's environment is this process's too). `None` elsewhere.
-pub fn controller_flags() -> Option<RunArgs> {
-    let raw = std::fs::read("/proc/1/cmdline").ok()?;
-    run_args_of(&raw)
-}
-
-/// The running controller's flags when this command runs in its container and was not told to
-/// use its own (`--own-flags`); says so on stderr.
-pub fn in_the_controllers_container(own: &crate::config::OwnFlags) -> Option<RunArgs> {
-    if own.own_flags {
-        return None;
-    }
-    let run = controller_flags()?;
-    eprintln!("(using the flags of the controller in this container: --own-flags to use yours)");
-    Some(run)
-}
-
-/// `run`'s arguments from a NUL-separated command line, if it is one.
-pub fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
-    let argv: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    match <Cli as clap::Parser>::try_parse_from(argv).ok()?.command {
-        Command::Run(run) => Some(run),
-        _ => None,
     }
 }
 
@@ -557,6 +488,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::config::{Cli, Command, run_args_of};
 
     fn cmdline(args: &[&str]) -> Vec<u8> {
         args.iter().flat_map(|a| a.bytes().chain([0])).collect()

@@ -38,6 +38,7 @@ pub mod state;
 pub mod store;
 pub mod tree_cmd;
 pub mod uninstall;
+pub mod view;
 
 pub use ec2_topology_core::{
     coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree, verified,

@@ -271,7 +271,7 @@ pub fn adopt(args: PlanArgs, run: crate::config::RunArgs) -> PlanArgs {
 }
 
 pub async fn run(args: PlanArgs) -> Result<()> {
-    let args = match crate::explain::in_the_controllers_container(&args.own) {
+    let args = match crate::config::in_the_controllers_container(&args.own) {
         Some(run) => adopt(args, run),
         None => args,
     };

@@ -145,7 +145,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Arc::new(move |name: &str| {
             let (reader, ctx, identity) = wired.get()?;
             let node = reader.get(name);
-            let view = crate::explain::controller_view(
+            let view = crate::view::controller_view(
                 identity,
                 ctx.leader.is_leader(),
                 node.as_deref(),

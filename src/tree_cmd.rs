@@ -48,7 +48,7 @@ pub fn adopt(args: TreeArgs, run: crate::config::RunArgs) -> TreeArgs {
 }
 
 pub async fn run(args: TreeArgs) -> Result<()> {
-    let args = match crate::explain::in_the_controllers_container(&args.own) {
+    let args = match crate::config::in_the_controllers_container(&args.own) {
         Some(run) => adopt(args, run),
         None => args,
     };

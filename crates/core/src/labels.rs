@@ -281,6 +281,34 @@ pub fn settle(scheme: &LabelScheme, current: &BTreeMap<String, String>, desired:
     }
 }
 
+/// The network path of a node, top of the hierarchy first, read from its layer labels (a deepest
+/// network node repeated by `--uniform-depth` counted once); `None` when it has none, or they do
+/// not form a contiguous run from layer 1.
+pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Option<Vec<String>> {
+    let mut by_layer: BTreeMap<usize, &String> = BTreeMap::new();
+    for (k, v) in labels {
+        if let Some(n) = scheme.layer_index(k) {
+            by_layer.insert(n, v);
+        }
+    }
+    let depth = by_layer.len();
+    if depth == 0 || depth > MAX_LAYERS || by_layer.keys().copied().ne(1..=depth) {
+        return None;
+    }
+    let mut path: Vec<String> = by_layer.into_values().cloned().collect();
+    if scheme.numbering == LayerNumbering::LeafFirst {
+        path.reverse();
+    }
+    // A network node repeated at the bottom is uniform-depth padding (EC2 never names one
+    // switch at two layers): the node hangs under it once.
+    while let [.., above, last] = path.as_slice()
+        && above == last
+    {
+        path.pop();
+    }
+    Some(path)
+}
+
 /// `<tree topology>:<deepest network node>[,<block topology>:<capacity block>]` for a node
 /// with these labels; `None` when they hold no layers.
 pub fn slinky_spec(
@@ -288,7 +316,7 @@ pub fn slinky_spec(
     slinky: &SlinkySpec,
     labels: &BTreeMap<String, String>,
 ) -> Option<String> {
-    let leaf = crate::tree::path_of(scheme, labels)?.pop()?;
+    let leaf = path_of(scheme, labels)?.pop()?;
     let mut spec = format!("{}:{leaf}", slinky.tree_topology);
     if let (Some(block), Some(key)) = (&slinky.block_topology, &scheme.capacity_block_key)
         && let Some(cb) = labels.get(key)

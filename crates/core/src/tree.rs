@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::labels::{LabelScheme, LayerNumbering, MAX_LAYERS};
+use crate::labels::{LabelScheme, LayerNumbering};
 
 /// What the tree needs of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,33 +45,7 @@ impl NodeView {
     }
 }
 
-/// The network path of a node, top of the hierarchy first, read from its layer labels (a deepest
-/// network node repeated by `--uniform-depth` counted once); `None` when it has none, or they do
-/// not form a contiguous run from layer 1.
-pub fn path_of(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> Option<Vec<String>> {
-    let mut by_layer: BTreeMap<usize, &String> = BTreeMap::new();
-    for (k, v) in labels {
-        if let Some(n) = scheme.layer_index(k) {
-            by_layer.insert(n, v);
-        }
-    }
-    let depth = by_layer.len();
-    if depth == 0 || depth > MAX_LAYERS || by_layer.keys().copied().ne(1..=depth) {
-        return None;
-    }
-    let mut path: Vec<String> = by_layer.into_values().cloned().collect();
-    if scheme.numbering == LayerNumbering::LeafFirst {
-        path.reverse();
-    }
-    // A network node repeated at the bottom is uniform-depth padding (EC2 never names one
-    // switch at two layers): the node hangs under it once.
-    while let [.., above, last] = path.as_slice()
-        && above == last
-    {
-        path.pop();
-    }
-    Some(path)
-}
+pub use crate::labels::path_of;
 
 /// One network node and what hangs under it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

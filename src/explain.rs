@@ -23,13 +23,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::{
     Error, Result,
     config::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
+    lookup::lookup_from,
     metrics::Metrics,
     node::LiteNode,
     plan::{NodePlan, plan_nodes},
     provider_id,
     reconcile::gate::Gate,
-    run::{lookup_from, prune},
     view::ControllerView,
+    watch::prune,
 };
 
 /// The whole report.

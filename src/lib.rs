@@ -39,6 +39,7 @@ pub mod store;
 pub mod tree_cmd;
 pub mod uninstall;
 pub mod view;
+pub mod watch;
 
 pub use ec2_topology_core::{
     coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree, verified,

@@ -17,14 +17,15 @@ use crate::{
     config::{OutputFormat, PlanArgs},
     labels::{LabelScheme, MapDiff},
     lookup::Lookup,
+    lookup::lookup_from,
     metrics::Metrics,
     node::{LiteNode, WireNode},
     reconcile::{
         Assessment, assess,
         gate::{Gate, INSTANCE_TYPE_LABEL, Standing},
     },
-    run::{lookup_from, prune},
     topology::Ec2Error,
+    watch::prune,
 };
 
 /// One node's line of the plan.

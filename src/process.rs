@@ -2,8 +2,11 @@
 //! series (resident memory, CPU, start time) and the container's memory limit, so that "memory
 //! near the limit" is one expression over our own scrape (no cAdvisor or kube-state-metrics).
 //!
-//! Owns: reading `/proc/self` and the cgroup memory limit. Linux only; elsewhere the series are
-//! simply absent.
+//! Also who this process is: its Pod (from the downward API, where Events about the controller
+//! itself go) and its default leader-election identity.
+//!
+//! Owns: reading `/proc/self`, the cgroup memory limit and the downward API's variables. Linux
+//! only; elsewhere the series are simply absent.
 
 use std::{
     fmt::Write as _,
@@ -113,6 +116,35 @@ pub fn encode_values(
         writeln!(out, "ec2_topology_labeler_memory_limit_bytes {limit}")?;
     }
     Ok(())
+}
+
+/// This replica's Pod, from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, which the
+/// chart sets): where Events about the controller itself go. `None` outside a Pod.
+pub fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let name = env("POD_NAME")?;
+    let namespace = env("POD_NAMESPACE").or_else(|| {
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .ok()
+            .map(|ns| ns.trim().to_string())
+    })?;
+    Some(k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name),
+        namespace: Some(namespace),
+        // `kubectl describe pod` finds Events by the Pod's UID.
+        uid: env("POD_UID"),
+        ..Default::default()
+    })
+}
+
+/// Hostname and PID: unique enough among replicas when no Pod name is given.
+pub fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ec2-topology-labeler".into());
+    format!("{host}-{}", std::process::id())
 }
 
 #[cfg(test)]

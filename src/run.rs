@@ -26,97 +26,21 @@ use crate::{
     config::RunArgs,
     labels::LabelScheme,
     leader::Leadership,
-    lookup::{
-        Lookup, LookupArgs,
-        ec2::{AwsTopology, Ec2Args},
-        limiter::Limiter,
-    },
+    lookup::{Lookup, ec2::AwsTopology, limiter::Limiter},
     metrics::Metrics,
     node::{LiteNode, WireNode},
     provider_id,
     reconcile::{
-        Context, boot_id,
+        Context,
         conflict::GuardConfig,
         error_policy,
-        gate::{Gate, INSTANCE_TYPE_LABEL},
-        provider_id_of,
+        gate::Gate,
         queue::{self, Key},
         reconcile, resync, warm,
     },
     store::NodeCache,
+    watch::{prune, relevant},
 };
-
-/// Keep only our label family and annotation: the rest of the Node was never deserialized
-/// (see [`LiteNode`]), and other labels do not matter to a reconcile.
-pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
-    let meta = &mut node.metadata;
-    if let Some(labels) = meta.labels.as_mut() {
-        // The instance type tells a type EC2 describes (but has not yet) from one it never will;
-        // it and the zone are what coverage counts nodes by; the reservation a node joined
-        // from, what the reserved-capacity gauges count.
-        labels.retain(|k, _| {
-            scheme.is_family_label(k)
-                || k == INSTANCE_TYPE_LABEL
-                || k == crate::coverage::ZONE_LABEL
-                || k == crate::reservations::RESERVATION_LABEL
-        });
-    }
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| scheme.is_family_annotation(k));
-        if annotations.is_empty() {
-            meta.annotations = None;
-        }
-    }
-    node.pack_labels();
-    node.pack_annotations();
-}
-
-/// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
-/// labels) do not trigger one. Applied to pruned nodes.
-fn relevant(node: &LiteNode) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    // A node deleted and created again under the same name is a new node.
-    node.metadata.uid.hash(&mut h);
-    node.metadata.labels.hash(&mut h);
-    node.packed_labels().hash(&mut h);
-    node.metadata.annotations.hash(&mut h);
-    node.packed_annotations().hash(&mut h);
-    node.kept_record().hash(&mut h);
-    provider_id_of(node).hash(&mut h);
-    boot_id(node).hash(&mut h);
-    // The startup gate acts on taints (one added or removed) and on our condition.
-    for t in &node.spec.taints {
-        (&t.key, &t.value, &t.effect).hash(&mut h);
-    }
-    if let Some(c) = node.topology_condition() {
-        (&c.status, &c.reason).hash(&mut h);
-    }
-    h.finish()
-}
-
-/// Build the lookup stack: EC2 client, shared limiter, batching cache.
-pub async fn lookup_from(
-    ec2: &Ec2Args,
-    lookup: &LookupArgs,
-    metrics: Arc<Metrics>,
-) -> Result<Lookup> {
-    lookup_sharing(ec2, lookup, metrics, Arc::new(Limiter::new(ec2.limiter()))).await
-}
-
-/// [`lookup_from`], pacing its calls with `limiter` (which other EC2 callers share).
-async fn lookup_sharing(
-    ec2: &Ec2Args,
-    lookup: &LookupArgs,
-    metrics: Arc<Metrics>,
-    limiter: Arc<Limiter>,
-) -> Result<Lookup> {
-    let key = lookup.record_key().map_err(Error::Config)?;
-    let source = AwsTopology::from_env(ec2.ec2_timeout.0)
-        .await
-        .with_limiter(limiter.clone());
-    Ok(Lookup::spawn(source, limiter, lookup.lookup(), metrics).with_record_key(key))
-}
 
 /// What `/debug/nodes/NAME` reads, once the controller is wired: the node cache, the context and
 /// this replica's identity.
@@ -174,7 +98,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let client = Client::try_default().await?;
     let limiter = Arc::new(Limiter::new(args.ec2.limiter()));
-    let lookup = lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone()).await?;
+    let lookup =
+        crate::lookup::lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone())
+            .await?;
     match lookup.record_key() {
         Some(key) => info!(key = %key.id(), "verification records are sealed with this key"),
         None => warn!(
@@ -215,8 +141,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .leader
         .identity
         .clone()
-        .unwrap_or_else(default_identity);
-    ctx.pod = own_pod();
+        .unwrap_or_else(crate::process::default_identity);
+    ctx.pod = crate::process::own_pod();
     if args.serve.events {
         ctx.events =
             crate::events::Events::start(client.clone(), FIELD_MANAGER, &identity, metrics.clone());
@@ -466,35 +392,6 @@ pub fn on_election(
     rx
 }
 
-/// This replica's Pod, from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, which the
-/// chart sets): where Events about the controller itself go. `None` outside a Pod.
-fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let name = env("POD_NAME")?;
-    let namespace = env("POD_NAMESPACE").or_else(|| {
-        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-            .ok()
-            .map(|ns| ns.trim().to_string())
-    })?;
-    Some(k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(name),
-        namespace: Some(namespace),
-        // `kubectl describe pod` finds Events by the Pod's UID.
-        uid: env("POD_UID"),
-        ..Default::default()
-    })
-}
-
-/// Hostname and PID: unique enough among replicas when no Pod name is given.
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "ec2-topology-labeler".into());
-    format!("{host}-{}", std::process::id())
-}
-
 /// Once leading with a synced cache, with `--node-condition` off: remove our `TopologyLabeled`
 /// condition from every node that carries one (a stale `False` would hold back whatever gates
 /// on it). One pass; a failure is logged with what to do.
@@ -683,68 +580,5 @@ async fn housekeeping(
                 "dropped cached answers of instances no node runs on"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 26.5: the node cache keeps what coverage groups by (instance type and zone) beside
-    /// our label family, and nothing else.
-    #[test]
-    fn the_cache_keeps_the_type_and_zone_coverage_groups_by() {
-        let mut node: LiteNode = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "labels": {
-                "node.kubernetes.io/instance-type": "p5.48xlarge",
-                "topology.kubernetes.io/zone": "us-west-2a",
-                "topology.k8s.aws/network-node-layer-1": "nn-1",
-                "kubernetes.io/hostname": "n1",
-                "team": "ml"
-            }}
-        }))
-        .expect("a node");
-        prune(&mut node, &LabelScheme::default());
-        let labels = node.labels();
-        let kept: Vec<&str> = labels.keys().map(String::as_str).collect();
-        assert_eq!(
-            kept,
-            [
-                "node.kubernetes.io/instance-type",
-                "topology.k8s.aws/network-node-layer-1",
-                "topology.kubernetes.io/zone"
-            ]
-        );
-    }
-
-    /// The cache keeps annotations packed: a change of the verification record alone is still a
-    /// change that triggers a reconcile, and the same record is not.
-    #[test]
-    fn a_changed_record_in_the_cache_is_a_relevant_change() {
-        let cached = |record: &str| {
-            let mut node: LiteNode = serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": "n1", "uid": "u1", "annotations": {
-                    crate::verified::VERIFIED_KEY: record,
-                    "kubectl.kubernetes.io/last-applied-configuration": "{}"
-                }}
-            }))
-            .expect("a node");
-            prune(&mut node, &LabelScheme::default());
-            node
-        };
-        let (a, same, other) = (cached("r1"), cached("r1"), cached("r2"));
-        assert!(a.metadata.annotations.is_none(), "packed");
-        assert_eq!(
-            a.annotations()
-                .keys()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            [crate::verified::VERIFIED_KEY],
-            "only our annotation is kept"
-        );
-        assert_eq!(relevant(&a), relevant(&same));
-        assert_ne!(relevant(&a), relevant(&other));
     }
 }

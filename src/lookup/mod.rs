@@ -35,6 +35,7 @@ use tokio::{
 
 use crate::{
     duration::HumanDuration,
+    lookup::ec2::{AwsTopology, Ec2Args},
     metrics::Metrics,
     topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
     verified::RecordKey,
@@ -465,4 +466,27 @@ impl Asked {
             }
         }
     }
+}
+
+/// Build the lookup stack: EC2 client, shared limiter, batching cache.
+pub async fn lookup_from(
+    ec2: &Ec2Args,
+    lookup: &LookupArgs,
+    metrics: Arc<Metrics>,
+) -> crate::Result<Lookup> {
+    lookup_sharing(ec2, lookup, metrics, Arc::new(Limiter::new(ec2.limiter()))).await
+}
+
+/// [`lookup_from`], pacing its calls with `limiter` (which other EC2 callers share).
+pub async fn lookup_sharing(
+    ec2: &Ec2Args,
+    lookup: &LookupArgs,
+    metrics: Arc<Metrics>,
+    limiter: Arc<Limiter>,
+) -> crate::Result<Lookup> {
+    let key = lookup.record_key().map_err(crate::Error::Config)?;
+    let source = AwsTopology::from_env(ec2.ec2_timeout.0)
+        .await
+        .with_limiter(limiter.clone());
+    Ok(Lookup::spawn(source, limiter, lookup.lookup(), metrics).with_record_key(key))
 }

@@ -399,7 +399,7 @@ mod trust {
         let scheme = LabelScheme::default();
         let mut n = verified_node(&scheme, 3600, "boot-1");
         // As the watch keeps it: labels and annotations packed.
-        crate::run::prune(&mut n, &scheme);
+        crate::watch::prune(&mut n, &scheme);
         assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
         let (_, diff) = derive(&n, &scheme, &v, Some(&key())).expect("labels for the answer");

@@ -1,0 +1,123 @@
+//! What the node watch keeps of each Node ([`prune`]: the fields and labels a reconcile,
+//! `tree`, `explain` and the gauges read) and which of its changes wake a reconcile
+//! ([`relevant`]: not heartbeats, images or other labels).
+//!
+//! Owns: those two rules. Never talks to the API server.
+
+use crate::{
+    labels::LabelScheme,
+    node::LiteNode,
+    reconcile::{boot_id, gate::INSTANCE_TYPE_LABEL, provider_id_of},
+};
+
+/// Keep only our label family and annotation: the rest of the Node was never deserialized
+/// (see [`LiteNode`]), and other labels do not matter to a reconcile.
+pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
+    let meta = &mut node.metadata;
+    if let Some(labels) = meta.labels.as_mut() {
+        // The instance type tells a type EC2 describes (but has not yet) from one it never will;
+        // it and the zone are what coverage counts nodes by; the reservation a node joined
+        // from, what the reserved-capacity gauges count.
+        labels.retain(|k, _| {
+            scheme.is_family_label(k)
+                || k == INSTANCE_TYPE_LABEL
+                || k == crate::coverage::ZONE_LABEL
+                || k == crate::reservations::RESERVATION_LABEL
+        });
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| scheme.is_family_annotation(k));
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+    node.pack_labels();
+    node.pack_annotations();
+}
+
+/// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
+/// labels) do not trigger one. Applied to pruned nodes.
+pub fn relevant(node: &LiteNode) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    // A node deleted and created again under the same name is a new node.
+    node.metadata.uid.hash(&mut h);
+    node.metadata.labels.hash(&mut h);
+    node.packed_labels().hash(&mut h);
+    node.metadata.annotations.hash(&mut h);
+    node.packed_annotations().hash(&mut h);
+    node.kept_record().hash(&mut h);
+    provider_id_of(node).hash(&mut h);
+    boot_id(node).hash(&mut h);
+    // The startup gate acts on taints (one added or removed) and on our condition.
+    for t in &node.spec.taints {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    if let Some(c) = node.topology_condition() {
+        (&c.status, &c.reason).hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 26.5: the node cache keeps what coverage groups by (instance type and zone) beside
+    /// our label family, and nothing else.
+    #[test]
+    fn the_cache_keeps_the_type_and_zone_coverage_groups_by() {
+        let mut node: LiteNode = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {
+                "node.kubernetes.io/instance-type": "p5.48xlarge",
+                "topology.kubernetes.io/zone": "us-west-2a",
+                "topology.k8s.aws/network-node-layer-1": "nn-1",
+                "kubernetes.io/hostname": "n1",
+                "team": "ml"
+            }}
+        }))
+        .expect("a node");
+        prune(&mut node, &LabelScheme::default());
+        let labels = node.labels();
+        let kept: Vec<&str> = labels.keys().map(String::as_str).collect();
+        assert_eq!(
+            kept,
+            [
+                "node.kubernetes.io/instance-type",
+                "topology.k8s.aws/network-node-layer-1",
+                "topology.kubernetes.io/zone"
+            ]
+        );
+    }
+
+    /// The cache keeps annotations packed: a change of the verification record alone is still a
+    /// change that triggers a reconcile, and the same record is not.
+    #[test]
+    fn a_changed_record_in_the_cache_is_a_relevant_change() {
+        let cached = |record: &str| {
+            let mut node: LiteNode = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "uid": "u1", "annotations": {
+                    crate::verified::VERIFIED_KEY: record,
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}"
+                }}
+            }))
+            .expect("a node");
+            prune(&mut node, &LabelScheme::default());
+            node
+        };
+        let (a, same, other) = (cached("r1"), cached("r1"), cached("r2"));
+        assert!(a.metadata.annotations.is_none(), "packed");
+        assert_eq!(
+            a.annotations()
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            [crate::verified::VERIFIED_KEY],
+            "only our annotation is kept"
+        );
+        assert_eq!(relevant(&a), relevant(&same));
+        assert_ne!(relevant(&a), relevant(&other));
+    }
+}

@@ -1,0 +1,174 @@
+//! The node as the node cache keeps it: [`CachedNode`], in as few and as small allocations as
+//! it can be, read back whole as a [`LiteNode`].
+
+use super::*;
+
+/// A node as the cache keeps it: what a [`LiteNode`] holds, in as few and as small allocations
+/// as we can (a cache holds every node of the cluster, a `LiteNode` lives for a reconcile). Its
+/// five strings (name, UID, resourceVersion, providerID, bootID) are one allocation, the labels
+/// and the record's answer are shared with the nodes that have the same (see [`Sharing`]), and
+/// lists that are nearly always empty (taints, our condition) cost no allocation when empty.
+/// Read as a whole through [`CachedNode::expand`]; the few fields every-node scans read
+/// (name, labels, providerID, our condition) are read in place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedNode {
+    /// The strings, one after another.
+    text: Box<str>,
+    /// Where each ends in `text`.
+    ends: [u32; TEXTS],
+    /// Which strings the node has (bit `i` for string `i`): absent is not empty.
+    present: u8,
+    created: Option<Time>,
+    taints: Box<[Taint]>,
+    conditions: Box<[LiteCondition]>,
+    labels: Option<PackedMap>,
+    annotations: Option<PackedMap>,
+    /// Labels and annotations that could not be packed (a NUL byte in a value), as they are.
+    plain: Option<Box<(Plain, Plain)>>,
+    record: Option<KeptRecord>,
+}
+
+/// How many strings a [`CachedNode`] keeps, and which is where.
+pub(super) const TEXTS: usize = 5;
+pub(super) const NAME: usize = 0;
+pub(super) const UID: usize = 1;
+pub(super) const RESOURCE_VERSION: usize = 2;
+pub(super) const PROVIDER_ID: usize = 3;
+pub(super) const BOOT_ID: usize = 4;
+
+impl From<&LiteNode> for CachedNode {
+    fn from(n: &LiteNode) -> Self {
+        let texts: [Option<&str>; TEXTS] = [
+            n.metadata.name.as_deref(),
+            n.metadata.uid.as_deref(),
+            n.metadata.resource_version.as_deref(),
+            n.spec.provider_id.as_deref(),
+            n.status.node_info.boot_id.as_deref(),
+        ];
+        let mut text = String::with_capacity(texts.iter().flatten().map(|t| t.len()).sum());
+        let mut ends = [0u32; TEXTS];
+        let mut present = 0u8;
+        for (i, (t, end)) in texts.iter().zip(ends.iter_mut()).enumerate() {
+            if let Some(t) = t {
+                text.push_str(t);
+                present |= 1 << i;
+            }
+            // An object's strings are far below 4 GiB (the API server stores objects of
+            // at most 1.5 MiB).
+            *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
+        }
+        let plain = (n.metadata.labels.is_some() || n.metadata.annotations.is_some())
+            .then(|| Box::new((n.metadata.labels.clone(), n.metadata.annotations.clone())));
+        CachedNode {
+            text: text.into_boxed_str(),
+            ends,
+            present,
+            created: n.metadata.creation_timestamp.clone(),
+            taints: n.spec.taints.clone().into_boxed_slice(),
+            conditions: n.status.conditions.clone().into_boxed_slice(),
+            labels: n.packed_labels.clone(),
+            annotations: n.packed_annotations.clone(),
+            plain,
+            record: n.record.clone(),
+        }
+    }
+}
+
+impl CachedNode {
+    pub(super) fn text(&self, i: usize) -> Option<&str> {
+        if self.present & (1 << i) == 0 {
+            return None;
+        }
+        let start = match i.checked_sub(1) {
+            Some(before) => *self.ends.get(before)? as usize,
+            None => 0,
+        };
+        let end = *self.ends.get(i)? as usize;
+        self.text.get(start..end)
+    }
+
+    fn owned(&self, i: usize) -> Option<String> {
+        self.text(i).map(str::to_owned)
+    }
+
+    fn plain_labels(&self) -> &Plain {
+        self.plain.as_ref().map_or(&None, |p| &p.0)
+    }
+
+    /// The node, whole, as a reconcile reads it.
+    pub fn expand(&self) -> LiteNode {
+        let (labels, annotations) = self.plain.as_deref().cloned().unwrap_or_default();
+        LiteNode {
+            metadata: LiteMeta {
+                name: self.owned(NAME),
+                uid: self.owned(UID),
+                resource_version: self.owned(RESOURCE_VERSION),
+                creation_timestamp: self.created.clone(),
+                labels,
+                annotations,
+            },
+            spec: LiteSpec {
+                provider_id: self.owned(PROVIDER_ID),
+                taints: self.taints.to_vec(),
+            },
+            status: LiteStatus {
+                node_info: LiteNodeInfo {
+                    boot_id: self.owned(BOOT_ID),
+                },
+                conditions: self.conditions.to_vec(),
+            },
+            packed_labels: self.labels.clone(),
+            packed_annotations: self.annotations.clone(),
+            record: self.record.clone(),
+        }
+    }
+
+    /// The node's name (empty if it has none).
+    pub fn name(&self) -> &str {
+        self.text(NAME).unwrap_or_default()
+    }
+
+    pub fn name_any(&self) -> String {
+        self.name().to_owned()
+    }
+
+    pub fn provider_id(&self) -> &str {
+        self.text(PROVIDER_ID).unwrap_or_default()
+    }
+
+    pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
+        whole(self.plain_labels(), &self.labels)
+    }
+
+    /// The value of the label `key`, if any.
+    pub fn label(&self, key: &str) -> Option<String> {
+        value(self.plain_labels(), &self.labels, key).map(str::to_owned)
+    }
+
+    /// The packed labels, for hashing what changed.
+    pub fn packed_labels(&self) -> Option<&PackedMap> {
+        self.labels.as_ref()
+    }
+
+    /// Labels that could not be packed, for hashing what changed.
+    pub fn plain_labels_for_hash(&self) -> &Plain {
+        self.plain_labels()
+    }
+
+    /// Our `TopologyLabeled` condition, if the node carries one.
+    pub fn topology_condition(&self) -> Option<&LiteCondition> {
+        self.conditions.iter().find(|c| c.type_ == CONDITION_TYPE)
+    }
+
+    /// A reference to the node (see [`LiteNode::object_ref`]).
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: self.owned(NAME),
+            resource_version: self.owned(RESOURCE_VERSION),
+            uid: self.owned(UID),
+            ..Default::default()
+        }
+    }
+}

@@ -31,6 +31,10 @@ use crate::{
 /// What one call said about one instance: described (or not), or the call failed.
 pub type Answer = Result<Option<InstanceTopology>, Ec2Error>;
 
+mod reverify;
+mod view;
+pub use view::CacheView;
+
 #[derive(Debug, Clone)]
 enum State {
     Known {
@@ -439,122 +443,6 @@ impl Cache {
         (Some(state), Ok(resolved))
     }
 
-    /// For a call about to re-verify an answer that came due in `region`: up to `room` other
-    /// answers of that region, those due soonest (overdue first), to be refreshed in the same
-    /// call, so a fleet is re-verified in full calls, about `ceil(N/100)` a TTL, however its
-    /// nodes' re-checks are spread. Only complete answers of instances EC2 describes (not
-    /// settling, not refused: those keep their own schedule). Each one taken is marked as being
-    /// refreshed (due again a TTL from `now`, so no other call takes it and its node keeps
-    /// reading it) until [`Cache::refreshed`] takes the call's answer. Returned with each entry
-    /// as it was.
-    pub fn due_soonest(
-        &self,
-        region: &str,
-        except: &str,
-        room: usize,
-        now: Instant,
-    ) -> Vec<(String, Entry)> {
-        use std::collections::BinaryHeap;
-        if room == 0 {
-            return Vec::new();
-        }
-        let mut inner = self.inner();
-        let entries = &mut inner.entries;
-        // The `room` soonest: a heap whose top is the latest kept so far.
-        let mut soonest: BinaryHeap<(Instant, &str)> = BinaryHeap::with_capacity(room + 1);
-        for (id, e) in entries.iter() {
-            let State::Known {
-                topology,
-                refresh_at,
-                settling: 0,
-                refused: None,
-                ..
-            } = &e.state
-            else {
-                continue;
-            };
-            if **id == *except
-                || e.taken
-                || soonest.len() == room && soonest.peek().is_some_and(|(at, _)| refresh_at >= at)
-            {
-                continue;
-            }
-            if !in_region(topology, region) {
-                continue;
-            }
-            soonest.push((*refresh_at, &**id));
-            if soonest.len() > room {
-                soonest.pop();
-            }
-        }
-        // Soonest first (the order they join the queue in).
-        let ids: Vec<(Instant, String)> = soonest
-            .into_sorted_vec()
-            .into_iter()
-            .map(|(at, id)| (at, id.to_string()))
-            .collect();
-        let mut taken = Vec::with_capacity(ids.len());
-        for (_, id) in ids {
-            if let Some(e) = entries.get_mut(id.as_str()) {
-                let was = e.clone();
-                if let State::Known { refresh_at, .. } = &mut e.state {
-                    *refresh_at = now + self.cfg.cache_ttl;
-                }
-                e.taken = true;
-                taken.push((id, was));
-            }
-        }
-        taken
-    }
-
-    /// The answer of a call that refreshed `instance_id` ahead of its time (taken by
-    /// [`Cache::due_soonest`] as `was`): recorded as any re-verification is, unless the entry
-    /// changed meanwhile (a new boot asked about by its node: that answer stands). A failed call
-    /// (or none: the batcher stopped) puts the entry back as it was, due when it was. Returns
-    /// whether an answer was recorded.
-    pub fn refreshed(
-        &self,
-        instance_id: &str,
-        was: Entry,
-        answer: Option<Answer>,
-        now: Instant,
-    ) -> bool {
-        let mut inner = self.inner();
-        let Some(current) = inner.entries.get(instance_id) else {
-            return false;
-        };
-        // The same answer of the same boot (a boot ID that appeared meanwhile is the same boot).
-        let same = !matches!((&was.boot_id, &current.boot_id), (Some(a), Some(b)) if a != b)
-            && matches!((&current.state, &was.state),
-                (
-                    State::Known { topology: a, verified_at: at_a, .. },
-                    State::Known { topology: b, verified_at: at_b, .. },
-                ) if Arc::ptr_eq(a, b) && at_a == at_b);
-        if !same {
-            return false;
-        }
-        // The boot ID the node reports now, if it appeared meanwhile.
-        let boot_id = current.boot_id.clone().or_else(|| was.boot_id.clone());
-        let next = answer.map(|a| self.next(&mut inner, instance_id, Some(&was), a, false, now));
-        let Some(current) = inner.entries.get_mut(instance_id) else {
-            return false;
-        };
-        let recorded = match next {
-            Some((Some(state), _)) => {
-                current.state = state;
-                current.taken = false;
-                true
-            }
-            // A failed call (or none): as it was, due when it was.
-            _ => {
-                *current = was;
-                false
-            }
-        };
-        current.boot_id = boot_id;
-        recorded
-    }
-
     fn not_described_backoff(&self, attempts: u32) -> Duration {
         crate::backoff::capped(
             self.cfg.not_described_retry,
@@ -657,90 +545,6 @@ impl Cache {
     pub fn is_empty(&self) -> bool {
         self.inner().entries.is_empty()
     }
-
-    /// What the cache holds about `instance_id` at `now` (for `explain`).
-    pub fn inspect(&self, instance_id: &str, now: Instant) -> Option<CacheView> {
-        let inner = self.inner();
-        let e = inner.entries.get(instance_id)?;
-        let secs = |d: Duration| d.as_secs();
-        let view = match &e.state {
-            State::Known {
-                topology,
-                refresh_at,
-                settling,
-                refused,
-                ..
-            } => CacheView {
-                boot_id: e.boot_id.as_ref().map(ToString::to_string),
-                state: if refused.is_some() {
-                    "refused"
-                } else if *settling > 0 {
-                    "settling"
-                } else {
-                    "known"
-                }
-                .to_string(),
-                topology: Some(InstanceTopology {
-                    instance_id: instance_id.to_owned(),
-                    ..(**topology).clone()
-                }),
-                // A complete answer is kept for the cache TTL: its age follows from when it is
-                // due again.
-                age_s: (*settling == 0 && refused.is_none()).then(|| {
-                    secs(
-                        self.cfg
-                            .cache_ttl
-                            .saturating_sub(refresh_at.saturating_duration_since(now)),
-                    )
-                }),
-                ask_again_in_s: secs(refresh_at.saturating_duration_since(now)),
-                attempts: refused.as_ref().map_or(*settling, |(_, n)| *n),
-                refused: refused.as_ref().map(|(e, _)| e.to_string()),
-            },
-            State::NotDescribed {
-                retry_at,
-                attempts,
-                refused,
-            } => CacheView {
-                boot_id: e.boot_id.as_ref().map(ToString::to_string),
-                state: if refused.is_some() {
-                    "refused"
-                } else {
-                    "not_described"
-                }
-                .to_string(),
-                topology: None,
-                age_s: None,
-                ask_again_in_s: secs(retry_at.saturating_duration_since(now)),
-                attempts: *attempts,
-                refused: refused.as_ref().map(ToString::to_string),
-            },
-        };
-        Some(view)
-    }
-}
-
-/// One cache entry, as `explain` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CacheView {
-    /// The boot the answer is about (a new boot ID means a new lookup).
-    pub boot_id: Option<String>,
-    /// `known`, `settling` (a late field still missing: asked again soon), `not_described` or
-    /// `refused` (EC2 refused the ID).
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub topology: Option<InstanceTopology>,
-    /// How old the answer is (complete answers only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub age_s: Option<u64>,
-    /// When the cache stops answering by itself and EC2 is asked again (at the node's next
-    /// reconcile after that).
-    pub ask_again_in_s: u64,
-    /// Answers in a row that lacked something (not described, refused, or still settling).
-    pub attempts: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
 }
 
 /// Seconds since the Unix epoch, by the wall clock (what a verification record says).

@@ -27,3 +27,49 @@ fn every_shell_block_of_the_docs_says_whether_it_is_run() {
         );
     }
 }
+
+/// docs/architecture.md names only paths that exist, and every module under `src/` (a file, or
+/// a folder of them) and `crates/core/src/`: a room renamed, removed or added without the page
+/// fails here.
+#[test]
+fn the_architecture_page_names_every_room_and_only_rooms_that_exist() {
+    let root = e2e::repo_root();
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).expect("the page");
+    let named: Vec<&str> = page
+        .split(|c: char| c.is_whitespace() || "`()[]<>\",".contains(c))
+        .map(|w| w.trim_end_matches(['.', ':', ';']))
+        .filter(|w| w.starts_with("src/") || w.starts_with("crates/core/src/"))
+        .collect();
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|p| !root.join(p.trim_start_matches("../")).exists())
+        .collect();
+    assert!(missing.is_empty(), "named but not there: {missing:?}");
+    let mut unnamed = Vec::new();
+    for entry in std::fs::read_dir(root.join("src")).expect("src/") {
+        let name = entry
+            .expect("an entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if matches!(name.as_str(), "lib.rs") {
+            continue;
+        }
+        let path = if name.ends_with(".rs") {
+            format!("src/{name}")
+        } else {
+            format!("src/{name}/")
+        };
+        if !named
+            .iter()
+            .any(|n| n.starts_with(&path) || *n == path.trim_end_matches('/'))
+        {
+            unnamed.push(path);
+        }
+    }
+    assert!(page.contains("crates/core/src/"), "the pure core is a room");
+    assert!(
+        unnamed.is_empty(),
+        "modules the page does not name: {unnamed:?}"
+    );
+}

@@ -26,7 +26,7 @@ use crate::{
     lookup::lookup_from,
     metrics::Metrics,
     node::LiteNode,
-    plan::{NodePlan, plan_nodes},
+    planning::{NodePlan, plan_nodes},
     provider_id,
     reconcile::gate::Gate,
     view::ControllerView,

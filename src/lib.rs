@@ -28,6 +28,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod plan;
+pub mod planning;
 pub mod process;
 pub mod publish;
 pub mod reserved;

@@ -111,6 +111,8 @@ pub async fn fit_names_the_domains_that_take_the_gang(env: &Env) -> anyhow::Resu
                     "nvidia.com/gpu=8,cpu=1",
                 ])
                 .args(["--level", LEVEL])
+                // Other scenarios' nodes share the cluster: this one's only.
+                .args(["--node-selector", "e2e-fit=true"])
                 .args(extra)
                 .output()
         };
@@ -365,6 +367,10 @@ pub async fn fit_agrees_with_kueue(env: &Env) -> anyhow::Result<()> {
         &ListParams::default(),
     )
     .await?;
+    // The fleet goes too: later scenarios count nodes, HyperNodes and Topologies of their own.
+    for s in &specs {
+        kube_util::delete_node(&c, &s.name).await?;
+    }
     let agreed = result?;
     ensure!(
         agreed.0 >= 5 && agreed.1 >= 5,

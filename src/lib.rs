@@ -10,14 +10,13 @@
 pub mod backoff;
 pub mod bounds;
 pub mod cleanup;
+pub mod cmd;
 pub mod compact;
 pub mod config;
 #[cfg(test)]
 mod docs;
 pub mod duration;
 pub mod events;
-pub mod explain;
-pub mod fit_cmd;
 pub mod http;
 pub mod intern;
 pub mod reconcile;
@@ -27,18 +26,14 @@ pub mod leader;
 pub mod lookup;
 pub mod metrics;
 pub mod node;
-pub mod plan;
 pub mod planning;
 pub mod process;
 pub mod publish;
 pub mod reserved;
 pub mod retire;
-pub mod retire_cmd;
 pub mod scheme;
 pub mod state;
 pub mod store;
-pub mod tree_cmd;
-pub mod uninstall;
 pub mod view;
 pub mod watch;
 

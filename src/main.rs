@@ -40,12 +40,12 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let result = match cli.command {
         Command::Run(args) => ec2_topology_labeler::run::run(args).await,
-        Command::Plan(args) => ec2_topology_labeler::plan::run(args).await,
-        Command::Tree(args) => ec2_topology_labeler::tree_cmd::run(args).await,
-        Command::Fit(args) => ec2_topology_labeler::fit_cmd::run(args).await,
-        Command::Explain(args) => ec2_topology_labeler::explain::run(args).await,
-        Command::Uninstall(args) => ec2_topology_labeler::uninstall::run(args).await,
-        Command::Retire(args) => ec2_topology_labeler::retire_cmd::run(args).await,
+        Command::Plan(args) => ec2_topology_labeler::cmd::plan::run(args).await,
+        Command::Tree(args) => ec2_topology_labeler::cmd::tree::run(args).await,
+        Command::Fit(args) => ec2_topology_labeler::cmd::fit::run(args).await,
+        Command::Explain(args) => ec2_topology_labeler::cmd::explain::run(args).await,
+        Command::Uninstall(args) => ec2_topology_labeler::cmd::uninstall::run(args).await,
+        Command::Retire(args) => ec2_topology_labeler::cmd::retire::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -398,7 +398,7 @@ pub fn on_election(
 ///
 /// What a scheduler feature now turned off published is not the controller's to remove: its
 /// ClusterRole holds no rights on the kinds of features turned off. `ec2-topology-labeler
-/// retire` does that (the chart's post-upgrade hook runs it; see [`crate::retire_cmd`]).
+/// retire` does that (the chart's post-upgrade hook runs it; see [`crate::cmd::retire`]).
 async fn retire_condition_at_start(
     client: Client,
     reader: crate::store::NodeCache,

@@ -529,7 +529,7 @@ mod tests {
         else {
             panic!("tree command");
         };
-        let tree = crate::tree_cmd::adopt(tree, run.clone());
+        let tree = crate::cmd::tree::adopt(tree, run.clone());
         assert!(
             tree.labels
                 .scheme()
@@ -543,7 +543,7 @@ mod tests {
         else {
             panic!("plan command");
         };
-        let plan = crate::plan::adopt(plan, run);
+        let plan = crate::cmd::plan::adopt(plan, run);
         assert!(
             plan.labels
                 .scheme()

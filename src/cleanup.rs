@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::{
     FIELD_MANAGER,
     node::CONDITION_TYPE,
-    publish::{kai, kueue, owner, volcano},
+    publish::{kai, kueue, owner, topology, volcano},
 };
 
 /// One thing of ours, and what happens to it.
@@ -186,7 +186,7 @@ pub async fn kueue_topologies(
     if topologies.is_empty() {
         return Ok(Vec::new());
     }
-    let flavors = match kueue::served_resource(
+    let flavors = match topology::served_resource(
         client,
         kueue::GROUP,
         &["v1beta2", "v1beta1"],
@@ -232,7 +232,7 @@ pub async fn kueue_topologies(
 
 /// Our KAI Topologies (by the owner annotation, as `scope` says).
 pub async fn kai_topologies(client: &Client, scope: Scope<'_>) -> Result<Vec<Item>, kube::Error> {
-    let Some(ar) = kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
+    let Some(ar) = topology::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
     else {
         return Ok(Vec::new());
     };
@@ -358,7 +358,7 @@ async fn remove(client: &Client, item: &Item) -> Result<(), kube::Error> {
             let ar = if item.kind == "kueue-topology" {
                 kueue::topology_resource(client).await?
             } else {
-                kueue::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
+                topology::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
             };
             match ar {
                 Some(ar) => gone(

@@ -25,7 +25,7 @@ use tracing::{error, info, warn};
 
 use super::{
     PublishArgs, Publisher,
-    kueue::{Outcome, ensure_in, levels, report_mismatch, served_resource},
+    topology::{Outcome, ensure_in, levels, report_mismatch, served_resource},
 };
 use crate::{
     labels::{LabelScheme, MAX_LAYERS},

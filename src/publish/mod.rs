@@ -10,6 +10,7 @@ pub mod kai;
 pub mod kueue;
 pub mod owner;
 pub mod slurm;
+pub mod topology;
 pub mod volcano;
 
 use std::{

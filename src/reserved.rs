@@ -31,6 +31,7 @@ use crate::{
     duration::HumanDuration,
     events::Reason,
     lookup::ec2::AwsTopology,
+    node::CachedNode,
     reconcile::Context,
     reservations::{Member, RESERVATION_LABEL, View, view},
 };
@@ -90,12 +91,11 @@ impl IdleReports {
 }
 
 /// The regions to ask about: `--region`, or each region the cached nodes' zones are in.
-fn regions(ctx: &Context, reader: &crate::store::NodeCache) -> BTreeSet<String> {
+fn regions(ctx: &Context, nodes: &[Arc<CachedNode>]) -> BTreeSet<String> {
     if let Some(region) = &ctx.region {
         return [region.clone()].into();
     }
-    reader
-        .state()
+    nodes
         .iter()
         .filter_map(|n| n.label(crate::coverage::ZONE_LABEL))
         .filter_map(|z| crate::provider_id::region_of_zone(&z))
@@ -123,9 +123,12 @@ pub async fn run(
         if !synced.load(Ordering::SeqCst) {
             continue;
         }
+        // One walk of the cache a round: the regions to ask, and the nodes joined from a
+        // reservation (the view needs no other).
+        let nodes = reader.state();
         let mut all = Vec::new();
         let mut failed = false;
-        for region in regions(&ctx, &reader) {
+        for region in regions(&ctx, &nodes) {
             match ec2.reservations(&region).await {
                 Ok(found) => all.extend(found),
                 Err(e) => {
@@ -137,12 +140,13 @@ pub async fn run(
         if failed {
             continue;
         }
-        let members: Vec<Member> = reader
-            .state()
+        let members: Vec<Member> = nodes
             .iter()
-            .map(|n| Member {
-                name: n.name().to_string(),
-                reservation: n.label(RESERVATION_LABEL),
+            .filter_map(|n| {
+                Some(Member {
+                    reservation: Some(n.label(RESERVATION_LABEL)?),
+                    name: n.name().to_string(),
+                })
             })
             .collect();
         let shown = view(&all, &members);

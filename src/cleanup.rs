@@ -424,21 +424,23 @@ async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
 pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut out = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list_metadata(&params).await?;
-        for meta in &page.items {
-            let (labels, annotations) = crate::retire::owned_keys(
-                meta.metadata.managed_fields.as_deref().unwrap_or_default(),
-                FIELD_MANAGER,
-            );
-            if !labels.is_empty() || !annotations.is_empty() {
-                out.push(Item::remove("labels", meta.name_any()));
+    let api = &api;
+    crate::pages::each_page(
+        ListParams::default(),
+        crate::pages::PAGE,
+        |p| async move { api.list_metadata(&p).await },
+        |items| {
+            for meta in &items {
+                let (labels, annotations) = crate::retire::owned_keys(
+                    meta.metadata.managed_fields.as_deref().unwrap_or_default(),
+                    FIELD_MANAGER,
+                );
+                if !labels.is_empty() || !annotations.is_empty() {
+                    out.push(Item::remove("labels", meta.name_any()));
+                }
             }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
-        }
-    }
+        },
+    )
+    .await?;
+    Ok(out)
 }

@@ -26,6 +26,7 @@ pub mod leader;
 pub mod lookup;
 pub mod metrics;
 pub mod node;
+pub mod pages;
 pub mod planning;
 pub mod process;
 pub mod publish;

@@ -7,10 +7,7 @@ use std::collections::BTreeMap;
 
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{
-    Api,
-    api::{ListParams, ObjectList},
-};
+use kube::{Api, api::ListParams};
 use serde::Serialize;
 
 use crate::{
@@ -242,19 +239,20 @@ pub fn render_table(plans: &[NodePlan]) -> String {
 /// List every node, page by page, keeping only what planning needs.
 pub async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
     let mut out = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page: ObjectList<WireNode> = api.list(&params).await?;
-        for node in page.items {
-            let mut node = LiteNode::from(node);
-            prune(&mut node, scheme);
-            out.push(node);
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
-        }
-    }
+    crate::pages::each_page(
+        ListParams::default(),
+        crate::pages::PAGE,
+        |p| async move { api.list(&p).await },
+        |items| {
+            for node in items {
+                let mut node = LiteNode::from(node);
+                prune(&mut node, scheme);
+                out.push(node);
+            }
+        },
+    )
+    .await?;
+    Ok(out)
 }
 
 #[cfg(test)]

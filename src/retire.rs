@@ -121,20 +121,21 @@ pub async fn find(
     scheme: &LabelScheme,
 ) -> kube::Result<Vec<(ObjectMeta, Retired)>> {
     let mut out = Vec::new();
-    let mut params = ListParams::default().limit(crate::store::NODE_PAGE);
-    loop {
-        let page = api.list_metadata(&params).await?;
-        for item in page.items {
-            let r = retired(scheme, &item.metadata);
-            if !r.is_empty() {
-                out.push((item.metadata, r));
+    crate::pages::each_page(
+        ListParams::default(),
+        crate::store::NODE_PAGE,
+        |p| async move { api.list_metadata(&p).await },
+        |items| {
+            for item in items {
+                let r = retired(scheme, &item.metadata);
+                if !r.is_empty() {
+                    out.push((item.metadata, r));
+                }
             }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
-        }
-    }
+        },
+    )
+    .await?;
+    Ok(out)
 }
 
 /// How many times one node's retirement is sent: a node that changed between the read and the

@@ -14,9 +14,6 @@ use crate::{
     fit::{Capacity, Gang, Milli, PODS, Taint, Toleration, fit, milli},
 };
 
-/// Objects a list page carries.
-const PAGE: u32 = 500;
-
 /// Quantities as thousandths; one Kubernetes would not write is left out.
 fn amounts(
     list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
@@ -122,16 +119,15 @@ async fn list_all<K>(api: &Api<K>, params: ListParams) -> Result<Vec<K>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = params.limit(PAGE);
     let mut all = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
-        all.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(next) => params = params.continue_token(&next),
-            None => return Ok(all),
-        }
-    }
+    crate::pages::each_page(
+        params,
+        crate::pages::PAGE,
+        |p| async move { api.list(&p).await },
+        |items| all.extend(items),
+    )
+    .await?;
+    Ok(all)
 }
 
 /// The nodes as [`crate::fit`] counts them: each one's domain at `level`, allocatable, and

@@ -55,24 +55,25 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let api: Api<Node> = Api::all(Client::try_default().await?);
     let mut views = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&params).await?;
-        views.extend(page.items.iter().map(|n| {
-            let (note, tainted) = note(args.startup_taint.as_ref(), n);
-            NodeView {
-                name: n.name_any(),
-                ready: ready(n),
-                labels: n.labels().clone(),
-                note,
-                tainted,
-            }
-        }));
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    let api = &api;
+    crate::pages::each_page(
+        ListParams::default(),
+        crate::pages::PAGE,
+        |p| async move { api.list(&p).await },
+        |items| {
+            views.extend(items.iter().map(|n| {
+                let (note, tainted) = note(args.startup_taint.as_ref(), n);
+                NodeView {
+                    name: n.name_any(),
+                    ready: ready(n),
+                    labels: n.labels().clone(),
+                    note,
+                    tainted,
+                }
+            }))
+        },
+    )
+    .await?;
     if args.reservations {
         let text = reservations(&args, &views).await?;
         std::io::stdout().write_all(text.as_bytes())?;

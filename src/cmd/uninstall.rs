@@ -69,15 +69,14 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     // Paginated as the controller's own list is: a whole large fleet is never one response.
     let nodes: Api<WireNode> = Api::all(client.clone());
     let mut all: Vec<LiteNode> = Vec::new();
-    let mut params = kube::api::ListParams::default().limit(500);
-    loop {
-        let page = nodes.list(&params).await?;
-        all.extend(page.items.into_iter().map(LiteNode::from));
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    let nodes = &nodes;
+    crate::pages::each_page(
+        kube::api::ListParams::default(),
+        crate::pages::PAGE,
+        |p| async move { nodes.list(&p).await },
+        |items| all.extend(items.into_iter().map(LiteNode::from)),
+    )
+    .await?;
     items.extend(
         cleanup::with_condition(all.iter())
             .into_iter()

@@ -124,9 +124,9 @@ pub struct UninstallArgs {
         default_value = "ec2tl"
     )]
     pub volcano_hypernode_prefix: String,
-    /// The startup taint (as given to `run`): nodes still carrying it are pointed out.
-    #[arg(long, env = "LABELER_STARTUP_TAINT")]
-    pub startup_taint: Option<StartupTaint>,
+    /// Nodes still carrying the startup taint (as given to `run`) are pointed out.
+    #[command(flatten)]
+    pub taint: crate::reconcile::gate::StartupTaintFlag,
     /// The Slurm ConfigMap to remove (`NAMESPACE/NAME`, as given to `run`; removed only if it
     /// carries our managed-by label), or `none`. Unset: every ConfigMap with our label, in any
     /// namespace (needs cluster-wide ConfigMap list; the chart's hook names its one instead).
@@ -336,13 +336,9 @@ fn parse_label_key(text: &str) -> std::result::Result<String, String> {
 pub struct TreeArgs {
     #[command(flatten)]
     pub labels: LabelArgs,
-    /// The startup taint to point out on nodes still carrying it (`KEY[=VALUE]:EFFECT`).
-    #[arg(
-        long,
-        env = "LABELER_STARTUP_TAINT",
-        default_value = "ec2-topology-labeler.io/topology-pending:NoSchedule"
-    )]
-    pub startup_taint: Option<StartupTaint>,
+    /// Nodes still carrying the startup taint are pointed out (unset: the chart's).
+    #[command(flatten)]
+    pub taint: crate::reconcile::gate::StartupTaintFlag,
     /// Output format: the tree, JSON, a picture (`dot`: Graphviz, `dot -Tsvg`; `mermaid`: a
     /// Mermaid flowchart, drawn where Markdown is), or Slurm's topology file (`slurm`:
     /// `topology.conf` for the tree plugin; `slurm-yaml`: `topology.yaml`, Slurm 25.05 and later).

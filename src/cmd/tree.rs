@@ -42,16 +42,27 @@ fn note(taint: Option<&StartupTaint>, node: &Node) -> (Option<String>, bool) {
 pub fn adopt(args: TreeArgs, run: crate::config::RunArgs) -> TreeArgs {
     TreeArgs {
         labels: run.labels,
-        startup_taint: run.gate.startup_taint,
+        taint: run.gate.taint,
         ..args
     }
 }
 
+/// The taint `tree` points out: the controller's when run in its container (none when it runs
+/// without one), else the one given, else the chart's.
+fn taint_to_point_out(given: Option<StartupTaint>, adopted: bool) -> Option<StartupTaint> {
+    given.or_else(|| {
+        (!adopted)
+            .then(|| crate::reconcile::gate::CHART_TAINT.parse().ok())
+            .flatten()
+    })
+}
+
 pub async fn run(args: TreeArgs) -> Result<()> {
-    let args = match crate::config::in_the_controllers_container(&args.own) {
-        Some(run) => adopt(args, run),
-        None => args,
+    let (args, adopted) = match crate::config::in_the_controllers_container(&args.own) {
+        Some(run) => (adopt(args, run), true),
+        None => (args, false),
     };
+    let taint = taint_to_point_out(args.taint.startup_taint.clone(), adopted);
     let scheme = args.labels.scheme().map_err(Error::Config)?;
     let api: Api<Node> = Api::all(Client::try_default().await?);
     let mut views = Vec::new();
@@ -62,7 +73,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         |p| async move { api.list(&p).await },
         |items| {
             views.extend(items.iter().map(|n| {
-                let (note, tainted) = note(args.startup_taint.as_ref(), n);
+                let (note, tainted) = note(taint.as_ref(), n);
                 NodeView {
                     name: n.name_any(),
                     ready: ready(n),
@@ -192,5 +203,26 @@ async fn reservations(args: &TreeArgs, views: &[NodeView]) -> Result<String> {
         _ => Err(Error::Config(
             "--reservations prints a table or JSON".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_out_the_given_taint_else_the_charts_unless_the_controller_has_none() {
+        let chart: StartupTaint = crate::reconcile::gate::CHART_TAINT
+            .parse()
+            .expect("the chart's taint parses");
+        let given: StartupTaint = "example.com/wait:NoExecute".parse().expect("parses");
+        assert_eq!(taint_to_point_out(None, false), Some(chart));
+        assert_eq!(
+            taint_to_point_out(Some(given.clone()), false),
+            Some(given.clone())
+        );
+        // In the controller's container its own setting holds: none is none.
+        assert_eq!(taint_to_point_out(None, true), None);
+        assert_eq!(taint_to_point_out(Some(given.clone()), true), Some(given));
     }
 }

@@ -86,7 +86,7 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
                 kept: None,
             }),
     );
-    let tainted: Vec<String> = match &args.startup_taint {
+    let tainted: Vec<String> = match &args.taint.startup_taint {
         Some(t) => all
             .iter()
             .filter(|n| t.on(n))

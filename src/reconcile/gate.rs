@@ -28,17 +28,31 @@ use crate::{
 /// 253-character limit is left to the parser.)
 pub const TAINT_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?(=[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?:(NoSchedule|PreferNoSchedule|NoExecute)$";
 
+/// The startup taint, one definition for every command that reads it: `run` releases it,
+/// `tree` and `uninstall` point out the nodes still carrying it.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StartupTaintFlag {
+    /// A startup taint (`KEY[=VALUE]:EFFECT`, for example
+    /// `ec2-topology-labeler.io/topology-pending:NoSchedule`) that the node's provisioner adds
+    /// and the controller removes once the node's topology labels are written. Matched by key
+    /// and effect. Off when unset (`tree` then points out nodes carrying that example, the
+    /// chart's taint).
+    #[arg(long, env = "LABELER_STARTUP_TAINT")]
+    #[schemars(with = "Option<String>", regex(pattern = TAINT_PATTERN))]
+    pub startup_taint: Option<StartupTaint>,
+}
+
+/// The taint `tree` points out when none is given: the chart's.
+pub const CHART_TAINT: &str = "ec2-topology-labeler.io/topology-pending:NoSchedule";
+
 /// Holding new nodes back until their topology is known.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct GateArgs {
-    /// A startup taint (`KEY[=VALUE]:EFFECT`, for example
-    /// `ec2-topology-labeler.io/topology-pending:NoSchedule`) that the node's provisioner adds
-    /// and this controller removes once the node's topology labels are written. Matched by key
-    /// and effect. Off when unset.
-    #[arg(long, env = "LABELER_STARTUP_TAINT")]
-    #[schemars(with = "Option<String>", regex(pattern = TAINT_PATTERN))]
-    pub startup_taint: Option<StartupTaint>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub taint: StartupTaintFlag,
     /// What to do with the startup taint of a node we cannot label (an instance type EC2 does
     /// not describe, a non-EC2 node, a providerID we skip): release it (with an Event saying
     /// why) or keep it (until the timeout, if one is set).
@@ -269,7 +283,7 @@ pub struct Gate {
 impl From<&GateArgs> for Gate {
     fn from(a: &GateArgs) -> Self {
         Self {
-            taint: a.startup_taint.clone(),
+            taint: a.taint.startup_taint.clone(),
             when_unsupported: a.startup_taint_when_unsupported,
             timeout: a.startup_taint_timeout.map(|d| d.0),
             condition: a.node_condition,

@@ -1105,7 +1105,7 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
     };
     assert_eq!(u.leader.leader_election_lease_name, "my-lease");
     assert_eq!(u.volcano_hypernode_prefix, "team");
-    assert!(u.startup_taint.is_some());
+    assert!(u.taint.startup_taint.is_some());
     assert!(!u.labels && !u.force && !u.dry_run);
     assert!(u.wait_for_lease.0 >= std::time::Duration::from_secs(30));
     // No Slurm ConfigMap configured: none looked for, and no ConfigMap permission at all.

@@ -695,14 +695,24 @@ async fn cold_start(
 /// A plain client's pace, the floor for any labeller: one server-side apply of one label per
 /// node, 32 in flight, on nodes that already exist. Returns how long it took.
 async fn write_floor(client: &Client, names: &[String]) -> anyhow::Result<Duration> {
+    write_floor_as(client, names, "bench.example/floor").await
+}
+
+/// [`write_floor`] with the label `key`.
+async fn write_floor_as(client: &Client, names: &[String], key: &str) -> anyhow::Result<Duration> {
     let bodies = names
         .iter()
         .map(|name| {
-            let labels = serde_json::json!({"bench.example/floor": "1"});
+            let labels = serde_json::json!({ key: "1" });
             (name.clone(), labels, serde_json::Value::Null)
         })
         .collect();
-    apply_each(client, bodies, "bench-floor").await
+    let manager = if key == "bench.example/floor" {
+        "bench-floor"
+    } else {
+        "bench-floor-last"
+    };
+    apply_each(client, bodies, manager).await
 }
 
 /// One server-side apply per node (name, labels, annotations), 32 in flight, as `manager`.
@@ -900,6 +910,13 @@ async fn install(
     let floor_cp_cpu = cp_cpu1 - cp_cpu0;
     let (ours, watched) = floors_like_ours(&env.client, &pairs).await?;
     drop(pairs);
+    // The floor again, right before the install: the same plain writes (another key) on the
+    // cluster as the install finds it (the floors' 40,000 writes since the first one).
+    let floor_last = write_floor_as(&env.client, &names, "bench.example/floor-last").await?;
+    eprintln!(
+        "  write floor again, just before the install: {:.1}s",
+        floor_last.as_secs_f64()
+    );
     // The install's control plane CPU from here (the floors above are the floor's).
     let cp_cpu1 = control_plane_cpu(&env.cp);
     eprintln!(
@@ -935,9 +952,10 @@ async fn install(
     eprintln!("  control plane: {:.1} CPU-s", cp_cpu2 - cp_cpu1);
     let unfiltered = stats.ids_per_call.iter().filter(|k| **k == 0).count();
     eprintln!(
-        "  labelled {n} in {:.1}s ({ratio:.2}× the floor), {} EC2 calls ({unfiltered} unfiltered), {writes} writes, peak RSS {:.0} MiB, {cpu:.1} CPU-s",
+        "  labelled {n} in {:.1}s ({ratio:.2}× the floor), {} EC2 calls ({unfiltered} unfiltered; {}), {writes} writes, peak RSS {:.0} MiB, {cpu:.1} CPU-s",
         took.as_secs_f64(),
         stats.calls,
+        call_sizes(&stats.ids_per_call),
         hwm as f64 / 1024.0
     );
     let row = Row {
@@ -964,6 +982,7 @@ async fn install(
         floor,
         floor_ours: ours,
         floor_watched: watched,
+        floor_last,
         lists,
         unfiltered,
     };
@@ -978,6 +997,8 @@ struct InstallFacts {
     /// (see [`floors_like_ours`]).
     floor_ours: Duration,
     floor_watched: Duration,
+    /// The plain floor again, right before the install.
+    floor_last: Duration,
     /// LIST requests for Nodes while the controller started (its initial list, in pages).
     lists: f64,
     /// EC2 calls without an instance ID (describing the whole account).
@@ -1643,8 +1664,9 @@ fn bin_name(build: &Build) -> String {
 fn call_sizes(sizes: &[usize]) -> String {
     let short: Vec<String> = sizes
         .iter()
-        .filter(|&&s| 0 < s && s < 100)
-        .map(|s| s.to_string())
+        .enumerate()
+        .filter(|&(_, &s)| 0 < s && s < 100)
+        .map(|(k, s)| format!("{s} (call {})", k + 1))
         .collect();
     if short.is_empty() {
         "every call full".into()

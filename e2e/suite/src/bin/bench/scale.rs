@@ -82,17 +82,22 @@ struct ScaleRow {
     /// rows of the format before).
     floor_ours_s: f64,
     floor_watched_s: f64,
+    /// The plain floor again, measured right before the install (0: not measured, in rows of
+    /// the formats before).
+    floor_last_s: f64,
 }
 
 /// The CSV's columns, in order.
-const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s";
+const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s";
+/// The format before the floor measured again: its rows are read with it at 0.
+const CSV_HEADER_BEFORE_LAST: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s";
 /// The format before the floors like ours: its rows are read with those at 0.
 const CSV_HEADER_BEFORE: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate";
 
 impl ScaleRow {
     fn to_csv(&self) -> String {
         format!(
-            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2}",
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2}",
             self.date,
             self.commit,
             self.build,
@@ -126,17 +131,19 @@ impl ScaleRow {
             self.eks_rate,
             self.floor_ours_s,
             self.floor_watched_s,
+            self.floor_last_s,
         )
     }
 
     fn from_csv(line: &str) -> anyhow::Result<Self> {
         let f: Vec<&str> = line.split(',').collect();
-        let (now, before) = (
+        let (now, before_last, before) = (
             CSV_HEADER.split(',').count(),
+            CSV_HEADER_BEFORE_LAST.split(',').count(),
             CSV_HEADER_BEFORE.split(',').count(),
         );
         anyhow::ensure!(
-            f.len() == now || f.len() == before,
+            f.len() == now || f.len() == before_last || f.len() == before,
             "{} fields, not {now}: {line}",
             f.len(),
         );
@@ -188,6 +195,7 @@ impl ScaleRow {
             eks_rate: num(26)?,
             floor_ours_s: if f.len() > 27 { num(27)? } else { 0.0 },
             floor_watched_s: if f.len() > 28 { num(28)? } else { 0.0 },
+            floor_last_s: if f.len() > 29 { num(29)? } else { 0.0 },
         })
     }
 }
@@ -198,7 +206,10 @@ fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
         return Ok(Vec::new());
     };
     let mut lines = text.lines();
-    if !matches!(lines.next(), Some(CSV_HEADER | CSV_HEADER_BEFORE)) {
+    if !matches!(
+        lines.next(),
+        Some(CSV_HEADER | CSV_HEADER_BEFORE_LAST | CSV_HEADER_BEFORE)
+    ) {
         eprintln!("{}: another format; its rows are not kept", csv.display());
         return Ok(Vec::new());
     }
@@ -328,6 +339,7 @@ async fn one_size(
         floor_s: facts.floor.as_secs_f64(),
         floor_ours_s: facts.floor_ours.as_secs_f64(),
         floor_watched_s: facts.floor_watched.as_secs_f64(),
+        floor_last_s: facts.floor_last.as_secs_f64(),
         calls: row.ec2_calls,
         throttled: row.throttled,
         unfiltered: facts.unfiltered,
@@ -528,7 +540,7 @@ fn write_report(
     writeln!(md, "## At scale: 10,000 to 100,000 nodes\n")?;
     writeln!(
         md,
-        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. Where the rest of the time goes: the same client again with our write's body (the label family and a verification record, under other keys), then once more under a watch that has every modified Node sent to it whole, as the controller's informer does (read and dropped, so the bench's decoding costs nothing); the install's ratio to each is given beside it. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
+        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. Where the rest of the time goes: the same client again with our write's body (the label family and a verification record, under other keys), then once more under a watch that has every modified Node sent to it whole, as the controller's informer does (read and dropped, so the bench's decoding costs nothing); then the plain floor again, right before the install (another key, on the cluster as the install finds it after the floors' writes); the install's ratio to each is given beside it. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
         machine(),
         SCALE_RESYNC.as_secs(),
         idle_text(rows),
@@ -540,7 +552,7 @@ fn write_report(
     )?;
     writeln!(
         md,
-        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | floor with our body; and watched (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | floor with our body; watched; plain again, just before the install (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
@@ -564,8 +576,17 @@ fn write_report(
             r.floor_s,
             r.install_s / r.floor_s.max(0.001),
             if r.floor_ours_s > 0.0 {
+                let last = if r.floor_last_s > 0.0 {
+                    format!(
+                        "; {:.1} ({:.2}×)",
+                        r.floor_last_s,
+                        r.install_s / r.floor_last_s
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{:.1} ({:.2}×); {:.1} ({:.2}×)",
+                    "{:.1} ({:.2}×); {:.1} ({:.2}×){last}",
                     r.floor_ours_s,
                     r.install_s / r.floor_ours_s,
                     r.floor_watched_s,
@@ -690,7 +711,18 @@ mod tests {
             eks_rate: 20.0,
             floor_ours_s: 21.5,
             floor_watched_s: 24.0,
+            floor_last_s: 20.5,
         }
+    }
+
+    #[test]
+    fn a_row_of_the_format_before_the_last_floor_reads_with_it_at_zero() {
+        let r = row("musl", 10_000, 73.0);
+        let line = r.to_csv();
+        let before = &line[..line.rfind(',').expect("a comma")];
+        let back = ScaleRow::from_csv(before).expect("a row");
+        assert_eq!(back.floor_last_s, 0.0);
+        assert_eq!(back.floor_watched_s, r.floor_watched_s);
     }
 
     #[test]

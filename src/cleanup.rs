@@ -12,73 +12,29 @@
 //! ConfigMap (a slurmctld may mount it) are left in place then; `uninstall` removes them, except
 //! a Kueue Topology a ResourceFlavor still names (reported, kept unless `--force`).
 //!
+//! Each publisher finds and removes its own objects ([`crate::publish::plugin::Plugin`]); this
+//! module asks every one, and removes the rest (the condition, the Lease, our keys on Nodes).
+//!
 //! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
 //! operator's own command.
 
-use std::collections::BTreeSet;
-
-use k8s_openapi::api::{
-    coordination::v1::Lease,
-    core::v1::{ConfigMap, Node},
-};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, ResourceExt,
-    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
-use serde::Serialize;
 use serde_json::json;
 
 use crate::{
     FIELD_MANAGER,
     node::CONDITION_TYPE,
-    publish::{kai, kueue, owner, topology, volcano},
+    publish::{
+        PLUGINS,
+        plugin::{Purpose, gone},
+    },
 };
 
-/// One thing of ours, and what happens to it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Item {
-    /// `condition`, `hypernode`, `kueue-topology`, `kai-topology`, `configmap`, `lease`,
-    /// `labels`.
-    pub kind: &'static str,
-    /// `NAME` or `NAMESPACE/NAME` (for `condition` and `labels`: the node).
-    pub name: String,
-    /// Kept, and why (`None`: removed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kept: Option<String>,
-}
-
-impl Item {
-    fn remove(kind: &'static str, name: impl Into<String>) -> Self {
-        Self {
-            kind,
-            name: name.into(),
-            kept: None,
-        }
-    }
-
-    fn keep(kind: &'static str, name: impl Into<String>, why: impl Into<String>) -> Self {
-        Self {
-            kind,
-            name: name.into(),
-            kept: Some(why.into()),
-        }
-    }
-}
-
-fn selector() -> String {
-    owner::selector()
-}
-
-/// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
-async fn ours(client: &Client, ar: &ApiResource) -> Result<Vec<DynamicObject>, kube::Error> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    match api.list(&ListParams::default().labels(&selector())).await {
-        Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
-}
+pub use crate::publish::plugin::{Item, Scope};
 
 /// Names of nodes carrying our condition, among `nodes` (the node cache, or a fresh list).
 pub fn with_condition<N: std::borrow::Borrow<crate::node::LiteNode>>(
@@ -107,171 +63,17 @@ pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::E
     }
 }
 
-/// Which of the scheduler objects of our label a cleanup takes as its own.
-#[derive(Debug, Clone, Copy)]
-pub enum Scope<'a> {
-    /// The running controller: only those annotated as this installation's (its Lease,
-    /// `<namespace>/<name>`; the chart's admission policy refuses its ServiceAccount any other).
-    Annotated(&'a str),
-    /// `uninstall`, under its own ServiceAccount: also those without the annotation (written by
-    /// hand or by a build before it), never another installation's.
-    Labelled(&'a str),
-}
-
-impl Scope<'_> {
-    /// Whether `o` is ours in this scope: `Ok` when it is, `Err(Some(why))` when it is kept
-    /// and listed (`uninstall` lists another installation's), `Err(None)` when it is not ours
-    /// to list (the controller leaves anything not annotated as its own out).
-    fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
-        match (self, owner::claim(o, self.installation())) {
-            (_, owner::Claim::Ours) | (Scope::Labelled(_), owner::Claim::Unclaimed) => Ok(()),
-            (Scope::Annotated(_), _) => Err(None),
-            (Scope::Labelled(_), owner::Claim::Other(owner)) => Err(Some(format!(
-                "another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace",
-                owner::OWNER
-            ))),
-        }
-    }
-
-    fn installation(&self) -> &str {
-        let (Scope::Annotated(me) | Scope::Labelled(me)) = *self;
-        me
-    }
-
-    /// `o` as an item of `kind`: removed, or kept with why; `None` when not ours to list.
-    fn item(&self, kind: &'static str, o: &DynamicObject) -> Option<Item> {
-        match self.ours(o) {
-            Ok(()) => Some(Item::remove(kind, o.name_any())),
-            Err(Some(why)) => Some(Item::keep(kind, o.name_any(), why)),
-            Err(None) => None,
-        }
-    }
-}
-
-/// Our HyperNodes: this installation's prefix and, by the owner annotation, as `scope` says
-/// (another installation's of that prefix are listed as kept by `uninstall`, with why).
-pub async fn hypernodes(
+/// What every plug-in left in the cluster, for `purpose`, as `scope` takes it.
+pub async fn leftovers(
     client: &Client,
-    prefix: &str,
     scope: Scope<'_>,
+    purpose: Purpose<'_>,
 ) -> Result<Vec<Item>, kube::Error> {
-    Ok(ours(client, &volcano::api_resource())
-        .await?
-        .into_iter()
-        .filter(|o| volcano::owned_by(prefix, &o.name_any()))
-        .filter_map(|o| scope.item("hypernode", &o))
-        .collect())
-}
-
-/// Our Kueue Topologies (by the owner annotation, as `scope` says): removed unless a
-/// ResourceFlavor names one (then kept, with the flavors), or `force`.
-pub async fn kueue_topologies(
-    client: &Client,
-    force: bool,
-    scope: Scope<'_>,
-) -> Result<Vec<Item>, kube::Error> {
-    let Some(ar) = kueue::topology_resource(client).await? else {
-        return Ok(Vec::new());
-    };
-    // Each with its verdict (ours, or kept and why), those not ours to list left out.
-    let topologies: Vec<(DynamicObject, Option<String>)> = ours(client, &ar)
-        .await?
-        .into_iter()
-        .filter_map(|t| match scope.ours(&t) {
-            Ok(()) => Some((t, None)),
-            Err(Some(why)) => Some((t, Some(why))),
-            Err(None) => None,
-        })
-        .collect();
-    if topologies.is_empty() {
-        return Ok(Vec::new());
+    let mut items = Vec::new();
+    for p in PLUGINS {
+        items.extend(p.leftovers(client, scope, purpose).await?);
     }
-    let flavors = match topology::served_resource(
-        client,
-        kueue::GROUP,
-        &["v1beta2", "v1beta1"],
-        "ResourceFlavor",
-    )
-    .await?
-    {
-        Some(far) => {
-            Api::<DynamicObject>::all_with(client.clone(), &far)
-                .list(&ListParams::default())
-                .await?
-                .items
-        }
-        None => Vec::new(),
-    };
-    Ok(topologies
-        .into_iter()
-        .map(|(t, kept)| {
-            let name = t.name_any();
-            if let Some(why) = kept {
-                return Item::keep("kueue-topology", name, why);
-            }
-            let users: BTreeSet<String> = flavors
-                .iter()
-                .filter(|f| f.data.pointer("/spec/topologyName").and_then(|v| v.as_str()) == Some(name.as_str()))
-                .map(|f| f.name_any())
-                .collect();
-            if users.is_empty() || force {
-                Item::remove("kueue-topology", name)
-            } else {
-                Item::keep(
-                    "kueue-topology",
-                    name,
-                    format!(
-                        "ResourceFlavor(s) {} name it: deleting it would stop topology-aware admission; move them to another Topology first",
-                        users.into_iter().collect::<Vec<_>>().join(", ")
-                    ),
-                )
-            }
-        })
-        .collect())
-}
-
-/// Our KAI Topologies (by the owner annotation, as `scope` says).
-pub async fn kai_topologies(client: &Client, scope: Scope<'_>) -> Result<Vec<Item>, kube::Error> {
-    let Some(ar) = topology::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
-    else {
-        return Ok(Vec::new());
-    };
-    Ok(ours(client, &ar)
-        .await?
-        .into_iter()
-        .filter_map(|t| scope.item("kai-topology", &t))
-        .collect())
-}
-
-/// Our Slurm ConfigMaps, in any namespace (`uninstall` removes them all).
-pub async fn configmaps(client: &Client) -> Result<Vec<Item>, kube::Error> {
-    let api: Api<ConfigMap> = Api::all(client.clone());
-    Ok(api
-        .list(&ListParams::default().labels(&selector()))
-        .await?
-        .items
-        .into_iter()
-        .map(|c| {
-            Item::remove(
-                "configmap",
-                format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),
-            )
-        })
-        .collect())
-}
-
-/// The Slurm ConfigMap `ns/name`, if it is ours (carries our managed-by label).
-pub async fn configmap(client: &Client, ns: &str, name: &str) -> Result<Vec<Item>, kube::Error> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    Ok(api
-        .get_opt(name)
-        .await?
-        .filter(|c| {
-            c.labels().get(owner::MANAGED_BY.0).map(String::as_str) == Some(owner::MANAGED_BY.1)
-        })
-        .map(|_| Item::remove("configmap", format!("{ns}/{name}")))
-        .into_iter()
-        .collect())
+    Ok(items)
 }
 
 /// `items` and what became of them, for a person (one line each; `empty` when there are none)
@@ -341,52 +143,19 @@ pub async fn apply(
 }
 
 async fn remove(client: &Client, item: &Item) -> Result<(), kube::Error> {
-    let gone = |r: Result<(), kube::Error>| match r {
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        other => other,
-    };
-    let dp = DeleteParams::default();
+    if let Some(p) = PLUGINS.iter().find(|p| p.kind() == item.kind) {
+        return p.remove(client, &item.name).await;
+    }
     match item.kind {
         "condition" => remove_condition(client, &item.name).await,
-        "hypernode" => gone(
-            Api::<DynamicObject>::all_with(client.clone(), &volcano::api_resource())
-                .delete(&item.name, &dp)
-                .await
-                .map(drop),
-        ),
-        "kueue-topology" | "kai-topology" => {
-            let ar = if item.kind == "kueue-topology" {
-                kueue::topology_resource(client).await?
-            } else {
-                topology::served_resource(client, kai::GROUP, &["v1alpha1"], "Topology").await?
-            };
-            match ar {
-                Some(ar) => gone(
-                    Api::<DynamicObject>::all_with(client.clone(), &ar)
-                        .delete(&item.name, &dp)
-                        .await
-                        .map(drop),
-                ),
-                None => Ok(()),
-            }
-        }
-        "configmap" | "lease" => {
+        "lease" => {
             let (ns, name) = item.name.split_once('/').unwrap_or(("default", &item.name));
-            if item.kind == "configmap" {
-                gone(
-                    Api::<ConfigMap>::namespaced(client.clone(), ns)
-                        .delete(name, &dp)
-                        .await
-                        .map(drop),
-                )
-            } else {
-                gone(
-                    Api::<Lease>::namespaced(client.clone(), ns)
-                        .delete(name, &dp)
-                        .await
-                        .map(drop),
-                )
-            }
+            gone(
+                Api::<Lease>::namespaced(client.clone(), ns)
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map(drop),
+            )
         }
         "labels" => give_up_keys(client, &item.name).await,
         _ => Ok(()),

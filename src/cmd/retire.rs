@@ -25,52 +25,18 @@ use crate::{
     cleanup::{self, Item, Scope},
     config::RetireArgs,
     leader::Leadership,
-    publish::PublishArgs,
+    publish::{PublishArgs, plugin::Purpose},
 };
 
 /// What the features `publish` turns off left behind, as this installation's: to remove, or
 /// kept with why.
 pub async fn find(client: &Client, publish: &PublishArgs, installation: &str) -> Result<Vec<Item>> {
-    let scope = Scope::Annotated(installation);
-    let mut items = Vec::new();
-    if !publish.volcano_hypernodes {
-        items.extend(cleanup::hypernodes(client, &publish.volcano_hypernode_prefix, scope).await?);
-    }
-    if !publish.kueue_topology {
-        let names = [
-            &publish.kueue_topology_name,
-            &publish.kueue_topology_four_layer_name,
-        ];
-        items.extend(
-            cleanup::kueue_topologies(client, false, scope)
-                .await?
-                .into_iter()
-                .filter(|i| names.contains(&&i.name)),
-        );
-    }
-    if !publish.kai_topology {
-        let name = publish.kai_topology_name.as_str();
-        let ours = |n: &str| {
-            n == name
-                || n.strip_prefix(name)
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .and_then(|rest| rest.strip_suffix("-layer"))
-                    .is_some_and(|depth| depth.parse::<u8>().is_ok())
-        };
-        items.extend(
-            cleanup::kai_topologies(client, scope)
-                .await?
-                .into_iter()
-                .filter(|i| ours(&i.name))
-                .map(|i| Item {
-                    kept: Some(
-                        "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),
-                    ),
-                    ..i
-                }),
-        );
-    }
-    Ok(items)
+    Ok(cleanup::leftovers(
+        client,
+        Scope::Annotated(installation),
+        Purpose::TurnedOff(publish),
+    )
+    .await?)
 }
 
 /// Whether `d` has rolled out as `kubectl rollout status` judges it: its spec observed, every

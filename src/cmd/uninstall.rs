@@ -17,6 +17,7 @@ use crate::{
     config::{OutputFormat, UninstallArgs},
     leader::Leadership,
     node::{LiteNode, WireNode},
+    publish::plugin::{Purpose, SlurmConfigMaps, Uninstall},
 };
 
 /// The Lease, if a controller still holds it (renewed within its lease duration).
@@ -95,18 +96,28 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         None => Vec::new(),
     };
     let installation = crate::leader::installation(&args.leader, &client);
-    let scope = cleanup::Scope::Labelled(&installation);
-    items.extend(cleanup::hypernodes(&client, &args.volcano_hypernode_prefix, scope).await?);
-    items.extend(cleanup::kueue_topologies(&client, args.force, scope).await?);
-    items.extend(cleanup::kai_topologies(&client, scope).await?);
-    match args.slurm_topology_configmap.as_deref() {
-        Some("none") => {}
-        Some(at) => {
-            let (ns, name) = crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
-            items.extend(cleanup::configmap(&client, &ns, &name).await?);
-        }
-        None => items.extend(cleanup::configmaps(&client).await?),
-    }
+    let target = match args.slurm_topology_configmap.as_deref() {
+        Some("none") | None => None,
+        Some(at) => Some(crate::publish::slurm::parse_target(at).map_err(Error::Config)?),
+    };
+    let slurm = match (args.slurm_topology_configmap.as_deref(), &target) {
+        (Some("none"), _) => SlurmConfigMaps::None,
+        (_, Some((namespace, name))) => SlurmConfigMaps::One { namespace, name },
+        _ => SlurmConfigMaps::All,
+    };
+    let told = Uninstall {
+        force: args.force,
+        hypernode_prefix: &args.volcano_hypernode_prefix,
+        slurm,
+    };
+    items.extend(
+        cleanup::leftovers(
+            &client,
+            cleanup::Scope::Labelled(&installation),
+            Purpose::Uninstall(&told),
+        )
+        .await?,
+    );
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     if let Some(l) = leases
         .get_opt(&args.leader.leader_election_lease_name)

@@ -25,6 +25,7 @@ use tracing::{error, info, warn};
 
 use super::{
     PublishArgs, Publisher,
+    plugin::{Item, Purpose, Scope, Setup, delete, labelled},
     topology::{Outcome, ensure_in, levels, report_mismatch, served_resource},
 };
 use crate::{
@@ -219,6 +220,86 @@ impl Publisher for KaiPublisher {
 
     fn reset(&mut self) {
         self.checked.clear();
+    }
+}
+
+/// KAI's Topologies as a plug-in.
+pub struct Plugin;
+
+/// The KAI Topology API the cluster serves.
+async fn topology_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
+    served_resource(client, GROUP, &["v1alpha1"], "Topology").await
+}
+
+impl super::plugin::Plugin for Plugin {
+    fn kind(&self) -> &'static str {
+        "kai-topology"
+    }
+
+    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
+        Ok(s.args.kai_topology.then(|| {
+            Box::new(KaiPublisher::new(
+                s.client.clone(),
+                s.args,
+                s.scheme,
+                s.owner,
+                s.metrics.clone(),
+                s.events.clone(),
+                s.leader.clone(),
+            )) as Box<dyn Publisher>
+        }))
+    }
+
+    /// Turned off, the Topologies of the name configured (and its deeper `-<depth>-layer`
+    /// ones) are listed as kept: workloads name them; `uninstall` removes them.
+    fn leftovers<'a>(
+        &'a self,
+        client: &'a Client,
+        scope: Scope<'a>,
+        purpose: Purpose<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
+        Box::pin(async move {
+            if matches!(purpose, Purpose::TurnedOff(args) if args.kai_topology) {
+                return Ok(Vec::new());
+            }
+            let Some(ar) = topology_resource(client).await? else {
+                return Ok(Vec::new());
+            };
+            let ours = labelled(client, &ar)
+                .await?
+                .into_iter()
+                .filter_map(|t| scope.item("kai-topology", &t));
+            match purpose {
+                Purpose::TurnedOff(args) => {
+                    let name = args.kai_topology_name.as_str();
+                    let of_the_name = |n: &str| {
+                        n == name
+                            || n.strip_prefix(name)
+                                .and_then(|rest| rest.strip_prefix('-'))
+                                .and_then(|rest| rest.strip_suffix("-layer"))
+                                .is_some_and(|depth| depth.parse::<u8>().is_ok())
+                    };
+                    Ok(ours
+                        .filter(|i| of_the_name(&i.name))
+                        .map(|i| Item {
+                            kept: Some(
+                                "workloads may name it (kai.scheduler/topology); `ec2-topology-labeler uninstall` removes it once none does".into(),
+                            ),
+                            ..i
+                        })
+                        .collect())
+                }
+                Purpose::Uninstall(_) => Ok(ours.collect()),
+            }
+        })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        client: &'a Client,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move { delete(client, topology_resource(client).await?, name).await })
     }
 }
 

@@ -5,16 +5,19 @@
 //!
 //! Owns: the Kueue Topologies we create. Never changes or deletes one we did not create.
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc};
 
 use futures::future::BoxFuture;
 use kube::{
-    Client,
-    api::{ApiResource, DynamicObject},
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, ListParams},
 };
 use tracing::{error, info, warn};
 
-use super::{PublishArgs, Publisher};
+use super::{
+    PublishArgs, Publisher,
+    plugin::{Item, Purpose, Scope, Setup, delete, labelled},
+};
 use crate::{labels::LabelScheme, leader::Leadership, metrics::Metrics, tree::NodeView};
 
 pub const GROUP: &str = "kueue.x-k8s.io";
@@ -168,6 +171,125 @@ impl Publisher for KueuePublisher {
     fn reset(&mut self) {
         self.checked = None;
     }
+}
+
+/// Kueue's Topology as a plug-in.
+pub struct Plugin;
+
+impl super::plugin::Plugin for Plugin {
+    fn kind(&self) -> &'static str {
+        "kueue-topology"
+    }
+
+    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
+        Ok(s.args.kueue_topology.then(|| {
+            Box::new(KueuePublisher::new(
+                s.client.clone(),
+                s.args,
+                s.scheme,
+                s.owner,
+                s.metrics.clone(),
+                s.events.clone(),
+                s.leader.clone(),
+            )) as Box<dyn Publisher>
+        }))
+    }
+
+    /// Turned off, the Topologies of the names configured are listed (a ResourceFlavor may
+    /// name one: removed only by `uninstall`, and then only when none does or `--force`).
+    fn leftovers<'a>(
+        &'a self,
+        client: &'a Client,
+        scope: Scope<'a>,
+        purpose: Purpose<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
+        Box::pin(async move {
+            match purpose {
+                Purpose::TurnedOff(args) if args.kueue_topology => Ok(Vec::new()),
+                Purpose::TurnedOff(args) => {
+                    let names = [
+                        &args.kueue_topology_name,
+                        &args.kueue_topology_four_layer_name,
+                    ];
+                    Ok(topologies(client, false, scope)
+                        .await?
+                        .into_iter()
+                        .filter(|i| names.contains(&&i.name))
+                        .collect())
+                }
+                Purpose::Uninstall(u) => topologies(client, u.force, scope).await,
+            }
+        })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        client: &'a Client,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move { delete(client, topology_resource(client).await?, name).await })
+    }
+}
+
+/// Our Kueue Topologies (by the owner annotation, as `scope` says): removed unless a
+/// ResourceFlavor names one (then kept, with the flavors), or `force`.
+async fn topologies(
+    client: &Client,
+    force: bool,
+    scope: Scope<'_>,
+) -> Result<Vec<Item>, kube::Error> {
+    let Some(ar) = topology_resource(client).await? else {
+        return Ok(Vec::new());
+    };
+    // Each with its verdict (ours, or kept and why), those not ours to list left out.
+    let topologies: Vec<(DynamicObject, Option<String>)> = labelled(client, &ar)
+        .await?
+        .into_iter()
+        .filter_map(|t| match scope.ours(&t) {
+            Ok(()) => Some((t, None)),
+            Err(Some(why)) => Some((t, Some(why))),
+            Err(None) => None,
+        })
+        .collect();
+    if topologies.is_empty() {
+        return Ok(Vec::new());
+    }
+    let flavors =
+        match served_resource(client, GROUP, &["v1beta2", "v1beta1"], "ResourceFlavor").await? {
+            Some(far) => {
+                Api::<DynamicObject>::all_with(client.clone(), &far)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+            }
+            None => Vec::new(),
+        };
+    Ok(topologies
+        .into_iter()
+        .map(|(t, kept)| {
+            let name = t.name_any();
+            if let Some(why) = kept {
+                return Item::keep("kueue-topology", name, why);
+            }
+            let users: BTreeSet<String> = flavors
+                .iter()
+                .filter(|f| f.data.pointer("/spec/topologyName").and_then(|v| v.as_str()) == Some(name.as_str()))
+                .map(|f| f.name_any())
+                .collect();
+            if users.is_empty() || force {
+                Item::remove("kueue-topology", name)
+            } else {
+                Item::keep(
+                    "kueue-topology",
+                    name,
+                    format!(
+                        "ResourceFlavor(s) {} name it: deleting it would stop topology-aware admission; move them to another Topology first",
+                        users.into_iter().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod kai;
 pub mod kueue;
 pub mod owner;
+pub mod plugin;
 pub mod slurm;
 pub mod topology;
 pub mod volcano;
@@ -91,6 +92,15 @@ pub struct PublishArgs {
     pub publish_interval: HumanDuration,
 }
 
+/// Every scheduler we publish for, in the order they publish: adding one is a file implementing
+/// [`plugin::Plugin`] and a line here.
+pub const PLUGINS: [&dyn plugin::Plugin; 4] = [
+    &kueue::Plugin,
+    &kai::Plugin,
+    &slurm::Plugin,
+    &volcano::Plugin,
+];
+
 /// One kind of scheduler object kept in step with the labels.
 pub trait Publisher: Send {
     /// For logs and metrics.
@@ -135,60 +145,19 @@ impl Publishers {
         events: crate::events::Events,
         leader: &Leadership,
     ) -> Result<Option<Self>, String> {
-        let slurm_target = args
-            .slurm_topology_configmap
-            .as_deref()
-            .map(slurm::parse_target)
-            .transpose()?;
+        let setup = plugin::Setup {
+            client,
+            args,
+            owner,
+            scheme,
+            slurm_files: &slurm_files,
+            metrics,
+            events: &events,
+            leader,
+        };
         let mut list: Vec<Box<dyn Publisher>> = Vec::new();
-        if args.kueue_topology {
-            list.push(Box::new(kueue::KueuePublisher::new(
-                client.clone(),
-                args,
-                scheme,
-                owner,
-                metrics.clone(),
-                events.clone(),
-                leader.clone(),
-            )));
-        }
-        if args.kai_topology {
-            list.push(Box::new(kai::KaiPublisher::new(
-                client.clone(),
-                args,
-                scheme,
-                owner,
-                metrics.clone(),
-                events.clone(),
-                leader.clone(),
-            )));
-        }
-        if let Some(target) = slurm_target {
-            list.push(Box::new(slurm::SlurmPublisher::new(
-                client.clone(),
-                target,
-                slurm_files,
-                scheme,
-                args.publish_interval.0.saturating_mul(12),
-                metrics.clone(),
-                events.clone(),
-                leader.clone(),
-            )));
-        }
-        if args.volcano_hypernodes {
-            list.push(Box::new(volcano::VolcanoPublisher::new(
-                client.clone(),
-                &args.volcano_hypernode_prefix,
-                owner,
-                args.publish_interval
-                    .0
-                    .max(Duration::from_millis(100))
-                    .saturating_mul(12),
-                scheme.clone(),
-                metrics.clone(),
-                events.clone(),
-                leader.clone(),
-            )));
+        for p in PLUGINS {
+            list.extend(p.build(&setup)?);
         }
         // Each enabled publisher's error counter exists from the start, at 0 (a query on it
         // matches something, and `increase()` sees the first failure).
@@ -200,6 +169,12 @@ impl Publishers {
             interval: args.publish_interval.0.max(Duration::from_millis(100)),
             leader: leader.clone(),
         }))
+    }
+
+    /// The publishers built, in the order they publish.
+    #[cfg(test)]
+    pub fn names(&self) -> Vec<&'static str> {
+        self.list.iter().map(|p| p.name()).collect()
     }
 
     /// Publish every interval until the process stops, from the node cache `reader` once

@@ -15,13 +15,17 @@ use std::{
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::{Publisher, owner::MANAGED_BY};
+use super::{
+    Publisher,
+    owner::MANAGED_BY,
+    plugin::{Item, Purpose, Scope, Setup, SlurmConfigMaps, gone},
+};
 use crate::{
     FIELD_MANAGER, events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
     tree::NodeView,
@@ -292,6 +296,97 @@ impl Publisher for SlurmPublisher {
         self.last = None;
         self.reported = false;
         self.problems.clear();
+    }
+}
+
+/// Slurm's ConfigMap as a plug-in.
+pub struct Plugin;
+
+impl super::plugin::Plugin for Plugin {
+    fn kind(&self) -> &'static str {
+        "configmap"
+    }
+
+    /// A malformed `--slurm-topology-configmap` is an error.
+    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
+        let Some(target) = s.args.slurm_topology_configmap.as_deref() else {
+            return Ok(None);
+        };
+        Ok(Some(Box::new(SlurmPublisher::new(
+            s.client.clone(),
+            parse_target(target)?,
+            s.slurm_files.clone(),
+            s.scheme,
+            s.args.publish_interval.0.saturating_mul(12),
+            s.metrics.clone(),
+            s.events.clone(),
+            s.leader.clone(),
+        ))))
+    }
+
+    /// Turned off, nothing (a slurmctld may mount it; `uninstall` removes it). Labelled only:
+    /// a ConfigMap carries no owner annotation.
+    fn leftovers<'a>(
+        &'a self,
+        client: &'a Client,
+        _scope: Scope<'a>,
+        purpose: Purpose<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
+        Box::pin(async move {
+            let ours = |c: &ConfigMap| {
+                c.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+            };
+            let item = |c: ConfigMap| {
+                Item::remove(
+                    "configmap",
+                    format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),
+                )
+            };
+            let Purpose::Uninstall(u) = purpose else {
+                return Ok(Vec::new());
+            };
+            match u.slurm {
+                SlurmConfigMaps::None => Ok(Vec::new()),
+                SlurmConfigMaps::One { namespace, name } => {
+                    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+                    Ok(api
+                        .get_opt(name)
+                        .await?
+                        .filter(ours)
+                        .map(item)
+                        .into_iter()
+                        .collect())
+                }
+                SlurmConfigMaps::All => {
+                    let api: Api<ConfigMap> = Api::all(client.clone());
+                    let selector = super::owner::selector();
+                    Ok(api
+                        .list(&ListParams::default().labels(&selector))
+                        .await?
+                        .items
+                        .into_iter()
+                        .map(item)
+                        .collect())
+                }
+            }
+        })
+    }
+
+    /// `name` is `NAMESPACE/NAME`.
+    fn remove<'a>(
+        &'a self,
+        client: &'a Client,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            let (ns, name) = name.split_once('/').unwrap_or(("default", name));
+            gone(
+                Api::<ConfigMap>::namespaced(client.clone(), ns)
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map(drop),
+            )
+        })
     }
 }
 

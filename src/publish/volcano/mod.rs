@@ -22,18 +22,22 @@ use kube::{
         ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
     },
 };
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::{
     FIELD_MANAGER,
-    labels::{LabelScheme, LayerNumbering, MAX_LAYERS},
+    labels::LabelScheme,
     metrics::Metrics,
-    tree::{Conflict, NodeView, path_of},
+    tree::{Conflict, NodeView},
 };
 
-use super::owner::{Claim, MANAGED_BY, OWNER, claim};
+use super::{
+    owner::{Claim, MANAGED_BY, OWNER, claim},
+    plugin::{Item, Purpose, Scope, Setup, delete, labelled},
+};
+
+mod desired;
+pub use desired::{HyperNode, Member, desired, hypernode_name, owned_by};
 
 /// A HyperNode this installation would publish that another installation holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,216 +98,12 @@ impl std::fmt::Display for SyncError {
     }
 }
 
-/// One HyperNode to publish.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HyperNode {
-    pub name: String,
-    pub tier: usize,
-    pub tier_name: String,
-    pub members: Vec<Member>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Member {
-    /// Nodes whose labels match, and lack each of `absent` (keeps a 3-layer leaf from also
-    /// selecting 4-layer nodes whose third layer has the same value).
-    Nodes {
-        labels: BTreeMap<String, String>,
-        absent: Vec<String>,
-    },
-    HyperNode(String),
-}
-
-impl HyperNode {
-    /// The object to server-side apply, annotated as the installation `owner`'s.
-    pub fn to_object(&self, owner: &str) -> Value {
-        let members: Vec<Value> = self
-            .members
-            .iter()
-            .map(|m| match m {
-                Member::Nodes { labels, absent } => {
-                    let mut selector = serde_json::Map::new();
-                    selector.insert("matchLabels".into(), json!(labels));
-                    if !absent.is_empty() {
-                        selector.insert(
-                            "matchExpressions".into(),
-                            absent
-                                .iter()
-                                .map(|k| json!({ "key": k, "operator": "DoesNotExist" }))
-                                .collect(),
-                        );
-                    }
-                    json!({ "type": "Node", "selector": { "labelMatch": selector } })
-                }
-                Member::HyperNode(name) => {
-                    json!({ "type": "HyperNode", "selector": { "exactMatch": { "name": name } } })
-                }
-            })
-            .collect();
-        json!({
-            "apiVersion": "topology.volcano.sh/v1alpha1",
-            "kind": "HyperNode",
-            "metadata": {
-                "name": self.name,
-                "labels": { MANAGED_BY.0: MANAGED_BY.1 },
-                "annotations": { OWNER: owner },
-            },
-            "spec": { "tier": self.tier, "tierName": self.tier_name, "members": members }
-        })
-    }
-}
-
-/// A DNS-1123 label from `prefix`, the tier and a network node ID: lowercase, at most 63
-/// characters, and unique per (tier, ID) (a hash is appended when the ID had to change).
-pub fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
-    let head = format!("{prefix}-t{tier}-");
-    let mut body = String::new();
-    for c in id.chars() {
-        let c = c.to_ascii_lowercase();
-        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() {
-            c
-        } else {
-            '-'
-        };
-        if !(c == '-' && (body.is_empty() || body.ends_with('-'))) {
-            body.push(c);
-        }
-    }
-    let body = body.trim_end_matches('-').to_string();
-    let exact = body == id && head.len() + body.len() <= 63;
-    if exact {
-        return format!("{head}{body}");
-    }
-    let digest = Sha256::digest(id.as_bytes());
-    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    let room = 63usize.saturating_sub(head.len() + 1 + hash.len());
-    let body: String = body.chars().take(room).collect();
-    let body = body.trim_end_matches('-');
-    if body.is_empty() {
-        format!("{head}{hash}")
-    } else {
-        format!("{head}{body}-{hash}")
-    }
-}
-
-/// The HyperNodes for these nodes, or the conflicts that forbid publishing any (a HyperNode
-/// with two parents would break Volcano's tree).
-pub fn desired(
-    scheme: &LabelScheme,
-    nodes: &[NodeView],
-    prefix: &str,
-) -> Result<Vec<HyperNode>, Vec<Conflict>> {
-    // (tier, id) → (layer key, parents, children)
-    #[derive(Default)]
-    struct Entry {
-        key: String,
-        parents: BTreeSet<Option<(usize, String)>>,
-        children: BTreeSet<(usize, String)>,
-        leaf_selector: Option<(String, Option<String>)>,
-    }
-    let mut entries: BTreeMap<(usize, String), Entry> = BTreeMap::new();
-    for node in nodes {
-        let Some(path) = path_of(scheme, &node.labels) else {
-            continue;
-        };
-        let depth = path.len();
-        // Layer labels the node carries: more than its path when `--uniform-depth` repeated its
-        // deepest network node; the leaf selects nodes by the deepest of them.
-        let label_depth = (1..=MAX_LAYERS)
-            .take_while(|n| node.labels.contains_key(&scheme.layer_key(*n)))
-            .count()
-            .max(depth);
-        for (j, id) in path.iter().enumerate() {
-            let tier = depth - j;
-            // The label key holding this layer's value on this node.
-            let layer = match scheme.numbering {
-                LayerNumbering::TopFirst => j + 1,
-                LayerNumbering::LeafFirst => depth - j,
-            };
-            let e = entries.entry((tier, id.clone())).or_default();
-            e.key = scheme.layer_key(layer);
-            e.parents.insert(
-                j.checked_sub(1)
-                    .and_then(|p| Some((tier + 1, path.get(p)?.clone()))),
-            );
-            if let Some(child) = path.get(j + 1) {
-                e.children.insert((tier - 1, child.clone()));
-            } else {
-                let (key, absent) = match scheme.numbering {
-                    LayerNumbering::TopFirst => (
-                        scheme.layer_key(label_depth),
-                        Some(scheme.layer_key(label_depth + 1)),
-                    ),
-                    LayerNumbering::LeafFirst => (scheme.layer_key(layer), None),
-                };
-                // Nodes of one leaf carrying different numbers of labels (a change of
-                // `--uniform-depth` rolling out): the deepest wins, whichever node came first.
-                if e.leaf_selector.as_ref().is_none_or(|(k, _)| {
-                    scheme.layer_index(k).unwrap_or(0) < scheme.layer_index(&key).unwrap_or(0)
-                }) {
-                    e.leaf_selector = Some((key, absent));
-                }
-            }
-        }
-    }
-    let conflicts: Vec<Conflict> = entries
-        .iter()
-        .filter(|(_, e)| e.parents.len() > 1)
-        .map(|((tier, id), e)| Conflict {
-            network_node: id.clone(),
-            layer: *tier,
-            parents: e
-                .parents
-                .iter()
-                .map(|p| p.as_ref().map_or("(top)".into(), |(_, id)| id.clone()))
-                .collect(),
-        })
-        .collect();
-    if !conflicts.is_empty() {
-        return Err(conflicts);
-    }
-    let mut out: Vec<HyperNode> = entries
-        .iter()
-        .map(|((tier, id), e)| {
-            let mut members: Vec<Member> = e
-                .children
-                .iter()
-                .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
-                .collect();
-            if let Some((key, absent)) = &e.leaf_selector {
-                members.push(Member::Nodes {
-                    labels: BTreeMap::from([(key.clone(), id.clone())]),
-                    absent: absent.iter().cloned().collect(),
-                });
-            }
-            HyperNode {
-                name: hypernode_name(prefix, *tier, id),
-                tier: *tier,
-                tier_name: e.key.clone(),
-                members,
-            }
-        })
-        .collect();
-    out.sort_by(|a, b| (a.tier, &a.name).cmp(&(b.tier, &b.name)));
-    Ok(out)
-}
-
 /// What one sync did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncStats {
     pub applied: usize,
     pub deleted: usize,
     pub unchanged: usize,
-}
-
-/// Whether HyperNode `name` is one this installation made: our `managed-by` label alone is not
-/// enough (two installations in one cluster carry the same one), so the name must also be
-/// `<prefix>-t<tier>-…`, as [`hypernode_name`] makes them.
-pub fn owned_by(prefix: &str, name: &str) -> bool {
-    name.strip_prefix(prefix)
-        .and_then(|rest| rest.strip_prefix("-t"))
-        .and_then(|rest| rest.split_once('-'))
-        .is_some_and(|(tier, _)| !tier.is_empty() && tier.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Applies the difference between the desired HyperNodes and those we own.
@@ -589,175 +389,63 @@ impl super::Publisher for VolcanoPublisher {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tree::NodeView;
+/// Volcano's HyperNodes as a plug-in.
+pub struct Plugin;
 
-    fn view(name: &str, path: &[&str]) -> NodeView {
-        NodeView::labelled(name, &LabelScheme::default(), path)
+impl super::plugin::Plugin for Plugin {
+    fn kind(&self) -> &'static str {
+        "hypernode"
     }
 
-    /// Two installations in one cluster (prefixes `ec2tl` and `ec2tl2`, both labelled
-    /// managed-by us): each owns only its own names, so neither deletes the other's HyperNodes.
-    #[test]
-    fn hypernodes_are_ours_by_label_and_name_prefix() {
-        let ours = hypernode_name("ec2tl", 2, "nn-a1");
-        assert!(owned_by("ec2tl", &ours), "{ours}");
-        for theirs in [
-            hypernode_name("ec2tl2", 2, "nn-a1"),
-            hypernode_name("other", 1, "nn-s1"),
-            "ec2tl-tx-nn".to_string(),
-            "ec2tl".to_string(),
-            "ec2tl-t-nn".to_string(),
-        ] {
-            assert!(!owned_by("ec2tl", &theirs), "{theirs}");
-        }
-        assert!(owned_by("ec2tl2", &hypernode_name("ec2tl2", 10, "nn-x")));
+    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn super::Publisher>>, String> {
+        let a = s.args;
+        Ok(a.volcano_hypernodes.then(|| {
+            Box::new(VolcanoPublisher::new(
+                s.client.clone(),
+                &a.volcano_hypernode_prefix,
+                s.owner,
+                a.publish_interval
+                    .0
+                    .max(std::time::Duration::from_millis(100))
+                    .saturating_mul(12),
+                s.scheme.clone(),
+                s.metrics.clone(),
+                s.events.clone(),
+                s.leader.clone(),
+            )) as Box<dyn super::Publisher>
+        }))
     }
 
-    #[test]
-    fn tiers_count_from_the_nodes_up_with_label_selected_leaves() {
-        let nodes = vec![
-            view("n1", &["nn-s1", "nn-a1", "nn-l1"]),
-            view("n2", &["nn-s1", "nn-a1", "nn-l2"]),
-            view("n3", &["nn-s1", "nn-a1", "nn-l2"]),
-        ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
-        let names: Vec<(&str, usize)> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
-        assert_eq!(
-            names,
-            vec![
-                ("ec2tl-t1-nn-l1", 1),
-                ("ec2tl-t1-nn-l2", 1),
-                ("ec2tl-t2-nn-a1", 2),
-                ("ec2tl-t3-nn-s1", 3)
-            ]
-        );
-        let leaf = &hns[0];
-        assert_eq!(leaf.tier_name, "topology.k8s.aws/network-node-layer-3");
-        assert_eq!(
-            leaf.members,
-            vec![Member::Nodes {
-                labels: BTreeMap::from([(
-                    "topology.k8s.aws/network-node-layer-3".into(),
-                    "nn-l1".into()
-                )]),
-                absent: vec!["topology.k8s.aws/network-node-layer-4".into()],
-            }]
-        );
-        assert_eq!(
-            hns[2].members,
-            vec![
-                Member::HyperNode("ec2tl-t1-nn-l1".into()),
-                Member::HyperNode("ec2tl-t1-nn-l2".into())
-            ]
-        );
-        assert_eq!(
-            hns[3].members,
-            vec![Member::HyperNode("ec2tl-t2-nn-a1".into())]
-        );
-        let obj = leaf.to_object("ns/lease");
-        assert_eq!(
-            obj["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-            "ec2-topology-labeler"
-        );
-        assert!(
-            obj["metadata"]["labels"]
-                .get("volcano.sh/network-topology-source")
-                .is_none()
-        );
-        assert_eq!(
-            obj["spec"]["members"][0]["selector"]["labelMatch"]["matchExpressions"][0]["operator"],
-            "DoesNotExist"
-        );
+    /// This installation's prefix and, by the owner annotation, as `scope` says (another
+    /// installation's of that prefix are listed as kept by `uninstall`, with why). Turned off,
+    /// all go: Volcano re-plans from what exists.
+    fn leftovers<'a>(
+        &'a self,
+        client: &'a Client,
+        scope: Scope<'a>,
+        purpose: Purpose<'a>,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
+        Box::pin(async move {
+            let prefix = match purpose {
+                Purpose::TurnedOff(args) if args.volcano_hypernodes => return Ok(Vec::new()),
+                Purpose::TurnedOff(args) => args.volcano_hypernode_prefix.as_str(),
+                Purpose::Uninstall(u) => u.hypernode_prefix,
+            };
+            Ok(labelled(client, &api_resource())
+                .await?
+                .into_iter()
+                .filter(|o| owned_by(prefix, &o.name_any()))
+                .filter_map(|o| scope.item("hypernode", &o))
+                .collect())
+        })
     }
 
-    /// `--uniform-depth=4`: a 3-layer node carries its switch as layers 3 and 4. The switch is
-    /// one tier-1 HyperNode selecting by layer 4 (the deepest label the node carries), not two.
-    #[test]
-    fn padded_nodes_make_no_extra_tier_and_are_selected_by_their_deepest_label() {
-        let s = LabelScheme {
-            uniform_depth: Some(4),
-            ..LabelScheme::default()
-        };
-        let nodes = vec![
-            NodeView::labelled("n1", &s, &["s", "a", "m", "m"]),
-            NodeView::labelled("n2", &s, &["s", "b", "r", "l"]),
-        ];
-        let hns = desired(&s, &nodes, "ec2tl").unwrap();
-        let by_name: BTreeMap<&str, &HyperNode> =
-            hns.iter().map(|h| (h.name.as_str(), h)).collect();
-        assert!(!by_name.contains_key("ec2tl-t2-m"), "{:?}", by_name.keys());
-        assert_eq!(
-            by_name["ec2tl-t3-s"].tier, 3,
-            "the 3-layer path keeps its tiers"
-        );
-        assert_eq!(
-            by_name["ec2tl-t1-m"].members,
-            vec![Member::Nodes {
-                labels: BTreeMap::from([(
-                    "topology.k8s.aws/network-node-layer-4".to_string(),
-                    "m".to_string()
-                )]),
-                absent: vec!["topology.k8s.aws/network-node-layer-5".to_string()],
-            }]
-        );
-    }
-
-    #[test]
-    fn four_layer_nodes_put_their_top_at_tier_four() {
-        let nodes = vec![
-            view("n1", &["s", "a", "r", "l"]),
-            view("n2", &["s", "b", "m"]),
-        ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
-        let tiers: BTreeMap<&str, usize> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
-        assert_eq!(tiers["ec2tl-t4-s"], 4);
-        assert_eq!(
-            tiers["ec2tl-t3-s"], 3,
-            "the spine of 3-layer nodes is its own tier-3 HyperNode"
-        );
-        assert_eq!(tiers["ec2tl-t1-l"], 1);
-        assert_eq!(tiers["ec2tl-t1-m"], 1);
-    }
-
-    #[test]
-    fn two_parents_for_one_child_are_refused() {
-        let nodes = vec![view("n1", &["s", "a1", "l"]), view("n2", &["s", "a2", "l"])];
-        let err = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap_err();
-        assert_eq!(err.len(), 1);
-        assert_eq!(err[0].network_node, "l");
-        assert_eq!(err[0].parents, vec!["a1", "a2"]);
-    }
-
-    #[test]
-    fn names_are_valid_bounded_and_distinct() {
-        assert_eq!(
-            hypernode_name("ec2tl", 1, "nn-e50490a237cb0f01a"),
-            "ec2tl-t1-nn-e50490a237cb0f01a"
-        );
-        for id in ["NN-UPPER", "nn_under.score", &"n".repeat(100), "ünï", "---"] {
-            let n = hypernode_name("ec2tl", 2, id);
-            assert!(n.len() <= 63, "{n}");
-            assert!(
-                n.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
-                "{n}"
-            );
-            assert!(n.ends_with(|c: char| c.is_ascii_alphanumeric()), "{n}");
-        }
-        assert_ne!(
-            hypernode_name("p", 1, "NN-A"),
-            hypernode_name("p", 1, "nn-a")
-        );
-    }
-
-    #[test]
-    fn nodes_without_labels_contribute_nothing_and_empty_input_gives_nothing() {
-        let mut v = view("n", &[]);
-        v.labels.insert("other".into(), "x".into());
-        assert_eq!(desired(&LabelScheme::default(), &[v], "ec2tl"), Ok(vec![]));
+    fn remove<'a>(
+        &'a self,
+        client: &'a Client,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move { delete(client, Some(api_resource()), name).await })
     }
 }
 

@@ -1,0 +1,333 @@
+//! A scheduler's publisher as a plug-in: built when its flags turn it on, and finding and
+//! removing what it left in the cluster (for `retire`, when its feature is turned off, and for
+//! `uninstall`). Adding a scheduler is one file implementing [`Plugin`] and one line in
+//! [`super::PLUGINS`].
+//!
+//! Owns: the shape of a plug-in and of what it leaves ([`Item`], [`Scope`], [`Purpose`]). Never
+//! removes anything itself (each plug-in does, through [`Plugin::remove`]).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams},
+};
+use serde::Serialize;
+
+use super::{PublishArgs, Publisher, owner, slurm};
+use crate::{labels::LabelScheme, leader::Leadership, metrics::Metrics};
+
+/// What every publisher is built from.
+pub struct Setup<'a> {
+    pub client: &'a Client,
+    pub args: &'a PublishArgs,
+    /// This installation's Lease (`<namespace>/<name>`), marked on what is ours.
+    pub owner: &'a str,
+    pub scheme: &'a LabelScheme,
+    /// How Slurm's files are drawn.
+    pub slurm_files: &'a slurm::Files,
+    pub metrics: &'a Arc<Metrics>,
+    pub events: &'a crate::events::Events,
+    pub leader: &'a Leadership,
+}
+
+/// One scheduler's publisher.
+pub trait Plugin: Sync {
+    /// The kind its objects are listed under (`hypernode`, `kueue-topology`, ...).
+    fn kind(&self) -> &'static str;
+    /// Its publisher, when `setup.args` turns it on; a malformed flag of its own is an error.
+    fn build(&self, setup: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String>;
+    /// What it left in the cluster, each to remove or kept with why: for `purpose`, of the
+    /// objects `scope` takes as this installation's.
+    fn leftovers<'a>(
+        &'a self,
+        client: &'a Client,
+        scope: Scope<'a>,
+        purpose: Purpose<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>>;
+    /// Remove one of its objects, by the name it was listed under (already gone: done).
+    fn remove<'a>(
+        &'a self,
+        client: &'a Client,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+}
+
+/// Why a plug-in's leftovers are looked for.
+#[derive(Debug, Clone, Copy)]
+pub enum Purpose<'a> {
+    /// `retire` (the chart's post-upgrade hook): its feature is off in these flags (a plug-in
+    /// whose feature is on has no leftovers). What cannot hurt a running workload goes; what a
+    /// workload or another component may still name is listed as kept, with why.
+    TurnedOff(&'a PublishArgs),
+    /// `uninstall`: everything of this installation's.
+    Uninstall(&'a Uninstall<'a>),
+}
+
+/// What `uninstall` was told, for the plug-ins.
+#[derive(Debug, Clone, Copy)]
+pub struct Uninstall<'a> {
+    /// Remove even what is still named (a Kueue Topology a ResourceFlavor names).
+    pub force: bool,
+    /// The HyperNode name prefix `run` was given.
+    pub hypernode_prefix: &'a str,
+    /// Which Slurm ConfigMaps are ours.
+    pub slurm: SlurmConfigMaps<'a>,
+}
+
+/// Which Slurm ConfigMaps `uninstall` removes (each only if it carries our label).
+#[derive(Debug, Clone, Copy)]
+pub enum SlurmConfigMaps<'a> {
+    /// `--slurm-topology-configmap none`.
+    None,
+    /// The one `run` was given.
+    One { namespace: &'a str, name: &'a str },
+    /// Unset: every ConfigMap of our label, in any namespace.
+    All,
+}
+
+/// One thing of ours, and what happens to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Item {
+    /// `condition`, `hypernode`, `kueue-topology`, `kai-topology`, `configmap`, `lease`,
+    /// `labels`.
+    pub kind: &'static str,
+    /// `NAME` or `NAMESPACE/NAME` (for `condition` and `labels`: the node).
+    pub name: String,
+    /// Kept, and why (`None`: removed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
+}
+
+impl Item {
+    pub fn remove(kind: &'static str, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            kept: None,
+        }
+    }
+
+    pub fn keep(kind: &'static str, name: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            kept: Some(why.into()),
+        }
+    }
+}
+
+/// Which of the scheduler objects of our label a cleanup takes as its own.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// The running controller: only those annotated as this installation's (its Lease,
+    /// `<namespace>/<name>`; the chart's admission policy refuses its ServiceAccount any other).
+    Annotated(&'a str),
+    /// `uninstall`, under its own ServiceAccount: also those without the annotation (written by
+    /// hand or by a build before it), never another installation's.
+    Labelled(&'a str),
+}
+
+impl Scope<'_> {
+    /// Whether `o` is ours in this scope: `Ok` when it is, `Err(Some(why))` when it is kept
+    /// and listed (`uninstall` lists another installation's), `Err(None)` when it is not ours
+    /// to list (the controller leaves anything not annotated as its own out).
+    pub fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
+        match (self, owner::claim(o, self.installation())) {
+            (_, owner::Claim::Ours) | (Scope::Labelled(_), owner::Claim::Unclaimed) => Ok(()),
+            (Scope::Annotated(_), _) => Err(None),
+            (Scope::Labelled(_), owner::Claim::Other(owner)) => Err(Some(format!(
+                "another installation's ({owner}, annotation {}): if it is this installation's under an older Lease, pass that Lease's --leader-election-lease-name and --leader-election-namespace",
+                owner::OWNER
+            ))),
+        }
+    }
+
+    fn installation(&self) -> &str {
+        let (Scope::Annotated(me) | Scope::Labelled(me)) = *self;
+        me
+    }
+
+    /// `o` as an item of `kind`: removed, or kept with why; `None` when not ours to list.
+    pub fn item(&self, kind: &'static str, o: &DynamicObject) -> Option<Item> {
+        match self.ours(o) {
+            Ok(()) => Some(Item::remove(kind, o.name_any())),
+            Err(Some(why)) => Some(Item::keep(kind, o.name_any(), why)),
+            Err(None) => None,
+        }
+    }
+}
+
+/// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
+pub async fn labelled(
+    client: &Client,
+    ar: &ApiResource,
+) -> Result<Vec<DynamicObject>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    match api
+        .list(&ListParams::default().labels(&owner::selector()))
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Delete the cluster-scoped object `name` of `ar` (`None`: the API is not served; nothing to
+/// delete); already gone is done.
+pub async fn delete(
+    client: &Client,
+    ar: Option<ApiResource>,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let Some(ar) = ar else { return Ok(()) };
+    gone(
+        Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .delete(name, &DeleteParams::default())
+            .await
+            .map(drop),
+    )
+}
+
+/// A removal that found the object already gone succeeded.
+pub fn gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    use super::*;
+    use crate::publish::{PLUGINS, Publishers};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        publish: PublishArgs,
+    }
+
+    fn flags(args: &[&str]) -> PublishArgs {
+        Flags::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .expect("flags parse")
+            .publish
+    }
+
+    const ALL_ON: [&str; 8] = [
+        "--kueue-topology",
+        "true",
+        "--kai-topology",
+        "true",
+        "--volcano-hypernodes",
+        "true",
+        "--slurm-topology-configmap",
+        "slurm/topology",
+    ];
+
+    /// A client whose API server answers nothing: any request fails.
+    fn unreachable() -> Client {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        drop(handle);
+        Client::new(service, "default")
+    }
+
+    fn built(args: &PublishArgs) -> Result<Option<Vec<&'static str>>, String> {
+        let (client, metrics) = (unreachable(), Arc::new(Metrics::new()));
+        let publishers = Publishers::new(
+            &client,
+            args,
+            "ns/lease",
+            &LabelScheme::default(),
+            crate::slurm::Files {
+                tree_topology: "default".into(),
+                switches_only: false,
+            },
+            &metrics,
+            crate::events::Events::default(),
+            &Leadership::always(),
+        )?;
+        Ok(publishers.map(|p| p.names()))
+    }
+
+    #[test]
+    fn each_kind_is_one_plugins_and_none_is_cleanups_own() {
+        let kinds: Vec<&str> = PLUGINS.iter().map(|p| p.kind()).collect();
+        let distinct: std::collections::BTreeSet<&str> = kinds.iter().copied().collect();
+        assert_eq!(distinct.len(), kinds.len(), "{kinds:?}");
+        for own in ["condition", "lease", "labels"] {
+            assert!(!distinct.contains(own), "{own} is cleanup's");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_flags_build_the_publishers_they_turn_on_in_order() {
+        assert_eq!(built(&flags(&[])), Ok(None));
+        assert_eq!(
+            built(&flags(&ALL_ON)),
+            Ok(Some(vec!["kueue", "kai", "slurm", "volcano"]))
+        );
+        assert_eq!(
+            built(&flags(&["--volcano-hypernodes", "true"])),
+            Ok(Some(vec!["volcano"]))
+        );
+        let bad = built(&flags(&["--slurm-topology-configmap", "no-slash"]));
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.contains("is not NAMESPACE/NAME")),
+            "{bad:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_feature_turned_on_leaves_nothing_and_asks_nothing() {
+        // The API server answers nothing: a plug-in that asked would fail.
+        let (client, args) = (unreachable(), flags(&ALL_ON));
+        for p in PLUGINS {
+            let left = p
+                .leftovers(
+                    &client,
+                    Scope::Annotated("ns/lease"),
+                    Purpose::TurnedOff(&args),
+                )
+                .await;
+            assert!(
+                left.as_ref().is_ok_and(Vec::is_empty),
+                "{}: {left:?}",
+                p.kind()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn uninstall_asks_the_api_server() {
+        // With nothing answering, every plug-in but a Slurm told `none` reports the failure.
+        let client = unreachable();
+        let told = Uninstall {
+            force: false,
+            hypernode_prefix: "ec2tl",
+            slurm: SlurmConfigMaps::None,
+        };
+        for p in PLUGINS {
+            let left = p
+                .leftovers(
+                    &client,
+                    Scope::Labelled("ns/lease"),
+                    Purpose::Uninstall(&told),
+                )
+                .await;
+            if p.kind() == "configmap" {
+                assert!(left.as_ref().is_ok_and(Vec::is_empty), "{left:?}");
+            } else {
+                assert!(left.is_err(), "{}: {left:?}", p.kind());
+            }
+        }
+    }
+}

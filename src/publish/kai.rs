@@ -24,7 +24,7 @@ use kube::{
 use tracing::{error, info, warn};
 
 use super::{
-    PublishArgs, Publisher,
+    Publisher,
     plugin::{Item, Purpose, Scope, Setup, delete, labelled},
     topology::{Outcome, ensure_in, levels, report_mismatch, served_resource},
 };
@@ -92,26 +92,18 @@ pub struct KaiPublisher {
 }
 
 impl KaiPublisher {
-    pub fn new(
-        client: Client,
-        args: &PublishArgs,
-        scheme: &LabelScheme,
-        owner: &str,
-        metrics: Arc<Metrics>,
-        events: crate::events::Events,
-        leader: crate::leader::Leadership,
-    ) -> Self {
+    pub fn new(s: &Setup<'_>) -> Self {
         Self {
-            client,
-            scheme: scheme.clone(),
-            name: args.kai_topology_name.clone(),
-            recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
+            client: s.client.clone(),
+            scheme: s.scheme.clone(),
+            name: s.args.kai_topology_name.clone(),
+            recheck: s.args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: BTreeMap::new(),
             reported: BTreeSet::new(),
-            owner: owner.to_string(),
-            metrics,
-            events,
-            leader,
+            owner: s.owner.to_string(),
+            metrics: s.metrics.clone(),
+            events: s.events.clone(),
+            leader: s.leader.clone(),
         }
     }
 
@@ -237,17 +229,9 @@ impl super::plugin::Plugin for Plugin {
     }
 
     fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
-        Ok(s.args.kai_topology.then(|| {
-            Box::new(KaiPublisher::new(
-                s.client.clone(),
-                s.args,
-                s.scheme,
-                s.owner,
-                s.metrics.clone(),
-                s.events.clone(),
-                s.leader.clone(),
-            )) as Box<dyn Publisher>
-        }))
+        Ok(s.args
+            .kai_topology
+            .then(|| Box::new(KaiPublisher::new(s)) as Box<dyn Publisher>))
     }
 
     /// Turned off, the Topologies of the name configured (and its deeper `-<depth>-layer`

@@ -15,10 +15,10 @@ use kube::{
 use tracing::{error, info, warn};
 
 use super::{
-    PublishArgs, Publisher,
+    Publisher,
     plugin::{Item, Purpose, Scope, Setup, delete, labelled},
 };
-use crate::{labels::LabelScheme, leader::Leadership, metrics::Metrics, tree::NodeView};
+use crate::{leader::Leadership, metrics::Metrics, tree::NodeView};
 
 pub const GROUP: &str = "kueue.x-k8s.io";
 
@@ -68,15 +68,8 @@ pub struct KueuePublisher {
 }
 
 impl KueuePublisher {
-    pub fn new(
-        client: Client,
-        args: &PublishArgs,
-        scheme: &LabelScheme,
-        owner: &str,
-        metrics: Arc<Metrics>,
-        events: crate::events::Events,
-        leader: Leadership,
-    ) -> Self {
+    pub fn new(s: &Setup<'_>) -> Self {
+        let (args, scheme) = (s.args, s.scheme);
         let hostname = args.kueue_topology_hostname_level;
         // With uniform depth every node carries that many layers: one Topology covers them all.
         let depth = scheme.uniform_depth.unwrap_or(3);
@@ -96,15 +89,15 @@ impl KueuePublisher {
             ));
         }
         Self {
-            client,
+            client: s.client.clone(),
             topologies,
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: None,
             reported: None,
-            owner: owner.to_string(),
-            metrics,
-            events,
-            leader,
+            owner: s.owner.to_string(),
+            metrics: s.metrics.clone(),
+            events: s.events.clone(),
+            leader: s.leader.clone(),
         }
     }
 
@@ -182,17 +175,9 @@ impl super::plugin::Plugin for Plugin {
     }
 
     fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
-        Ok(s.args.kueue_topology.then(|| {
-            Box::new(KueuePublisher::new(
-                s.client.clone(),
-                s.args,
-                s.scheme,
-                s.owner,
-                s.metrics.clone(),
-                s.events.clone(),
-                s.leader.clone(),
-            )) as Box<dyn Publisher>
-        }))
+        Ok(s.args
+            .kueue_topology
+            .then(|| Box::new(KueuePublisher::new(s)) as Box<dyn Publisher>))
     }
 
     /// Turned off, the Topologies of the names configured are listed (a ResourceFlavor may
@@ -296,7 +281,7 @@ async fn topologies(
 mod tests {
     use super::*;
     use crate::{
-        labels::LayerNumbering,
+        labels::{LabelScheme, LayerNumbering},
         publish::topology::{levels_of, topology_object},
     };
 

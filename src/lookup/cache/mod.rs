@@ -33,6 +33,7 @@ pub type Answer = Result<Option<InstanceTopology>, Ec2Error>;
 
 mod reverify;
 mod view;
+pub use reverify::{seeded_wait, spread};
 pub use view::CacheView;
 
 #[derive(Debug, Clone)]
@@ -561,39 +562,6 @@ fn in_region(topology: &InstanceTopology, region: &str) -> bool {
         .as_deref()
         .and_then(crate::provider_id::region_of_zone)
         .is_some_and(|r| r == region)
-}
-
-/// How long a new leader waits to re-verify an answer it took from a node's record, given
-/// since when (`at`) EC2 has given it and the wall clock now (`wall`), both in seconds since the
-/// Unix epoch. A record first given within the last TTL is due when that TTL ends: EC2 was asked
-/// lately (a leader that takes over during a join wave asks nothing about the fleet its
-/// predecessor just verified). An older one (re-verifications that find the same answer keep
-/// `at`) is due at the instance's own moment of the TTL on the wall clock ([`spread`]): a new
-/// leader re-verifies the fleet it took on trust evenly over its first TTL, as in steady state,
-/// not all at once. A record from the future (another leader's clock ahead) counts as old.
-pub fn seeded_wait(at: u64, instance_id: &str, ttl: Duration, wall: u64) -> Duration {
-    let age = Duration::from_secs(wall.saturating_sub(at));
-    if at <= wall && age < ttl {
-        return ttl - age;
-    }
-    spread(instance_id, ttl, Duration::from_secs(wall))
-}
-
-/// How long from now (`wall`: the wall clock now, since the Unix epoch) until the instance
-/// `instance_id` next comes due on its own fixed point of a cycle of `ttl` on the wall clock
-/// (a hash of its ID): a fleet taken on trust spreads evenly over the TTL, and every leader
-/// puts an instance at the same moments, so a run of short-lived leaders (a crash loop, a
-/// rollout every few minutes) still re-verifies each instance once a TTL: whichever leads at
-/// that moment asks.
-pub fn spread(instance_id: &str, ttl: Duration, wall: Duration) -> Duration {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    instance_id.hash(&mut h);
-    let cycle = ttl.as_millis().max(1);
-    let phase = u128::from(h.finish()) % cycle;
-    let into = wall.as_millis() % cycle;
-    let wait = (phase + cycle - into) % cycle;
-    Duration::from_millis(u64::try_from(wait).unwrap_or(u64::MAX))
 }
 
 /// Only a change from one known boot to another counts: a boot ID that appears for the first

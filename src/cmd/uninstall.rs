@@ -96,14 +96,17 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         None => Vec::new(),
     };
     let installation = crate::leader::installation(&args.leader, &client);
-    let target = match args.slurm_topology_configmap.as_deref() {
-        Some("none") | None => None,
-        Some(at) => Some(crate::publish::slurm::parse_target(at).map_err(Error::Config)?),
-    };
-    let slurm = match (args.slurm_topology_configmap.as_deref(), &target) {
-        (Some("none"), _) => SlurmConfigMaps::None,
-        (_, Some((namespace, name))) => SlurmConfigMaps::One { namespace, name },
-        _ => SlurmConfigMaps::All,
+    let target: (String, String);
+    let slurm = match args.slurm_topology_configmap.as_deref() {
+        Some("none") => SlurmConfigMaps::None,
+        Some(at) => {
+            target = crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
+            SlurmConfigMaps::One {
+                namespace: &target.0,
+                name: &target.1,
+            }
+        }
+        None => SlurmConfigMaps::All,
     };
     let told = Uninstall {
         force: args.force,

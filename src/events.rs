@@ -60,6 +60,7 @@ pub enum Reason {
     StartupTaintReleased,
     StartupTaintTimedOut,
     NotInSchedulerTopology,
+    TopologyNotPublished,
     TopologyLevelsMismatch,
     TopologyLevelsChanged,
     SlurmTopologyInvalid,
@@ -68,7 +69,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -80,6 +81,7 @@ impl Reason {
         Reason::StartupTaintReleased,
         Reason::StartupTaintTimedOut,
         Reason::NotInSchedulerTopology,
+        Reason::TopologyNotPublished,
         Reason::TopologyLevelsMismatch,
         Reason::TopologyLevelsChanged,
         Reason::SlurmTopologyInvalid,
@@ -100,6 +102,7 @@ impl Reason {
             Reason::StartupTaintReleased => "StartupTaintReleased",
             Reason::StartupTaintTimedOut => "StartupTaintTimedOut",
             Reason::NotInSchedulerTopology => "NotInSchedulerTopology",
+            Reason::TopologyNotPublished => "TopologyNotPublished",
             Reason::TopologyLevelsMismatch => "TopologyLevelsMismatch",
             Reason::TopologyLevelsChanged => "TopologyLevelsChanged",
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
@@ -122,6 +125,7 @@ impl Reason {
             | Reason::TopologyLabelConflict
             | Reason::StartupTaintTimedOut
             | Reason::NotInSchedulerTopology
+            | Reason::TopologyNotPublished
             | Reason::TopologyLevelsMismatch
             | Reason::SlurmTopologyInvalid
             | Reason::HyperNodeOwnedByAnother
@@ -183,6 +187,9 @@ impl Reason {
             }
             Reason::NotInSchedulerTopology => {
                 "a labelled node carries fewer layer labels than the Kueue Topology we publish has levels: Kueue leaves it out of topology-aware scheduling"
+            }
+            Reason::TopologyNotPublished => {
+                "the node carries our topology label keys but is left out of what we publish for schedulers (Kueue, KAI, Volcano, Slurm): its labels are not what EC2 says of its instance (held 2 publish intervals), it is not an EC2 instance we verify (Hybrid, Fargate, another cloud, a malformed providerID), EC2 does not describe its instance, or its path disagrees with most nodes' (a network node under another parent); once per node and reason, the note says which"
             }
             Reason::TopologyLevelsMismatch => {
                 "a Kueue or KAI Topology of our name exists with other levels (levels are immutable: left alone)"
@@ -276,6 +283,24 @@ impl Events {
         });
         tokio::spawn(deliver(client, rx, metrics));
         Self { inner: Some(inner) }
+    }
+
+    /// Events that go to the returned receiver instead of an API server (tests read what
+    /// would have been sent).
+    #[cfg(test)]
+    pub fn captured(metrics: Arc<Metrics>) -> (Self, tokio::sync::mpsc::Receiver<Event>) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Event>(QUEUE);
+        let now = Instant::now();
+        let inner = Arc::new(Inner {
+            controller: "test".into(),
+            instance: "test".into(),
+            tx,
+            normal: Mutex::new(Bucket::new(BURST, RATE, now)),
+            warning: Mutex::new(Bucket::new(BURST, RATE, now)),
+            why: Mutex::new(Bucket::new(BURST, RATE, now)),
+            metrics,
+        });
+        (Self { inner: Some(inner) }, rx)
     }
 
     /// Record an Event about `regarding`; returns at once (see the module docs).

@@ -39,7 +39,8 @@ pub mod view;
 pub mod watch;
 
 pub use ec2_topology_core::{
-    coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree, verified,
+    consistent, coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree,
+    verified,
 };
 use topology::Ec2Error;
 

@@ -231,6 +231,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     {
         tokio::spawn(publishers.run(
             reader.clone(),
+            ctx.records.clone(),
             synced.clone(),
             live.task("scheduler publishers"),
         ));

@@ -84,6 +84,7 @@ pub struct Metrics {
     hypernodes: Gauge<i64, AtomicI64>,
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
+    unpublished_nodes: Family<ReasonLabels, Gauge>,
     slurm_topology_problems: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     kai_mismatch: Family<TopologyLabels, Gauge>,
@@ -270,6 +271,18 @@ impl Metrics {
                     .get_or_create(&WriteLabels { kind: kind.into() })
                     .inc_by(n as u64);
             }
+        }
+    }
+
+    /// Nodes carrying our label keys that the publishers left out, by why (every reason set,
+    /// at 0 when none).
+    pub fn unpublished_nodes(&self, by_reason: &[(&'static str, usize)]) {
+        for (reason, n) in by_reason {
+            self.unpublished_nodes
+                .get_or_create(&ReasonLabels {
+                    reason: (*reason).to_string(),
+                })
+                .set(*n as i64);
         }
     }
 

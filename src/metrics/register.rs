@@ -111,6 +111,12 @@ impl Metrics {
             "Network nodes seen under more than one parent (HyperNodes are not published then)",
             hypernode_conflicts.clone(),
         );
+        let unpublished_nodes = Family::<ReasonLabels, Gauge>::default();
+        fleet.register(
+            "unpublished_nodes",
+            "Nodes carrying our topology label keys that are left out of what we publish for schedulers (Kueue, KAI, Volcano, Slurm), by reason: labels_disagree (not what EC2 says of the instance), not_ec2 (no EC2 instance we verify: Hybrid, Fargate, another cloud, a malformed providerID), not_described (EC2 does not describe the instance or refuses its ID), unverified (no answer from EC2 yet), inconsistent (its path disagrees with the other nodes')",
+            unpublished_nodes.clone(),
+        );
         let slurm_topology_problems = Gauge::<i64, AtomicI64>::default();
         fleet.register(
             "slurm_topology_problems",
@@ -313,6 +319,7 @@ impl Metrics {
             hypernodes,
             hypernode_writes,
             hypernode_conflicts,
+            unpublished_nodes,
             slurm_topology_problems,
             kueue_mismatch,
             kai_mismatch,

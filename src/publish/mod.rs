@@ -12,6 +12,7 @@ pub mod owner;
 pub mod plugin;
 pub mod slurm;
 pub mod topology;
+pub mod trusted;
 pub mod volcano;
 
 use std::{
@@ -127,7 +128,15 @@ pub struct Publishers {
     list: Vec<Box<dyn Publisher>>,
     interval: Duration,
     leader: Leadership,
+    scheme: LabelScheme,
+    events: crate::events::Events,
+    metrics: Arc<Metrics>,
 }
+
+/// How long a new leader holds its first publish while nodes carrying topology labels wait for
+/// their first reconcile (a partial view would take their HyperNodes and Slurm switches away
+/// until then); after that it publishes what is verified.
+const FIRST_PASS_WAIT: Duration = Duration::from_secs(120);
 
 impl Publishers {
     /// The publishers `args` turn on (`None` when none is); `slurm_files` says how to draw
@@ -168,6 +177,9 @@ impl Publishers {
             list,
             interval: args.publish_interval.0.max(Duration::from_millis(100)),
             leader: leader.clone(),
+            scheme: scheme.clone(),
+            events,
+            metrics: metrics.clone(),
         }))
     }
 
@@ -178,26 +190,39 @@ impl Publishers {
     }
 
     /// Publish every interval until the process stops, from the node cache `reader` once
-    /// `synced`; `_alive` tells `/livez` this task runs.
+    /// `synced`, with the nodes `records` vouch for ([`trusted`]); `_alive` tells `/livez` this
+    /// task runs.
     pub async fn run(
         mut self,
         reader: crate::store::NodeCache,
+        records: Arc<crate::reconcile::nodes::Nodes>,
         synced: Arc<AtomicBool>,
         _alive: crate::http::TaskGuard,
     ) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The nodes' names and labels as of the last interval (see `fingerprint`).
-        let mut last: Option<u64> = None;
+        // The nodes' names and labels, and the records' generation, as of the last interval
+        // (see `fingerprint`).
+        let mut last: Option<(u64, u64)> = None;
+        let mut reports = trusted::Reports::default();
+        // Since when this replica leads, and whether it published with the nodes this term.
+        let mut leading_since: Option<tokio::time::Instant> = None;
+        let mut first_done = false;
+        let mut told_waiting = false;
         loop {
             tick.tick().await;
             if !self.leader.is_leader() {
                 self.list.iter_mut().for_each(|p| p.reset());
+                reports.reset();
                 last = None;
+                leading_since = None;
+                first_done = false;
+                told_waiting = false;
                 continue;
             }
+            let since = *leading_since.get_or_insert_with(tokio::time::Instant::now);
             let synced = synced.load(Ordering::SeqCst);
-            let now = synced.then(|| fingerprint(&reader));
+            let now = synced.then(|| (fingerprint(&reader), records.generation()));
             let unchanged = now.is_some() && now == last;
             last = now;
             // What each publisher needs this interval: nothing while its nodes are as they were
@@ -216,17 +241,24 @@ impl Publishers {
                 .zip(&due)
                 .any(|(p, d)| *d && p.needs_nodes());
             let nodes: Vec<NodeView> = if synced && wanted {
-                reader
-                    .state()
-                    .iter()
-                    .map(|n| NodeView {
-                        name: n.name_any(),
-                        ready: None,
-                        labels: n.labels().into_owned(),
-                        note: None,
-                        tainted: false,
-                    })
-                    .collect()
+                let selection = trusted::select(&self.scheme, reader.state(), &records);
+                if !first_done && selection.waiting > 0 && since.elapsed() < FIRST_PASS_WAIT {
+                    if !std::mem::replace(&mut told_waiting, true) {
+                        tracing::info!(
+                            waiting = selection.waiting,
+                            "holding the first publish until the nodes carrying topology labels are verified"
+                        );
+                    }
+                    last = None;
+                    continue;
+                }
+                first_done = true;
+                self.metrics.unpublished_nodes(&selection.counts());
+                if reports.round(&selection.left, &self.events) {
+                    // A node left out for a reason not told yet: look again next interval.
+                    last = None;
+                }
+                selection.views
             } else {
                 Vec::new()
             };
@@ -295,22 +327,44 @@ mod tests {
     fn node(name: &str, leaf: &str) -> LiteNode {
         let mut n = LiteNode::default();
         n.metadata.name = Some(name.into());
-        n.metadata.labels = Some(BTreeMap::from([(
-            "topology.k8s.aws/network-node-layer-3".to_string(),
-            leaf.to_string(),
-        )]));
+        n.metadata.labels = Some(BTreeMap::from([
+            (
+                "topology.k8s.aws/network-node-layer-1".to_string(),
+                "nn-spine".to_string(),
+            ),
+            (
+                "topology.k8s.aws/network-node-layer-2".to_string(),
+                "nn-agg".to_string(),
+            ),
+            (
+                "topology.k8s.aws/network-node-layer-3".to_string(),
+                leaf.to_string(),
+            ),
+        ]));
         n.pack_labels();
         n
     }
 
+    /// What a reconcile that found `n`'s labels to be EC2's answer leaves in its record.
+    fn verify(records: &crate::reconcile::nodes::Nodes, n: &LiteNode) {
+        records.set_state(n, crate::state::NodeState::Labelled);
+        let fp = crate::labels::family_fingerprint(&LabelScheme::default(), n.labels().iter());
+        records.set_verified(n, Some(Some(fp)));
+    }
+
     /// A publisher whose last publish stands is not called, and no node view is built, while
-    /// no node's labels change; a label change, a node joining or leaving, brings it back. One
-    /// that is never fresh is called every interval.
+    /// no node's labels change; a label change, a node joining or leaving, brings it back, and
+    /// so does a node becoming verified. One that is never fresh is called every interval.
     #[tokio::test(start_paused = true)]
     async fn publishers_are_skipped_while_no_label_changes() {
         let (reader, mut writer) = NodeCache::new();
+        let records = Arc::new(crate::reconcile::nodes::Nodes::new(Arc::new(
+            Metrics::default(),
+        )));
         for k in 0..50 {
-            writer.apply(Event::Apply(node(&format!("n-{k}"), "nn-leaf-1")));
+            let n = node(&format!("n-{k}"), "nn-leaf-1");
+            verify(&records, &n);
+            writer.apply(Event::Apply(n));
         }
         let (skipping, every) = (Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(vec![])));
         let list: Vec<Box<dyn Publisher>> = vec![
@@ -330,22 +384,30 @@ mod tests {
             list,
             interval,
             leader: Leadership::always(),
+            scheme: LabelScheme::default(),
+            events: crate::events::Events::default(),
+            metrics: Arc::new(Metrics::default()),
         };
         let liveness = crate::http::Liveness::default();
         let synced = Arc::new(AtomicBool::new(true));
-        let task = tokio::spawn(publishers.run(reader, synced, liveness.task("publish")));
+        let task =
+            tokio::spawn(publishers.run(reader, records.clone(), synced, liveness.task("publish")));
         let count =
             |c: &Arc<Mutex<Vec<usize>>>| c.lock().unwrap_or_else(|e| e.into_inner()).clone();
         // Five intervals of a quiet cluster.
         tokio::time::sleep(interval * 5 - Duration::from_millis(1)).await;
         assert_eq!(count(&skipping), [50], "published once, then skipped");
         assert_eq!(count(&every).len(), 5, "the other every interval");
-        // A label changes: published again, once.
-        writer.apply(Event::Apply(node("n-7", "nn-leaf-2")));
+        // A label changes and is verified: published again, once.
+        let moved = node("n-7", "nn-leaf-2");
+        verify(&records, &moved);
+        writer.apply(Event::Apply(moved));
         tokio::time::sleep(interval * 3).await;
         assert_eq!(count(&skipping), [50, 50]);
         // A node joins, one leaves.
-        writer.apply(Event::Apply(node("n-50", "nn-leaf-1")));
+        let joined = node("n-50", "nn-leaf-1");
+        verify(&records, &joined);
+        writer.apply(Event::Apply(joined));
         tokio::time::sleep(interval * 2).await;
         writer.apply(Event::Delete(node("n-0", "nn-leaf-1")));
         tokio::time::sleep(interval * 2).await;
@@ -354,6 +416,15 @@ mod tests {
         writer.apply(Event::Apply(node("n-7", "nn-leaf-2")));
         tokio::time::sleep(interval * 2).await;
         assert_eq!(count(&skipping).len(), 4);
+        // A node joins with labels no answer vouches for: left out; once its answer agrees
+        // (no label changes), it is in.
+        let unverified = node("n-51", "nn-leaf-1");
+        writer.apply(Event::Apply(unverified.clone()));
+        tokio::time::sleep(interval * 2).await;
+        assert_eq!(count(&skipping), [50, 50, 51, 50, 50]);
+        verify(&records, &unverified);
+        tokio::time::sleep(interval * 2).await;
+        assert_eq!(count(&skipping), [50, 50, 51, 50, 50, 51]);
         task.abort();
     }
 }

@@ -103,8 +103,9 @@ pub struct Context {
     pub events: crate::events::Events,
     /// When to hold writes to a node whose labels someone else keeps changing.
     pub conflict: GuardConfig,
-    /// Every node's record (failures, our last write, conflicts, state).
-    pub records: Nodes,
+    /// Every node's record (failures, our last write, conflicts, state, what EC2's answer
+    /// makes of it); the publishers read it too.
+    pub records: Arc<Nodes>,
     /// The startup taint and the `TopologyLabeled` condition (off by default).
     pub gate: Gate,
     /// Bounds the label writes in flight.
@@ -142,7 +143,7 @@ impl Context {
             leader: Leadership::always(),
             events: crate::events::Events::default(),
             conflict: GuardConfig::default(),
-            records: Nodes::new(metrics.clone()),
+            records: Arc::new(Nodes::new(metrics.clone())),
             gate: Gate::default(),
             writes: tokio::sync::Semaphore::new(32),
             api_failing: AtomicBool::new(false),
@@ -296,6 +297,16 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
             _ => {}
         }
     }
+    // What the answer makes of the node, for the publishers: an answer vouches for labels
+    // that are what it makes of them; a node that is no instance we verify loses any voucher;
+    // anything else (EC2 failing or late, an answer we cannot use) leaves it as it was.
+    let verified = match &answer {
+        Answer::Assessed(Assessment::Ready { desired, .. }) => Some(Some(
+            crate::labels::will_carry_fingerprint(&ctx.scheme, &node.labels(), desired),
+        )),
+        Answer::Assessed(Assessment::Skipped(_) | Assessment::Rejected { .. }) => Some(None),
+        _ => None,
+    };
     let now = Instant::now();
     let mut facts = Facts::new(node, answer, now);
     facts.unusable_retry_in = unusable_retry_in;
@@ -323,6 +334,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
     }
     let decision = decide(facts);
     first_decision(ctx, node);
+    ctx.records.set_verified(node, verified);
     carry_out(ctx, node, decision).await
 }
 

@@ -40,6 +40,12 @@ pub struct NodeRecord {
     /// Hash of what matters to a reconcile, as the watch last delivered the node (see
     /// [`Nodes::changed`]).
     relevant: Option<u64>,
+    /// The fingerprint ([`crate::labels::family_fingerprint`]) of the family labels EC2's
+    /// latest answer for this node (or a record we trust) makes of it: the node is published to
+    /// schedulers while its labels have exactly this fingerprint. `None` before any answer, and
+    /// once the node is no instance we can verify. Kept when EC2 fails: a correct label is
+    /// never dropped because EC2 was down.
+    verified: Option<u64>,
 }
 
 /// How long the node cache may lag behind a gate write before we stop waiting for it (a watch
@@ -216,6 +222,11 @@ impl NodeRecord {
         Some(GATE_RECHECK.min(GATE_ECHO.saturating_sub(waited)))
     }
 
+    /// The fingerprint of the labels EC2's answer makes of the node (see `verified`).
+    pub fn verified(&self) -> Option<u64> {
+        self.verified
+    }
+
     /// Where the node stands (`None` before its first reconcile).
     pub fn state(&self) -> Option<&NodeState> {
         self.state.as_ref()
@@ -241,10 +252,20 @@ pub fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
     }
 }
 
+/// What the publishers read of one node's record (see [`Nodes::standings`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standing {
+    pub state: Option<NodeState>,
+    pub verified: Option<u64>,
+}
+
 /// Every node's record.
 pub struct Nodes {
     records: Mutex<HashMap<Box<str>, NodeRecord>>,
     metrics: Arc<Metrics>,
+    /// Counts changes of any node's state or verified fingerprint: the publishers read the
+    /// records again when it moved (their view depends on them as well as on the labels).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Nodes {
@@ -252,7 +273,42 @@ impl Nodes {
         Self {
             records: Mutex::default(),
             metrics,
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Changes with any node's state or verified fingerprint (see `generation`).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn bump(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Record what EC2's answer makes of `node`: `Some(Some(fp))` an answer, `Some(None)` no
+    /// instance to verify; `None` leaves what was recorded (EC2 failed or was late).
+    pub fn set_verified(&self, node: &LiteNode, verified: Option<Option<u64>>) {
+        let Some(verified) = verified else {
+            return;
+        };
+        if self.with(node, |r| std::mem::replace(&mut r.verified, verified)) != verified {
+            self.bump();
+        }
+    }
+
+    /// The standing of each of `names` (`None`: never reconciled), under one lock.
+    pub fn standings<'a>(&self, names: impl Iterator<Item = &'a str>) -> Vec<Option<Standing>> {
+        let records = self.records();
+        names
+            .map(|n| {
+                records.get(n).map(|r| Standing {
+                    state: r.state.clone(),
+                    verified: r.verified,
+                })
+            })
+            .collect()
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<Box<str>, NodeRecord>> {
@@ -275,6 +331,9 @@ impl Nodes {
     /// Record where `node` stands (and move it between the state gauges).
     pub fn set_state(&self, node: &LiteNode, state: NodeState) {
         let previous = self.with(node, |r| r.state.replace(state.clone()));
+        if previous.as_ref() != Some(&state) {
+            self.bump();
+        }
         self.metrics
             .node_state_changed(previous.as_ref(), Some(&state));
     }

@@ -281,6 +281,39 @@ pub fn settle(scheme: &LabelScheme, current: &BTreeMap<String, String>, desired:
     }
 }
 
+/// One number for the family labels among `labels` (keys and values, in key order; every other
+/// label ignored): equal for two label sets exactly when they carry the same family labels.
+/// In-process only (not a stable format).
+pub fn family_fingerprint<'a>(
+    scheme: &LabelScheme,
+    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    for (k, v) in labels {
+        if scheme.is_family_label(k) {
+            (k, v).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// [`family_fingerprint`] of the labels a node carrying `current` will carry once `desired` is
+/// applied (the keys the answer says nothing about keep their value).
+pub fn will_carry_fingerprint(
+    scheme: &LabelScheme,
+    current: &BTreeMap<String, String>,
+    desired: &Desired,
+) -> u64 {
+    let mut will_carry = desired.labels.clone();
+    for key in &desired.keep {
+        if let Some(v) = current.get(key) {
+            will_carry.insert(key.clone(), v.clone());
+        }
+    }
+    family_fingerprint(scheme, &will_carry)
+}
+
 /// The network path of a node, top of the hierarchy first, read from its layer labels (a deepest
 /// network node repeated by `--uniform-depth` counted once); `None` when it has none, or they do
 /// not form a contiguous run from layer 1.
@@ -538,6 +571,37 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// The fingerprint of what an answer makes equals the node's once it carries that (other
+    /// labels aside), and differs when any family label differs, is missing or is extra; a key
+    /// the answer says nothing about counts with the node's value.
+    #[test]
+    fn fingerprints_tell_family_labels_apart_and_nothing_else() {
+        let s = LabelScheme::default();
+        let mut t = topo(&["nn-a", "nn-b", "nn-c"]);
+        t.zone_id = None;
+        let d = desired(&s, &t).unwrap();
+        let mut node = d.labels.clone();
+        node.insert("kubernetes.io/hostname".into(), "h".into());
+        node.insert(EKS_ZONE_ID_KEY.into(), "usw2-az9".into());
+        let want = will_carry_fingerprint(&s, &node, &d);
+        assert_eq!(family_fingerprint(&s, &node), want);
+        for change in [
+            ("topology.k8s.aws/network-node-layer-3", Some("nn-x")),
+            ("topology.k8s.aws/network-node-layer-4", Some("nn-d")),
+            ("topology.k8s.aws/network-node-layer-1", None),
+            (CAPACITY_BLOCK_KEY, Some("cr-1")),
+        ] {
+            let mut other = node.clone();
+            match change.1 {
+                Some(v) => other.insert(change.0.into(), v.into()),
+                None => other.remove(change.0),
+            };
+            assert_ne!(family_fingerprint(&s, &other), want, "{change:?}");
+        }
+        node.insert("example.com/other".into(), "x".into());
+        assert_eq!(family_fingerprint(&s, &node), want, "not a family label");
     }
 
     #[test]

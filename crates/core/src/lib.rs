@@ -2,6 +2,7 @@
 //! labels a topology answer means, what must change on a node, and the topology tree the labels
 //! describe. Small and dependency-light, so it is unit-, property- and fuzz-tested on its own.
 
+pub mod consistent;
 pub mod coverage;
 pub mod fit;
 pub mod labels;

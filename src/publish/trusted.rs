@@ -1,0 +1,414 @@
+//! Which nodes the publishers see: those whose topology labels are what EC2's answer (or a
+//! verification record we trust) makes of them, as the reconciler last found, and whose paths
+//! agree with the rest. Schedulers take what we publish as the truth about the fabric, so a
+//! label no answer vouches for never reaches a Kueue or KAI Topology, a HyperNode or Slurm's
+//! files: not one someone rewrote since, nor one on a node we cannot verify (EKS Hybrid,
+//! Fargate, another cloud, a malformed providerID, an instance ID EC2 refuses).
+//!
+//! Each node carrying our topology keys that is left out is counted by reason
+//! (`unpublished_nodes`) and, once per node and reason, told in a `TopologyNotPublished` Event
+//! ([`Reports`]). One inconsistent node is left out on its own ([`consistent`]), so it never
+//! stops the others being published.
+//!
+//! Owns: that choice. Never writes anything but Events.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{
+    consistent::{Disagreement, consistent},
+    events::{Events, Reason},
+    labels::{LabelScheme, family_fingerprint},
+    node::CachedNode,
+    reconcile::nodes::{Nodes, Standing},
+    state::NodeState,
+    tree::NodeView,
+};
+
+/// Why a node carrying our topology keys is left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Left {
+    /// Its labels are not what EC2's answer makes of it (someone rewrote them, or our
+    /// correction is on its way).
+    LabelsDisagree,
+    /// No EC2 instance we verify (the skip reason).
+    NotEc2(&'static str),
+    /// EC2 does not describe its instance, or refuses its ID.
+    NotDescribed,
+    /// No answer yet: new, or EC2 failing since it came.
+    Unverified,
+    /// Its path disagrees with most nodes'.
+    Inconsistent(Disagreement),
+}
+
+impl Left {
+    /// The `reason` label of `unpublished_nodes`.
+    pub const REASONS: [&'static str; 5] = [
+        "labels_disagree",
+        "not_ec2",
+        "not_described",
+        "unverified",
+        "inconsistent",
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Left::LabelsDisagree => "labels_disagree",
+            Left::NotEc2(_) => "not_ec2",
+            Left::NotDescribed => "not_described",
+            Left::Unverified => "unverified",
+            Left::Inconsistent(_) => "inconsistent",
+        }
+    }
+
+    /// Rounds in a row a node is left out for this before an Event says so: a rewritten label
+    /// is usually put back within the interval (the reconciler's own Event tells that), and a
+    /// node waiting for its first answer is not news.
+    fn report_after(&self) -> Option<u32> {
+        match self {
+            Left::LabelsDisagree => Some(2),
+            Left::Unverified => None,
+            _ => Some(1),
+        }
+    }
+
+    /// The Event's note.
+    pub fn note(&self) -> String {
+        let tail = "left out of the Kueue and KAI Topologies, Volcano HyperNodes and Slurm topology we publish";
+        match self {
+            Left::LabelsDisagree => format!(
+                "its topology labels are not what EC2 says of its instance (rewritten by another writer?): {tail} until they are"
+            ),
+            Left::NotEc2(why) => format!(
+                "it carries topology labels but is no EC2 instance we can verify ({why}): {tail}"
+            ),
+            Left::NotDescribed => format!(
+                "it carries topology labels but EC2 does not describe its instance or refuses its ID: {tail}"
+            ),
+            Left::Unverified => format!("EC2 has not answered for it yet: {tail} until it does"),
+            Left::Inconsistent(d) => format!("{d}: {tail}; the other nodes are published"),
+        }
+    }
+}
+
+/// What the publishers get this round.
+#[derive(Debug, Default)]
+pub struct Selection {
+    pub views: Vec<NodeView>,
+    /// Nodes carrying our topology keys left out, with why.
+    pub left: Vec<(std::sync::Arc<CachedNode>, Left)>,
+    /// Nodes carrying our topology keys never reconciled by this replica yet.
+    pub waiting: usize,
+}
+
+impl Selection {
+    /// How many were left out, for every reason (0 included).
+    pub fn counts(&self) -> Vec<(&'static str, usize)> {
+        Left::REASONS
+            .iter()
+            .map(|r| {
+                (
+                    *r,
+                    self.left.iter().filter(|(_, l)| l.as_str() == *r).count(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Whether `labels` hold any of what publishers draw from (a layer or the capacity block).
+fn carries_topology(scheme: &LabelScheme, labels: &BTreeMap<String, String>) -> bool {
+    labels
+        .keys()
+        .any(|k| scheme.layer_index(k).is_some() || scheme.capacity_block_key.as_deref() == Some(k))
+}
+
+/// Why a node whose labels the records do not vouch for is left out.
+fn why(standing: Option<&Standing>) -> Left {
+    match standing {
+        None
+        | Some(Standing {
+            state: None | Some(NodeState::Pending),
+            verified: None,
+        }) => Left::Unverified,
+        Some(Standing {
+            verified: Some(_), ..
+        }) => Left::LabelsDisagree,
+        Some(Standing {
+            state: Some(NodeState::Skipped(why)),
+            ..
+        }) => Left::NotEc2(why),
+        Some(Standing {
+            state: Some(NodeState::Rejected | NodeState::NotDescribed(_)),
+            ..
+        }) => Left::NotDescribed,
+        Some(_) => Left::Unverified,
+    }
+}
+
+/// The nodes of `cache` the records vouch for, and agreeing with one another.
+pub fn select(
+    scheme: &LabelScheme,
+    cache: Vec<std::sync::Arc<CachedNode>>,
+    records: &Nodes,
+) -> Selection {
+    let standings = records.standings(cache.iter().map(|n| n.name()));
+    let mut out = Selection::default();
+    let mut views = Vec::with_capacity(cache.len());
+    let mut by_name: HashMap<String, std::sync::Arc<CachedNode>> = HashMap::new();
+    for (node, standing) in cache.into_iter().zip(standings) {
+        let labels = node.labels().into_owned();
+        let vouched = standing
+            .as_ref()
+            .and_then(|s| s.verified)
+            .is_some_and(|fp| fp == family_fingerprint(scheme, &labels));
+        if vouched {
+            views.push(NodeView {
+                name: node.name().to_string(),
+                ready: None,
+                labels,
+                note: None,
+                tainted: false,
+            });
+            by_name.insert(node.name().to_string(), node);
+        } else if carries_topology(scheme, &labels) {
+            let why = why(standing.as_ref());
+            if matches!(
+                standing,
+                None | Some(Standing {
+                    state: None | Some(NodeState::Pending),
+                    ..
+                })
+            ) {
+                out.waiting += 1;
+            }
+            out.left.push((node, why));
+        }
+    }
+    let (kept, excluded) = consistent(scheme, views);
+    for e in excluded {
+        if let Some(node) = by_name.remove(&e.node) {
+            out.left.push((node, Left::Inconsistent(e.why)));
+        }
+    }
+    out.views = kept;
+    out
+}
+
+/// One Event per node and reason it is left out for (see [`Left::report_after`]).
+#[derive(Default)]
+pub struct Reports {
+    /// Node → the reason it was left out for, rounds in a row, whether that was told.
+    seen: HashMap<String, (Left, u32, bool)>,
+}
+
+impl Reports {
+    /// Count this round's `left` and record the Events due. Returns whether a node is left out
+    /// for a reason not yet told (the caller looks again next interval, changed or not).
+    pub fn round(&mut self, left: &[(std::sync::Arc<CachedNode>, Left)], events: &Events) -> bool {
+        let mut next: HashMap<String, (Left, u32, bool)> = HashMap::with_capacity(left.len());
+        let mut untold = false;
+        for (node, why) in left {
+            let (rounds, told) = match self.seen.remove(node.name()) {
+                Some((was, rounds, told)) if &was == why => (rounds.saturating_add(1), told),
+                _ => (1, false),
+            };
+            let due = why.report_after().is_some_and(|after| rounds >= after);
+            if due && !told {
+                events.publish(
+                    Reason::TopologyNotPublished,
+                    "PublishTopology",
+                    &why.note(),
+                    node.object_ref(),
+                );
+            }
+            untold |= !(due || told) && why.report_after().is_some();
+            next.insert(node.name().to_string(), (why.clone(), rounds, told || due));
+        }
+        self.seen = next;
+        untold
+    }
+
+    /// Forget everything (this replica stopped leading).
+    pub fn reset(&mut self) {
+        self.seen.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{metrics::Metrics, node::LiteNode, store::NodeCache};
+    use kube::runtime::watcher::Event;
+    use std::sync::Arc;
+
+    const L: &str = "topology.k8s.aws/network-node-layer-";
+
+    fn node(name: &str, path: &[&str], provider_id: &str) -> LiteNode {
+        let mut n = LiteNode::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.uid = Some(format!("uid-{name}"));
+        let mut labels = BTreeMap::new();
+        for (i, v) in path.iter().enumerate() {
+            labels.insert(format!("{L}{}", i + 1), v.to_string());
+        }
+        n.metadata.labels = Some(labels);
+        n.spec.provider_id = Some(provider_id.into());
+        n.pack_labels();
+        n
+    }
+
+    fn fp(path: &[&str]) -> u64 {
+        let s = LabelScheme::default();
+        let labels: BTreeMap<String, String> = path
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("{L}{}", i + 1), v.to_string()))
+            .collect();
+        family_fingerprint(&s, &labels)
+    }
+
+    /// Only nodes whose labels are what their answer makes of them reach the publishers: a
+    /// Hybrid node and a malformed providerID carrying layer labels (one of them giving a leaf
+    /// a second parent), an EC2 node whose label was rewritten after verification, and a node
+    /// never reconciled are left out, each with its reason; the rest is published whole.
+    #[test]
+    fn only_what_answers_vouch_for_is_published() {
+        let s = LabelScheme::default();
+        let records = Nodes::new(Arc::new(Metrics::default()));
+        let (reader, mut writer) = NodeCache::new();
+        let real = ["nn-s", "nn-a", "nn-l"];
+        let mut all = Vec::new();
+        for k in 0..3 {
+            let n = node(
+                &format!("ok-{k}"),
+                &real,
+                &format!("aws:///us-west-2a/i-{k:017x}"),
+            );
+            records.set_state(&n, NodeState::Labelled);
+            records.set_verified(&n, Some(Some(fp(&real))));
+            all.push(n);
+        }
+        let hybrid = node(
+            "hybrid",
+            &["nn-s", "nn-b", "nn-l"],
+            "eks-hybrid:///us-west-2/c/hybrid",
+        );
+        records.set_state(&hybrid, NodeState::Skipped("eks_hybrid"));
+        records.set_verified(&hybrid, Some(None));
+        let malformed = node("malformed", &real, "aws:///us-west-2a/not-an-id");
+        records.set_state(&malformed, NodeState::Skipped("malformed_provider_id"));
+        let rewritten = node(
+            "rewritten",
+            &["nn-s", "nn-a", "nn-forged"],
+            "aws:///us-west-2a/i-00000000000000009",
+        );
+        records.set_state(&rewritten, NodeState::Labelled);
+        records.set_verified(&rewritten, Some(Some(fp(&real))));
+        let fresh = node("fresh", &real, "aws:///us-west-2a/i-0000000000000000a");
+        let bare = node("bare", &[], "aws:///us-west-2a/i-0000000000000000b");
+        all.extend([hybrid, malformed, rewritten, fresh, bare]);
+        for n in all {
+            writer.apply(Event::Apply(n));
+        }
+        let sel = select(&s, reader.state(), &records);
+        let mut names: Vec<&str> = sel.views.iter().map(|v| v.name.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["ok-0", "ok-1", "ok-2"]);
+        let mut left: Vec<(&str, &str)> = sel
+            .left
+            .iter()
+            .map(|(n, l)| (n.name(), l.as_str()))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ("fresh", "unverified"),
+                ("hybrid", "not_ec2"),
+                ("malformed", "not_ec2"),
+                ("rewritten", "labels_disagree"),
+            ]
+        );
+        assert_eq!(sel.waiting, 1, "fresh was never reconciled");
+        let counts: BTreeMap<&str, usize> = sel.counts().into_iter().collect();
+        assert_eq!(counts["not_ec2"], 2);
+        assert_eq!(counts["inconsistent"], 0);
+    }
+
+    /// Two verified nodes whose answers disagree (EC2 moved one, the other not yet re-asked):
+    /// the minority is left out as inconsistent and the rest is still published.
+    #[test]
+    fn an_inconsistent_verified_node_is_left_out_alone() {
+        let s = LabelScheme::default();
+        let records = Nodes::new(Arc::new(Metrics::default()));
+        let (reader, mut writer) = NodeCache::new();
+        for (name, path) in [
+            ("a", ["nn-s", "nn-a", "nn-l"]),
+            ("b", ["nn-s", "nn-a", "nn-l"]),
+            ("c", ["nn-s", "nn-b", "nn-l"]),
+        ] {
+            let n = node(name, &path, "aws:///us-west-2a/i-00000000000000001");
+            records.set_state(&n, NodeState::Labelled);
+            records.set_verified(&n, Some(Some(fp(&path))));
+            writer.apply(Event::Apply(n));
+        }
+        let sel = select(&s, reader.state(), &records);
+        assert_eq!(sel.views.len(), 2);
+        assert_eq!(sel.left.len(), 1);
+        assert_eq!(sel.left[0].0.name(), "c");
+        assert!(
+            sel.left[0]
+                .1
+                .note()
+                .contains("under nn-b, the other nodes under nn-a")
+        );
+    }
+
+    /// Events: once per node and reason; a rewritten label only when it is still left out the
+    /// round after; a node waiting for its first answer never.
+    #[test]
+    fn reports_are_told_once_per_node_and_reason() {
+        let (reader, mut writer) = NodeCache::new();
+        for name in ["x", "y", "z"] {
+            writer.apply(Event::Apply(node(
+                name,
+                &["s"],
+                "aws:///a/i-00000000000000001",
+            )));
+        }
+        let nodes = reader.state();
+        let by = |name: &str| {
+            nodes
+                .iter()
+                .find(|n| n.name() == name)
+                .cloned()
+                .expect("node")
+        };
+        let (events, mut rx) = Events::captured(Arc::new(Metrics::default()));
+        let mut told: Vec<String> = Vec::new();
+        let mut sent = || {
+            while let Ok(e) = rx.try_recv() {
+                assert_eq!(e.reason.as_deref(), Some("TopologyNotPublished"));
+                told.push(e.regarding.and_then(|r| r.name).unwrap_or_default());
+            }
+            told.clone()
+        };
+        let mut reports = Reports::default();
+        let left = vec![
+            (by("x"), Left::NotEc2("eks_hybrid")),
+            (by("y"), Left::LabelsDisagree),
+            (by("z"), Left::Unverified),
+        ];
+        assert!(reports.round(&left, &events), "y not told yet");
+        assert_eq!(sent(), ["x"]);
+        assert!(!reports.round(&left, &events));
+        assert_eq!(sent(), ["x", "y"]);
+        assert!(!reports.round(&left, &events));
+        assert_eq!(sent(), ["x", "y"], "told once");
+        // y is put back, then rewritten again: a new spell, told again when it lasts.
+        reports.round(&left[..1], &events);
+        reports.round(&left[..2], &events);
+        reports.round(&left[..2], &events);
+        assert_eq!(sent(), ["x", "y", "y"]);
+    }
+}

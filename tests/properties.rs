@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use ec2_topology_labeler::{
+    consistent,
     labels::{
         self, LabelScheme, LayerNumbering, is_valid_label_key, is_valid_label_value,
         sanitize_label_value,
@@ -201,6 +202,44 @@ proptest! {
                 prop_assert!(n.len() <= 63 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever paths the nodes carry (few names, so that they collide: network nodes under
+    /// two parents, at two layers, mixed depths), what `consistent` keeps makes a tree with no
+    /// conflict, HyperNodes Volcano takes and Slurm files slurmctld would load; it leaves out
+    /// only nodes it names, and the same ones whatever order the nodes came in.
+    #[test]
+    fn what_consistent_keeps_always_publishes(
+        paths in prop::collection::vec(prop::collection::vec("nn-[a-c][0-2]", 1..5), 1..40),
+        seed in any::<u64>(),
+    ) {
+        let s = LabelScheme::default();
+        let views: Vec<NodeView> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| NodeView::labelled(&format!("node-{i}"), &s, &p.iter().map(String::as_str).collect::<Vec<_>>()))
+            .collect();
+        let (kept, out) = consistent::consistent(&s, views.clone());
+        prop_assert_eq!(kept.len() + out.len(), views.len());
+        prop_assert!(Forest::build(&s, &kept).conflicts.is_empty());
+        prop_assert!(volcano::desired(&s, &kept, "p").is_ok());
+        if !kept.is_empty() {
+            let files = ec2_topology_labeler::slurm::Files { tree_topology: "topo-switch".into(), switches_only: false };
+            let problems = ec2_topology_labeler::slurm::data(&s, &files, &kept).err().unwrap_or_default();
+            prop_assert!(
+                problems.iter().all(|p| !matches!(p, ec2_topology_labeler::slurm::Problem::TwoParents(_) | ec2_topology_labeler::slurm::Problem::DefinedTwice(_))),
+                "{:?}", problems
+            );
+        }
+        let mut shuffled = views;
+        fastrand::Rng::with_seed(seed).shuffle(&mut shuffled);
+        let (kept2, _) = consistent::consistent(&s, shuffled);
+        let names = |k: &[NodeView]| k.iter().map(|n| n.name.clone()).collect::<std::collections::BTreeSet<_>>();
+        prop_assert_eq!(names(&kept), names(&kept2));
     }
 }
 

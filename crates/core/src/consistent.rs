@@ -88,69 +88,71 @@ pub fn consistent(scheme: &LabelScheme, nodes: Vec<NodeView>) -> (Vec<NodeView>,
             path
         })
         .collect();
-    let live = |excluded: &BTreeMap<usize, Disagreement>| {
+    // The paths still in, by reference (nothing is copied per level).
+    let live = |excluded: &BTreeMap<usize, Disagreement>| -> Vec<(usize, &[String])> {
         paths
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| Some((i, p.as_ref()?)))
             .filter(|(i, _)| !excluded.contains_key(i))
-            .map(|(i, p)| (i, p.clone()))
-            .collect::<Vec<_>>()
+            .filter_map(|(i, p)| Some((i, p.as_deref()?)))
+            .collect()
     };
     // One layer per network node.
     let mut layers: BTreeMap<&str, BTreeMap<usize, usize>> = BTreeMap::new();
-    for (_, path) in paths.iter().enumerate().filter_map(|(i, p)| {
-        p.as_ref()
-            .filter(|_| !excluded.contains_key(&i))
-            .map(|p| (i, p))
-    }) {
+    for (_, path) in live(&excluded) {
         for (j, id) in path.iter().enumerate() {
             *layers.entry(id).or_default().entry(j + 1).or_default() += 1;
         }
     }
-    let kept_layer: BTreeMap<String, usize> = layers
+    let kept_layer: BTreeMap<&str, usize> = layers
         .into_iter()
         .filter(|(_, by)| by.len() > 1)
-        .filter_map(|(id, by)| Some((id.to_string(), majority(&by)?)))
+        .filter_map(|(id, by)| Some((id, majority(&by)?)))
         .collect();
-    for (i, path) in live(&excluded) {
-        if let Some((j, id, kept)) = path.iter().enumerate().find_map(|(j, id)| {
-            let kept = *kept_layer.get(id)?;
-            (kept != j + 1).then_some((j, id, kept))
-        }) {
-            excluded.insert(
-                i,
-                Disagreement::Layer {
-                    network_node: id.clone(),
-                    layer: j + 1,
-                    kept,
-                },
-            );
+    if !kept_layer.is_empty() {
+        for (i, path) in live(&excluded) {
+            if let Some((j, id, kept)) = path.iter().enumerate().find_map(|(j, id)| {
+                let kept = *kept_layer.get(id.as_str())?;
+                (kept != j + 1).then_some((j, id, kept))
+            }) {
+                excluded.insert(
+                    i,
+                    Disagreement::Layer {
+                        network_node: id.clone(),
+                        layer: j + 1,
+                        kept,
+                    },
+                );
+            }
         }
     }
     // One parent per network node: tiers counted from the top, then from the bottom.
+    let deepest = paths.iter().flatten().map(Vec::len).max().unwrap_or(0);
     for from_bottom in [false, true] {
-        for level in 1..=MAX_LAYERS {
-            // (network node) → its parent → nodes saying so, at this level.
-            let mut parents: BTreeMap<String, BTreeMap<Option<String>, usize>> = BTreeMap::new();
-            let at = |path: &[String]| -> Option<(String, Option<String>)> {
+        for level in 1..=deepest.min(MAX_LAYERS) {
+            // The network node at this level of `path`, and its parent (`None`: at the top).
+            let at = |path: &'_ [String]| -> Option<(usize, Option<usize>)> {
                 let j = if from_bottom {
                     // Tier `level` counted from the deepest network node.
                     path.len().checked_sub(level)?
                 } else {
                     level - 1
                 };
-                let id = path.get(j)?.clone();
-                let parent = j.checked_sub(1).and_then(|p| path.get(p)).cloned();
-                Some((id, parent))
+                path.get(j)?;
+                Some((j, j.checked_sub(1)))
             };
             let now = live(&excluded);
+            // Network node → its parent → nodes saying so, at this level.
+            let mut parents: BTreeMap<&str, BTreeMap<Option<&str>, usize>> = BTreeMap::new();
             for (_, path) in &now {
-                if let Some((id, parent)) = at(path) {
+                if let Some((j, p)) = at(path)
+                    && let Some(id) = path.get(j)
+                {
+                    let parent = p.and_then(|p| path.get(p)).map(String::as_str);
                     *parents.entry(id).or_default().entry(parent).or_default() += 1;
                 }
             }
-            let kept: BTreeMap<String, Option<String>> = parents
+            let kept: BTreeMap<&str, Option<&str>> = parents
                 .into_iter()
                 .filter(|(_, by)| by.len() > 1)
                 .filter_map(|(id, by)| Some((id, majority(&by)?)))
@@ -159,18 +161,21 @@ pub fn consistent(scheme: &LabelScheme, nodes: Vec<NodeView>) -> (Vec<NodeView>,
                 continue;
             }
             for (i, path) in now {
-                if let Some((id, parent)) = at(&path)
-                    && let Some(k) = kept.get(&id)
-                    && *k != parent
+                if let Some((j, p)) = at(path)
+                    && let Some(id) = path.get(j)
+                    && let Some(k) = kept.get(id.as_str())
                 {
-                    excluded.insert(
-                        i,
-                        Disagreement::Parent {
-                            network_node: id,
-                            parent,
-                            kept: k.clone(),
-                        },
-                    );
+                    let parent = p.and_then(|p| path.get(p)).map(String::as_str);
+                    if *k != parent {
+                        excluded.insert(
+                            i,
+                            Disagreement::Parent {
+                                network_node: id.clone(),
+                                parent: parent.map(String::from),
+                                kept: k.map(String::from),
+                            },
+                        );
+                    }
                 }
             }
         }

@@ -294,7 +294,7 @@ mod tests {
     use kube::runtime::watcher::Event;
     use std::{collections::BTreeMap, sync::Mutex};
 
-    /// Counts its publishes; fresh from its first publish on while `fresh_after` says so.
+    /// Counts its publishes (and the nodes with topology in each); fresh from its first publish on while `fresh_after` says so.
     struct Counting {
         calls: Arc<Mutex<Vec<usize>>>,
         published: bool,
@@ -309,10 +309,18 @@ mod tests {
             true
         }
         fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+            // The nodes published with their topology (the others come without it).
+            let placed = nodes
+                .iter()
+                .filter(|n| {
+                    n.labels
+                        .contains_key("topology.k8s.aws/network-node-layer-3")
+                })
+                .count();
             self.calls
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(nodes.len());
+                .push(placed);
             self.published = true;
             Box::pin(async {})
         }

@@ -93,6 +93,8 @@ impl Left {
 /// What the publishers get this round.
 #[derive(Debug, Default)]
 pub struct Selection {
+    /// Every node: those vouched for with their labels, the others without any family label
+    /// (as nodes without topology, which Slurm still lists).
     pub views: Vec<NodeView>,
     /// Nodes carrying our topology keys left out, with why.
     pub left: Vec<(std::sync::Arc<CachedNode>, Left)>,
@@ -154,24 +156,31 @@ pub fn select(
     let standings = records.standings(cache.iter().map(|n| n.name()));
     let mut out = Selection::default();
     let mut views = Vec::with_capacity(cache.len());
+    // Nodes published without topology (Slurm still lists them, under no switch of theirs).
+    let mut bare = Vec::new();
     let mut by_name: HashMap<String, std::sync::Arc<CachedNode>> = HashMap::new();
     for (node, standing) in cache.into_iter().zip(standings) {
-        let labels = node.labels().into_owned();
+        let mut labels = node.labels().into_owned();
         let vouched = standing
             .as_ref()
             .and_then(|s| s.verified)
             .is_some_and(|fp| fp == family_fingerprint(scheme, &labels));
+        let view = |labels| NodeView {
+            name: node.name().to_string(),
+            ready: None,
+            labels,
+            note: None,
+            tainted: false,
+        };
         if vouched {
-            views.push(NodeView {
-                name: node.name().to_string(),
-                ready: None,
-                labels,
-                note: None,
-                tainted: false,
-            });
+            views.push(view(labels));
             by_name.insert(node.name().to_string(), node);
-        } else if carries_topology(scheme, &labels) {
-            let why = why(standing.as_ref());
+            continue;
+        }
+        let carries = carries_topology(scheme, &labels);
+        labels.retain(|k, _| !scheme.is_family_label(k));
+        bare.push(view(labels));
+        if carries {
             if matches!(
                 standing,
                 None | Some(Standing {
@@ -181,15 +190,18 @@ pub fn select(
             ) {
                 out.waiting += 1;
             }
-            out.left.push((node, why));
+            out.left.push((node, why(standing.as_ref())));
         }
     }
-    let (kept, excluded) = consistent(scheme, views);
-    for e in excluded {
-        if let Some(node) = by_name.remove(&e.node) {
+    let (mut kept, excluded) = consistent(scheme, views);
+    for mut e in excluded {
+        if let Some(node) = by_name.remove(&e.node.name) {
             out.left.push((node, Left::Inconsistent(e.why)));
         }
+        e.node.labels.retain(|k, _| !scheme.is_family_label(k));
+        kept.push(e.node);
     }
+    kept.extend(bare);
     out.views = kept;
     out
 }
@@ -311,9 +323,19 @@ mod tests {
             writer.apply(Event::Apply(n));
         }
         let sel = select(&s, reader.state(), &records);
-        let mut names: Vec<&str> = sel.views.iter().map(|v| v.name.as_str()).collect();
+        let mut names: Vec<&str> = sel
+            .views
+            .iter()
+            .filter(|v| carries_topology(&s, &v.labels))
+            .map(|v| v.name.as_str())
+            .collect();
         names.sort();
         assert_eq!(names, ["ok-0", "ok-1", "ok-2"]);
+        assert_eq!(
+            sel.views.len(),
+            8,
+            "every node, the others as without topology"
+        );
         let mut left: Vec<(&str, &str)> = sel
             .left
             .iter()
@@ -353,7 +375,13 @@ mod tests {
             writer.apply(Event::Apply(n));
         }
         let sel = select(&s, reader.state(), &records);
-        assert_eq!(sel.views.len(), 2);
+        let placed = |name: &str| {
+            sel.views
+                .iter()
+                .any(|v| v.name == name && carries_topology(&s, &v.labels))
+        };
+        assert!(placed("a") && placed("b") && !placed("c"));
+        assert_eq!(sel.views.len(), 3, "c is published without topology");
         assert_eq!(sel.left.len(), 1);
         assert_eq!(sel.left[0].0.name(), "c");
         assert!(

@@ -20,9 +20,9 @@ use crate::labels::{LabelScheme, MAX_LAYERS, path_of};
 use crate::tree::NodeView;
 
 /// A node left out, and why.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Excluded {
-    pub node: String,
+    pub node: NodeView,
     pub why: Disagreement,
 }
 
@@ -184,10 +184,7 @@ pub fn consistent(scheme: &LabelScheme, nodes: Vec<NodeView>) -> (Vec<NodeView>,
     let mut out = Vec::with_capacity(excluded.len());
     for (i, node) in nodes.into_iter().enumerate() {
         match excluded.remove(&i) {
-            Some(why) => out.push(Excluded {
-                node: node.name,
-                why,
-            }),
+            Some(why) => out.push(Excluded { node, why }),
             None => kept.push(node),
         }
     }
@@ -231,16 +228,15 @@ mod tests {
         let (kept, out) = consistent(&LabelScheme::default(), nodes);
         assert_eq!(kept.len(), 51);
         assert!(!kept_names(&kept).contains(&"forged"));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].node.name, "forged");
         assert_eq!(
-            out,
-            vec![Excluded {
-                node: "forged".into(),
-                why: Disagreement::Parent {
-                    network_node: "l1".into(),
-                    parent: Some("a2".into()),
-                    kept: Some("a1".into()),
-                }
-            }]
+            out[0].why,
+            Disagreement::Parent {
+                network_node: "l1".into(),
+                parent: Some("a2".into()),
+                kept: Some("a1".into()),
+            }
         );
         assert!(
             Forest::build(&LabelScheme::default(), &kept)

@@ -32,7 +32,7 @@ use serde_json::json;
 
 #[path = "e2e/slurm.rs"]
 mod slurm;
-use slurm::slurm_configmap_keeps_its_last_valid_files;
+use slurm::slurm_leaves_out_a_disagreeing_node;
 #[path = "e2e/gangs.rs"]
 mod gangs;
 #[path = "e2e/kai.rs"]
@@ -1341,38 +1341,57 @@ async fn hypernodes_follow_nodes(env: &Env) -> anyhow::Result<()> {
         .then_some(()))
     })
     .await?;
-    // A node whose labels put nn-hl1 under another parent: nothing is published meanwhile.
+    // A node that is no EC2 instance, whose labels put nn-hl1 under another parent (nn-hb):
+    // left out of what is published (no HyperNode nn-hb, no conflict), and the rest is still
+    // published meanwhile (the deleted node's leaf is collected).
     let rogue = NodeSpec::ec2(0x110, 9, "p5.48xlarge").with_provider_id("gce://p/z/rogue");
     let mut node = rogue.node();
     let labels = node.metadata.labels.get_or_insert_default();
     for (i, v) in ["nn-hs", "nn-hb", "nn-hl1"].iter().enumerate() {
         labels.insert(format!("{L}{}", i + 1), v.to_string());
     }
-    let before = hypernodes(&c).await?;
     kube_util::create_nodes(&c, vec![node]).await?;
-    // Meanwhile a real change that would otherwise be published.
     kube_util::delete_node(&c, &specs[2].name).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    eventually(
+        "nn-hl3 collected while the rogue node is there",
+        WAIT,
+        || async {
+            let hn = hypernodes(&c).await?;
+            Ok((!hn.contains_key("ec2tl-t1-nn-hl3")
+                && hn["ec2tl-t2-nn-ha"].1 == ["ec2tl-t1-nn-hl1"])
+            .then_some(()))
+        },
+    )
+    .await?;
+    let hn = hypernodes(&c).await?;
     ensure!(
-        hypernodes(&c).await? == before,
-        "HyperNodes changed while the labels conflicted"
+        !hn.contains_key("ec2tl-t2-nn-hb") && hn["ec2tl-t3-nn-hs"].1 == ["ec2tl-t2-nn-ha"],
+        "the rogue node's labels reached the HyperNodes: {hn:?}"
     );
     if let Some(l) = env.labeler.lock().await.as_ref() {
         let m = l.metrics().await?;
         ensure!(
-            metric_sum(&m, "ec2_topology_labeler_hypernode_conflicts", &[]) == 1.0,
-            "conflict counted"
+            metric_sum(&m, "ec2_topology_labeler_hypernode_conflicts", &[]) == 0.0,
+            "no conflict: the rogue node is not in the view"
+        );
+        ensure!(
+            metric_sum(
+                &m,
+                "ec2_topology_labeler_unpublished_nodes",
+                &[r#"reason="not_ec2""#]
+            ) >= 1.0,
+            "the rogue node counted as left out"
         );
     }
-    kube_util::delete_node(&c, &rogue.name).await?;
-    eventually("conflict cleared, nn-hl3 collected", WAIT, || async {
-        let hn = hypernodes(&c).await?;
-        Ok(
-            (!hn.contains_key("ec2tl-t1-nn-hl3") && hn["ec2tl-t2-nn-ha"].1 == ["ec2tl-t1-nn-hl1"])
-                .then_some(()),
-        )
-    })
+    eventually(
+        "a TopologyNotPublished Event on the rogue node",
+        WAIT,
+        || async {
+            Ok((event_count(&c, &rogue.name, "TopologyNotPublished").await? == 1).then_some(()))
+        },
+    )
     .await?;
+    kube_util::delete_node(&c, &rogue.name).await?;
     let all = hypernodes(&c).await?;
     eprintln!(
         "    {} HyperNodes for the cluster; tiers 1-4 present: {:?}",
@@ -2569,7 +2588,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(volcano_on_a_mixed_fleet_both_ways, true),
         scenario!(kai_places_gangs_on_our_topology, true),
         scenario!(slurm_configmap_and_slinky_annotation, true),
-        scenario!(slurm_configmap_keeps_its_last_valid_files, true),
+        scenario!(slurm_leaves_out_a_disagreeing_node, true),
         scenario!(schedulers_doc_recipes_are_accepted, true),
         scenario!(coverage_is_counted_and_short_nodes_reported, true),
         scenario!(dashboard_queries_match_live_metrics, true),

@@ -10,11 +10,12 @@ use e2e::{
 use k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event};
 use kube::Api;
 
-/// Labels that give no topology slurmctld would load (a network node under two parents) leave
-/// the ConfigMap as it was, with a Warning Event on it and the problems gauge up; once the labels
-/// agree again it follows. With Slinky's block topology named, `topology.yaml` holds every
-/// name the annotation carries.
-pub async fn slurm_configmap_keeps_its_last_valid_files(env: &Env) -> anyhow::Result<()> {
+/// A node whose answer disagrees with the others' (a network node under another parent, which
+/// slurmctld would refuse) is left out of the ConfigMap, with a `TopologyNotPublished` Event on
+/// it, and the rest is still published (no file is ever invalid); once its answer agrees it
+/// follows. With Slinky's block topology named, `topology.yaml` holds every name the
+/// annotation carries.
+pub async fn slurm_leaves_out_a_disagreeing_node(env: &Env) -> anyhow::Result<()> {
     const SPEC: &str = "topology.slinky.slurm.net/spec";
     let c = env.admin().await?;
     let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "slurm");
@@ -65,38 +66,63 @@ pub async fn slurm_configmap_keeps_its_last_valid_files(env: &Env) -> anyhow::Re
             };
             ensure!(yaml(&good).contains(&line), "{pair} not in\n{}", yaml(&good));
         }
-        // b puts nn-vl1 under another parent: no valid file.
+        // EC2 puts nn-vl1 under another parent for b: b is left out (the tie between a's
+        // parent and b's goes to the smaller name, nn-va1), a stays, and no file is invalid.
         label_and_wait(env, &c, &[(b.clone(), b.instance(&["nn-vs1", "nn-va2", "nn-vl1"]))]).await?;
-        eventually("the problems gauge", WAIT, || async {
+        eventually("b left out as inconsistent", WAIT, || async {
             let guard = env.labeler.lock().await;
             let Some(l) = guard.as_ref() else {
                 anyhow::bail!("no local controller");
             };
             let m = l.metrics().await?;
-            Ok((metric_sum(&m, "ec2_topology_labeler_slurm_topology_problems", &[]) > 0.0).then_some(()))
+            Ok((metric_sum(&m, "ec2_topology_labeler_unpublished_nodes", &[r#"reason="inconsistent""#]) == 1.0).then_some(()))
         })
         .await?;
-        let events: Api<Event> = Api::namespaced(c.clone(), "slurm");
-        eventually("a SlurmTopologyInvalid Event on the ConfigMap", WAIT, || async {
+        let events: Api<Event> = Api::namespaced(c.clone(), "default");
+        eventually("a TopologyNotPublished Event on node b", WAIT, || async {
             let list = events.list(&Default::default()).await?;
             Ok(list
                 .items
                 .into_iter()
                 .find(|e| {
-                    e.reason.as_deref() == Some("SlurmTopologyInvalid")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("slurm-topology")
+                    e.reason.as_deref() == Some("TopologyNotPublished")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(b.name.as_str())
                 })
                 .map(|e| e.note.unwrap_or_default()))
         })
         .await
         .and_then(|note| {
-            ensure!(note.contains("nn-vl1"), "{note}");
+            ensure!(note.contains("nn-vl1") && note.contains("nn-va1"), "{note}");
             Ok(())
         })?;
-        // Several publish intervals later, the ConfigMap still holds the last valid files.
-        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-        let live = cms.get("slurm-topology").await?;
-        ensure!(live.data == good.data, "the ConfigMap changed while the labels disagreed");
+        // The ConfigMap names b without topology (under `unlabelled`), a under nn-vl1 as
+        // before, and nothing was found invalid.
+        let under = |cm: &ConfigMap, switch: &str| -> String {
+            let text = yaml(cm);
+            let lines: Vec<&str> = text.lines().collect();
+            lines
+                .windows(2)
+                .find(|w| w[0] == format!("      - switch: {switch}"))
+                .map(|w| w[1].to_string())
+                .unwrap_or_default()
+        };
+        eventually("b under unlabelled, not under nn-vl1", WAIT, || async {
+            let cm = cms.get("slurm-topology").await?;
+            Ok((under(&cm, "unlabelled").contains(&b.name) && !under(&cm, "nn-vl1").contains(&b.name))
+                .then_some(cm))
+        })
+        .await
+        .and_then(|cm| {
+            ensure!(under(&cm, "nn-vl1").contains(&a.name), "a stays under nn-vl1:\n{}", yaml(&cm));
+            Ok(())
+        })?;
+        if let Some(l) = env.labeler.lock().await.as_ref() {
+            let m = l.metrics().await?;
+            ensure!(
+                metric_sum(&m, "ec2_topology_labeler_slurm_topology_problems", &[]) == 0.0,
+                "no invalid topology: the disagreeing node is not in it"
+            );
+        }
         // The labels agree again (b really sits under nn-vl2): the ConfigMap follows.
         env.mock_admin
             .upsert(&b.instance(&["nn-vs1", "nn-va2", "nn-vl2"]))
@@ -115,11 +141,11 @@ pub async fn slurm_configmap_keeps_its_last_valid_files(env: &Env) -> anyhow::Re
         if let Some(l) = guard.as_ref() {
             let m = l.metrics().await?;
             ensure!(
-                metric_sum(&m, "ec2_topology_labeler_slurm_topology_problems", &[]) == 0.0,
-                "the gauge stays up once the labels agree"
+                metric_sum(&m, "ec2_topology_labeler_unpublished_nodes", &[r#"reason="inconsistent""#]) == 0.0,
+                "b is published once its answer agrees"
             );
         }
-        eprintln!("    disagreeing labels left the ConfigMap as it was (Event, gauge); it followed once they agreed");
+        eprintln!("    a disagreeing node was left out of the ConfigMap (Event, gauge); it joined once it agreed");
         anyhow::Ok(())
     }
     .await;

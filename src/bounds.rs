@@ -85,7 +85,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("resync-period", secs(1), secs(30 * DAY)),
     duration("reservations-interval", secs(10), secs(DAY)),
     duration("reservation-idle-after", secs(10), secs(30 * DAY)),
-    duration("conflict-backoff", secs(1), secs(30 * DAY)),
+    duration("conflict-backoff", secs(1), secs(3600)),
     duration("conflict-window", secs(1), secs(30 * DAY)),
     count("concurrency", 1, 4096),
     count("write-concurrency", 1, 1024),

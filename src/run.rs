@@ -121,16 +121,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.clone(),
     );
     ctx.writes = tokio::sync::Semaphore::new(usize::from(args.controller.write_concurrency.max(1)));
-    ctx.conflict = GuardConfig {
-        backoff: args.controller.conflict_backoff.0,
+    ctx.conflict = GuardConfig::new(
+        args.controller.conflict_backoff.0,
         // A zero window would never count a second correction: the guard would be off.
-        window: args
-            .controller
+        args.controller
             .conflict_window
             .0
             .max(Duration::from_secs(1)),
-        ..GuardConfig::default()
-    };
+    );
     ctx.gate = Gate::from(&args.gate);
     if let Some(taint) = &ctx.gate.taint {
         info!(%taint, when_unsupported = ?ctx.gate.when_unsupported,

@@ -95,6 +95,8 @@ pub struct Metrics {
     coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
     label_conflict_writers: Family<ManagerLabels, Counter>,
+    /// The field managers with a `label_conflict_writers` series of their own.
+    conflict_managers: std::sync::Mutex<std::collections::HashSet<String>>,
     events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<ReasonLabels, Counter>,
     verification_records: Family<OutcomeLabels, Counter>,
@@ -106,6 +108,9 @@ pub struct Metrics {
     /// Set with `took_lease_at`: the hot path reads one atomic until the first decision.
     awaiting_first_decision: std::sync::atomic::AtomicBool,
 }
+
+/// Field managers named in `label_conflict_writers` (the rest are `other`).
+pub const MAX_MANAGERS: usize = 16;
 
 /// Buckets for "node creation to …" (creationTimestamp has one-second resolution).
 const JOIN_BUCKETS: [f64; 14] = [
@@ -359,6 +364,9 @@ impl Metrics {
 
     /// A hold began because `managers` (the other field managers of the keys; none known:
     /// `unknown`) kept changing our labels.
+    /// A conflict with `managers` (the other field managers owning the keys). Field manager
+    /// names are chosen by whoever writes: the first [`MAX_MANAGERS`] seen are series of their
+    /// own (names cut to 64 characters), every later one counts as `other`.
     pub fn label_conflict(&self, managers: &[String]) {
         self.label_conflicts.inc();
         let unknown = ["unknown".to_string()];
@@ -367,9 +375,20 @@ impl Metrics {
         } else {
             managers
         };
+        let mut seen = self
+            .conflict_managers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         for m in named {
+            let m: String = m.chars().take(64).collect();
+            let manager = if seen.contains(&m) || seen.len() < MAX_MANAGERS {
+                seen.insert(m.clone());
+                m
+            } else {
+                "other".to_string()
+            };
             self.label_conflict_writers
-                .get_or_create(&ManagerLabels { manager: m.clone() })
+                .get_or_create(&ManagerLabels { manager })
                 .inc();
         }
     }
@@ -651,6 +670,7 @@ mod tests {
         m.publish_failed("volcano");
         m.hypernodes(1, 1, 0);
         m.hypernode_conflicts(0);
+        m.unpublished_nodes(&[("labels_disagree", 0)]);
         m.kueue_topology_mismatch("aws-network", false);
         m.kai_topology_mismatch("aws-network", false);
         m.set_coverage(
@@ -672,6 +692,36 @@ mod tests {
         m.slurm_topology_problems(0);
         // Every process series, whatever this machine has (a cgroup memory limit or not).
         m.render_with(|out| crate::process::encode_values(out, Some(1), Some(1.0), Some(1)))
+    }
+
+    /// Field manager names are whatever writers choose: at most 16 series of their own (plus
+    /// `unknown` and `other`), each name cut to 64 characters.
+    #[test]
+    fn conflict_writers_have_bounded_cardinality() {
+        let m = Metrics::new();
+        for k in 0..100 {
+            m.label_conflict(&[format!("script-{k}-{}", "x".repeat(200))]);
+        }
+        m.label_conflict(&[format!("script-3-{}", "x".repeat(200))]);
+        let text = m.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("ec2_topology_labeler_label_conflict_writers_total{"))
+            .collect();
+        assert_eq!(series.len(), MAX_MANAGERS + 2, "{series:#?}");
+        assert!(series.iter().all(|l| l.len() < 150), "{series:#?}");
+        assert!(
+            series
+                .iter()
+                .any(|l| l.contains("manager=\"other\"") && l.ends_with(" 84")),
+            "{series:#?}"
+        );
+        assert!(
+            series
+                .iter()
+                .any(|l| l.contains("script-3-") && l.ends_with(" 2")),
+            "a manager seen before keeps its series: {series:#?}"
+        );
     }
 
     #[test]

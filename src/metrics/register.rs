@@ -180,7 +180,7 @@ impl Metrics {
         let label_conflict_writers = Family::<ManagerLabels, Counter>::default();
         registry.register(
             "label_conflict_writers",
-            "Label conflicts by the other field manager that kept changing our labels (the cloud controller, a script): one per manager per hold",
+            "Label conflicts by the other field manager that kept changing our labels (the cloud controller, a script): one per manager per hold; the first 16 managers by name, any later one as other",
             label_conflict_writers.clone(),
         );
         // Exported from the start (at 0), so a query on it matches something.
@@ -330,6 +330,7 @@ impl Metrics {
             coverage_layer,
             label_conflicts,
             label_conflict_writers,
+            conflict_managers: std::sync::Mutex::default(),
             events,
             taint_releases,
             verification_records,

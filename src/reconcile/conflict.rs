@@ -1,10 +1,12 @@
 //! Not flapping when someone else fights over our labels.
 //!
-//! If another writer keeps setting one of our keys to another value, restoring it every time
-//! would turn two controllers into a write loop on the API server. After a few corrections in a
-//! short window the guard holds further writes to that node for a growing pause, so the writes
-//! stay bounded; the reconciler reports the conflict (naming the other field managers) once per
-//! hold. A new boot of the node starts afresh. Pure: time is passed in. Every write after the
+//! If another writer keeps setting one of our keys to another value, restoring it at once every
+//! time would turn two controllers into a write loop on the API server. After a few corrections
+//! in a short window the guard holds further writes to that node for a growing pause (doubling,
+//! up to [`BACKOFF_MAX_FACTOR`] times the first), so the writes stay bounded; when a pause ends
+//! the label is corrected again: a writer that keeps at it never wins, it only slows our
+//! corrections down to a few per pause. The reconciler reports the conflict (naming the other
+//! field managers) once per hold. A new boot of the node starts afresh. Pure: time is passed in. Every write after the
 //! first in a boot counts as a correction (a late EC2 field too): more than 3 within the window
 //! (1 h by default) is a hold, which such fields alone do not reach.
 //!
@@ -25,14 +27,26 @@ pub struct GuardConfig {
     pub backoff_max: Duration,
 }
 
-impl Default for GuardConfig {
-    fn default() -> Self {
+/// The longest pause, as a multiple of the first: a persistent writer's value never stays more
+/// than this long (5 minutes with the default 30 s).
+pub const BACKOFF_MAX_FACTOR: u32 = 10;
+
+impl GuardConfig {
+    /// Pauses starting at `backoff`, doubling up to [`BACKOFF_MAX_FACTOR`] times it, counted in
+    /// `window`.
+    pub fn new(backoff: Duration, window: Duration) -> Self {
         Self {
             max_corrections: 3,
-            window: Duration::from_secs(3600),
-            backoff: Duration::from_secs(300),
-            backoff_max: Duration::from_secs(3600),
+            window,
+            backoff,
+            backoff_max: backoff.saturating_mul(BACKOFF_MAX_FACTOR),
         }
+    }
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(30), Duration::from_secs(3600))
     }
 }
 
@@ -270,6 +284,37 @@ mod tests {
             }
         }
         assert_eq!(held_at, Some(4), "held at the 4th revert, 20 minutes in");
+    }
+
+    /// Issue 55.3: a writer that rewrites our label every second for two hours never keeps its
+    /// value longer than the longest pause (5 minutes by default): we correct it again after
+    /// each hold, with few writes.
+    #[test]
+    fn a_persistent_writer_never_wins() {
+        let cfg = GuardConfig::default();
+        let mut g = Guard(cfg, Default::default());
+        let t = Instant::now();
+        g.before_write("n", Some("b"), t);
+        g.written("n");
+        let mut last_write = t;
+        let mut longest = Duration::ZERO;
+        let mut writes = 0u32;
+        for s in 1..7200u64 {
+            let now = t + Duration::from_secs(s);
+            if g.before_write("n", Some("b"), now) == Verdict::Write {
+                g.written("n");
+                writes += 1;
+                longest = longest.max(now - last_write);
+                last_write = now;
+            }
+        }
+        assert!(
+            longest <= cfg.backoff_max + Duration::from_secs(1),
+            "the other writer's value stood {longest:?}"
+        );
+        assert_eq!(cfg.backoff_max, Duration::from_secs(300));
+        assert!(writes <= 120, "{writes} writes in two hours of fighting");
+        assert!(writes >= 24, "corrected at every pause's end ({writes})");
     }
 
     #[test]

@@ -75,9 +75,9 @@ pub struct ControllerArgs {
     #[arg(long, value_parser = crate::bounds::count_flag::<u16>("write-concurrency"), env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
     pub write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections within
-    /// `--conflict-window`), stop correcting it for this long (doubling, up to 1h) and report the
-    /// conflict.
-    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-backoff"), env = "LABELER_CONFLICT_BACKOFF", default_value = "5m")]
+    /// `--conflict-window`), pause correcting it for this long (doubling per pause, up to 10
+    /// times this), then correct it again; each pause is reported.
+    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-backoff"), env = "LABELER_CONFLICT_BACKOFF", default_value = "30s")]
     pub conflict_backoff: HumanDuration,
     /// The window in which more than 3 corrections of our labels on one node count as a
     /// conflict. Long enough to catch a writer that reverts them every few minutes (a cloud

@@ -85,6 +85,7 @@ pub struct Metrics {
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
     unpublished_nodes: Family<ReasonLabels, Gauge>,
+    publish_halted: Gauge<i64, AtomicI64>,
     slurm_topology_problems: Gauge<i64, AtomicI64>,
     kueue_mismatch: Family<TopologyLabels, Gauge>,
     kai_mismatch: Family<TopologyLabels, Gauge>,
@@ -289,6 +290,11 @@ impl Metrics {
                 })
                 .set(*n as i64);
         }
+    }
+
+    /// Whether the publishers hold back this round because the view is implausible.
+    pub fn publish_halted(&self, halted: bool) {
+        self.publish_halted.set(i64::from(halted));
     }
 
     pub fn hypernode_conflicts(&self, n: usize) {
@@ -671,6 +677,7 @@ mod tests {
         m.hypernodes(1, 1, 0);
         m.hypernode_conflicts(0);
         m.unpublished_nodes(&[("labels_disagree", 0)]);
+        m.publish_halted(false);
         m.kueue_topology_mismatch("aws-network", false);
         m.kai_topology_mismatch("aws-network", false);
         m.set_coverage(

@@ -117,6 +117,12 @@ impl Metrics {
             "Nodes carrying our topology label keys that are left out of what we publish for schedulers (Kueue, KAI, Volcano, Slurm), by reason: labels_disagree (not what EC2 says of the instance), not_ec2 (no EC2 instance we verify: Hybrid, Fargate, another cloud, a malformed providerID), not_described (EC2 does not describe the instance or refuses its ID), unverified (no answer from EC2 yet), inconsistent (its path disagrees with the other nodes')",
             unpublished_nodes.clone(),
         );
+        let publish_halted = Gauge::<i64, AtomicI64>::default();
+        fleet.register(
+            "publish_halted",
+            "1 while nothing is published because more than a tenth (and more than 2) of the verified nodes disagree with the rest on where a network node sits; what was published stays",
+            publish_halted.clone(),
+        );
         let slurm_topology_problems = Gauge::<i64, AtomicI64>::default();
         fleet.register(
             "slurm_topology_problems",
@@ -320,6 +326,7 @@ impl Metrics {
             hypernode_writes,
             hypernode_conflicts,
             unpublished_nodes,
+            publish_halted,
             slurm_topology_problems,
             kueue_mismatch,
             kai_mismatch,

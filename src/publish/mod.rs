@@ -209,6 +209,7 @@ impl Publishers {
         let mut leading_since: Option<tokio::time::Instant> = None;
         let mut first_done = false;
         let mut told_waiting = false;
+        let mut told_implausible = false;
         loop {
             tick.tick().await;
             if !self.leader.is_leader() {
@@ -258,6 +259,19 @@ impl Publishers {
                     // A node left out for a reason not told yet: look again next interval.
                     last = None;
                 }
+                let implausible = selection.implausible();
+                self.metrics.publish_halted(implausible);
+                if implausible {
+                    if !std::mem::replace(&mut told_implausible, true) {
+                        tracing::warn!(
+                            vouched = selection.vouched,
+                            "not publishing: more than a tenth of the verified nodes disagree with the rest on where a network node sits (EC2's answers mid-change?); what was published stays"
+                        );
+                    }
+                    last = None;
+                    continue;
+                }
+                told_implausible = false;
                 selection.views
             } else {
                 Vec::new()

@@ -100,9 +100,28 @@ pub struct Selection {
     pub left: Vec<(std::sync::Arc<CachedNode>, Left)>,
     /// Nodes carrying our topology keys never reconciled by this replica yet.
     pub waiting: usize,
+    /// Nodes whose labels EC2's answers vouch for (those left out as inconsistent included).
+    pub vouched: usize,
 }
 
+/// The view is implausible, and nothing is published, when more than this many of the vouched
+/// nodes, and more than [`IMPLAUSIBLE_PERCENT`] of them, disagree with the rest: EC2's answers
+/// caught mid-change, or our reading of them wrong. A forged or stale node or two never halts.
+pub const IMPLAUSIBLE_MIN: usize = 2;
+/// See [`IMPLAUSIBLE_MIN`].
+pub const IMPLAUSIBLE_PERCENT: usize = 10;
+
 impl Selection {
+    /// Too many vouched nodes disagree with the rest to publish any (see [`IMPLAUSIBLE_MIN`]).
+    pub fn implausible(&self) -> bool {
+        let inconsistent = self
+            .left
+            .iter()
+            .filter(|(_, l)| matches!(l, Left::Inconsistent(_)))
+            .count();
+        inconsistent > IMPLAUSIBLE_MIN && inconsistent * 100 > self.vouched * IMPLAUSIBLE_PERCENT
+    }
+
     /// How many were left out, for every reason (0 included).
     pub fn counts(&self) -> Vec<(&'static str, usize)> {
         Left::REASONS
@@ -173,6 +192,7 @@ pub fn select(
             tainted: false,
         };
         if vouched {
+            out.vouched += 1;
             views.push(view(labels));
             by_name.insert(node.name().to_string(), node);
             continue;
@@ -390,6 +410,38 @@ mod tests {
                 .note()
                 .contains("under nn-b, the other nodes under nn-a")
         );
+    }
+
+    /// One or two disagreeing nodes are left out and the rest published; more than a tenth of
+    /// the fleet disagreeing (and more than two nodes) is an implausible view.
+    #[test]
+    fn only_a_view_where_many_disagree_is_implausible() {
+        let s = LabelScheme::default();
+        let records = Nodes::new(Arc::new(Metrics::default()));
+        let (reader, mut writer) = NodeCache::new();
+        let mut add = |name: String, path: [&str; 3]| {
+            let n = node(&name, &path, "aws:///us-west-2a/i-00000000000000001");
+            records.set_state(&n, NodeState::Labelled);
+            records.set_verified(&n, Some(Some(fp(&path))));
+            writer.apply(Event::Apply(n));
+        };
+        for k in 0..40 {
+            add(format!("ok-{k}"), ["nn-s", "nn-a", "nn-l"]);
+        }
+        for k in 0..3 {
+            add(format!("odd-{k}"), ["nn-s", "nn-b", "nn-l"]);
+        }
+        let sel = select(&s, reader.state(), &records);
+        assert_eq!(sel.vouched, 43);
+        assert!(
+            !sel.implausible(),
+            "3 of 43 disagree: published without them"
+        );
+        for k in 3..6 {
+            add(format!("odd-{k}"), ["nn-s", "nn-b", "nn-l"]);
+        }
+        let sel = select(&s, reader.state(), &records);
+        assert!(sel.implausible(), "6 of 46 disagree");
     }
 
     /// Events: once per node and reason; a rewritten label only when it is still left out the

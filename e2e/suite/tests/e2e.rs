@@ -35,6 +35,9 @@ mod slurm;
 use slurm::slurm_leaves_out_a_disagreeing_node;
 #[path = "e2e/gangs.rs"]
 mod gangs;
+#[path = "e2e/trust.rs"]
+mod trust;
+use trust::forged_labels_never_reach_a_scheduler;
 #[path = "e2e/kai.rs"]
 mod kai;
 #[path = "e2e/volcano.rs"]
@@ -2579,6 +2582,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(reserved_capacity_metrics_follow_the_reservations, true),
         scenario!(startup_taint_and_condition, true),
         scenario!(hypernodes_follow_nodes, true),
+        scenario!(forged_labels_never_reach_a_scheduler, true),
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),

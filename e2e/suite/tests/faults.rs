@@ -1652,6 +1652,8 @@ fn main() {
     let conclusion = e2e::env::run_trials("ec2tl-faults", scenarios);
     let rows = REPORT.lock().unwrap_or_else(|e| e.into_inner());
     if let Ok(path) = std::env::var("RELIABILITY_REPORT") {
+        // What the e2e suite shows about trust, kept in the generated page.
+        const TRUST: &str = include_str!("faults/trust.md");
         let mut md = String::from(
             "# Reliability\n\nEvery failure path is a scenario (`e2e/suite/tests/faults.rs`, `make test-faults`, run by CI) against the real kube-apiserver, mock-ec2 and the controller running as its ServiceAccount. Each asserts that no correct label was removed or changed during the fault; convergence is the time from the fault clearing until every node carries the right labels. Generated from the last run.\n\n| scenario | fault | outcome | convergence after the fault (s) |\n| --- | --- | --- | ---: |\n",
         );
@@ -1666,7 +1668,7 @@ fn main() {
             ));
         }
         md.push_str(&format!(
-            "\n{} of {} scenarios passed{}.\n\nAlso covered elsewhere: leader failover (`e2e.rs`, `leader_failover`), a missing RBAC verb (`missing_rbac_verb_fails_clearly`), property tests of the pure logic (`tests/properties.rs`) and fuzzing (`fuzz/`, `make fuzz`).\n",
+            "\n{} of {} scenarios passed{}.\n\nAlso covered elsewhere: leader failover (`e2e.rs`, `leader_failover`), a missing RBAC verb (`missing_rbac_verb_fails_clearly`), property tests of the pure logic (`tests/properties.rs`) and fuzzing (`fuzz/`, `make fuzz`).\n{TRUST}",
             conclusion.num_passed,
             conclusion.num_passed + conclusion.num_failed,
             if conclusion.num_failed == 0 { "" } else { " — see the CI log for the failures" }

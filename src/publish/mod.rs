@@ -135,8 +135,9 @@ pub struct Publishers {
 
 /// How long a new leader holds its first publish while nodes carrying topology labels wait for
 /// their first reconcile (a partial view would take their HyperNodes and Slurm switches away
-/// until then); after that it publishes what is verified.
-const FIRST_PASS_WAIT: Duration = Duration::from_secs(120);
+/// until then); after that it publishes what is verified. While EC2 fails for such a node, it
+/// holds as long as that lasts: EC2 being down never takes a node out of what is published.
+const FIRST_PASS_WAIT: Duration = Duration::from_secs(600);
 
 impl Publishers {
     /// The publishers `args` turn on (`None` when none is); `slurm_files` says how to draw
@@ -243,11 +244,15 @@ impl Publishers {
                 .any(|(p, d)| *d && p.needs_nodes());
             let nodes: Vec<NodeView> = if synced && wanted {
                 let selection = trusted::select(&self.scheme, reader.state(), &records);
-                if !first_done && selection.waiting > 0 && since.elapsed() < FIRST_PASS_WAIT {
+                if !first_done
+                    && ((selection.waiting > 0 && since.elapsed() < FIRST_PASS_WAIT)
+                        || selection.failing > 0)
+                {
                     if !std::mem::replace(&mut told_waiting, true) {
                         tracing::info!(
                             waiting = selection.waiting,
-                            "holding the first publish until the nodes carrying topology labels are verified"
+                            ec2_failing = selection.failing,
+                            "holding the first publish until the nodes carrying topology labels are verified; what was published stays"
                         );
                     }
                     last = None;
@@ -447,6 +452,91 @@ mod tests {
         verify(&records, &unverified);
         tokio::time::sleep(interval * 2).await;
         assert_eq!(count(&skipping), [50, 50, 51, 50, 50, 51]);
+        task.abort();
+    }
+
+    /// A new leader whose EC2 lookups fail for a node carrying topology labels publishes
+    /// nothing (what was published stays), past the first-pass wait, for as long as that lasts;
+    /// a node waiting for its first reconcile holds it only up to that wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_never_publishes_without_nodes_ec2_could_not_be_asked_about() {
+        let (reader, mut writer) = NodeCache::new();
+        let records = Arc::new(crate::reconcile::nodes::Nodes::new(Arc::new(
+            Metrics::default(),
+        )));
+        for k in 0..5 {
+            let n = node(&format!("n-{k}"), "nn-leaf-1");
+            verify(&records, &n);
+            writer.apply(Event::Apply(n));
+        }
+        let down = node("down", "nn-leaf-1");
+        records.set_state(&down, crate::state::NodeState::Failing("ec2_unavailable"));
+        writer.apply(Event::Apply(down.clone()));
+        let calls = Arc::new(Mutex::new(vec![]));
+        let publishers = Publishers {
+            list: vec![Box::new(Counting {
+                calls: calls.clone(),
+                published: false,
+                fresh_after: false,
+            })],
+            interval: Duration::from_secs(5),
+            leader: Leadership::always(),
+            scheme: LabelScheme::default(),
+            events: crate::events::Events::default(),
+            metrics: Arc::new(Metrics::default()),
+        };
+        let liveness = crate::http::Liveness::default();
+        let task = tokio::spawn(publishers.run(
+            reader,
+            records.clone(),
+            Arc::new(AtomicBool::new(true)),
+            liveness.task("publish"),
+        ));
+        let count = || calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        tokio::time::sleep(FIRST_PASS_WAIT * 2).await;
+        assert!(count().is_empty(), "published while EC2 failed for a node");
+        // EC2 answers: published, with every node.
+        verify(&records, &down);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(count().first(), Some(&6));
+        task.abort();
+
+        // A node never reconciled holds a new leader's first publish up to the wait only.
+        let (reader, mut writer) = NodeCache::new();
+        let records = Arc::new(crate::reconcile::nodes::Nodes::new(Arc::new(
+            Metrics::default(),
+        )));
+        let verified = node("v", "nn-leaf-1");
+        verify(&records, &verified);
+        writer.apply(Event::Apply(verified));
+        writer.apply(Event::Apply(node("new", "nn-leaf-1")));
+        let calls = Arc::new(Mutex::new(vec![]));
+        let publishers = Publishers {
+            list: vec![Box::new(Counting {
+                calls: calls.clone(),
+                published: false,
+                fresh_after: false,
+            })],
+            interval: Duration::from_secs(5),
+            leader: Leadership::always(),
+            scheme: LabelScheme::default(),
+            events: crate::events::Events::default(),
+            metrics: Arc::new(Metrics::default()),
+        };
+        let task = tokio::spawn(publishers.run(
+            reader,
+            records,
+            Arc::new(AtomicBool::new(true)),
+            liveness.task("publish"),
+        ));
+        tokio::time::sleep(FIRST_PASS_WAIT - Duration::from_secs(10)).await;
+        assert!(calls.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(
+            calls.lock().unwrap_or_else(|e| e.into_inner()).first(),
+            Some(&1),
+            "published after the wait, without the unverified node"
+        );
         task.abort();
     }
 }

@@ -100,6 +100,10 @@ pub struct Selection {
     pub left: Vec<(std::sync::Arc<CachedNode>, Left)>,
     /// Nodes carrying our topology keys never reconciled by this replica yet.
     pub waiting: usize,
+    /// Nodes carrying our topology keys that EC2 could not be asked about yet (their lookup
+    /// fails): a new leader does not publish without them (EC2 being down must never take a
+    /// node out of what is published).
+    pub failing: usize,
     /// Nodes whose labels EC2's answers vouch for (those left out as inconsistent included).
     pub vouched: usize,
 }
@@ -209,6 +213,15 @@ pub fn select(
                 })
             ) {
                 out.waiting += 1;
+            }
+            if matches!(
+                standing,
+                Some(Standing {
+                    state: Some(NodeState::Failing(_)),
+                    verified: None,
+                })
+            ) {
+                out.failing += 1;
             }
             out.left.push((node, why(standing.as_ref())));
         }
@@ -337,8 +350,10 @@ mod tests {
         records.set_state(&rewritten, NodeState::Labelled);
         records.set_verified(&rewritten, Some(Some(fp(&real))));
         let fresh = node("fresh", &real, "aws:///us-west-2a/i-0000000000000000a");
+        let failing = node("failing", &real, "aws:///us-west-2a/i-0000000000000000c");
+        records.set_state(&failing, NodeState::Failing("ec2_unavailable"));
         let bare = node("bare", &[], "aws:///us-west-2a/i-0000000000000000b");
-        all.extend([hybrid, malformed, rewritten, fresh, bare]);
+        all.extend([hybrid, malformed, rewritten, fresh, failing, bare]);
         for n in all {
             writer.apply(Event::Apply(n));
         }
@@ -353,7 +368,7 @@ mod tests {
         assert_eq!(names, ["ok-0", "ok-1", "ok-2"]);
         assert_eq!(
             sel.views.len(),
-            8,
+            9,
             "every node, the others as without topology"
         );
         let mut left: Vec<(&str, &str)> = sel
@@ -365,6 +380,7 @@ mod tests {
         assert_eq!(
             left,
             [
+                ("failing", "unverified"),
                 ("fresh", "unverified"),
                 ("hybrid", "not_ec2"),
                 ("malformed", "not_ec2"),
@@ -372,6 +388,7 @@ mod tests {
             ]
         );
         assert_eq!(sel.waiting, 1, "fresh was never reconciled");
+        assert_eq!(sel.failing, 1, "EC2 could not be asked about failing");
         let counts: BTreeMap<&str, usize> = sel.counts().into_iter().collect();
         assert_eq!(counts["not_ec2"], 2);
         assert_eq!(counts["inconsistent"], 0);

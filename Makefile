@@ -59,14 +59,18 @@ test-faults: build controlplane schedulers
 	RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md cargo test --workspace --locked --test faults
 
 ## fuzz: cargo-fuzz (stable toolchain, no sanitizer: the code is memory-safe Rust; looking for
-## panics and broken invariants) over the providerID parser, the sanitiser and label derivation
+## panics and broken invariants) where input enters: the providerID parser, the sanitiser, label
+## derivation, the verification record (parse/open: round trip, a wrong key refused) and label
+## maps into trees and Slurm's files. Each starts from its committed seeds (fuzz/seeds/TARGET);
+## what it finds goes to a corpus in the cache, never into the checkout.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := provider_id sanitize derive
+FUZZ_TARGETS := provider_id sanitize derive record consistent
 fuzz:
 	@test -x $(EC2TL_CACHE)/cargo-fuzz/bin/cargo-fuzz || cargo install cargo-fuzz --locked --version 0.13.2 --root $(EC2TL_CACHE)/cargo-fuzz
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(EC2TL_CACHE)/fuzz-corpus/$$t; \
 	  PATH=$(EC2TL_CACHE)/cargo-fuzz/bin:$$PATH CARGO_TARGET_DIR=$(EC2TL_CACHE)/fuzz-target \
-	    cargo fuzz run $$t -s none -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 2>&1 | grep -E "Done|stat::number_of_executed_units|panicked|SUMMARY" ; \
+	    cargo fuzz run $$t -s none $(EC2TL_CACHE)/fuzz-corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 2>&1 | grep -E "Done|stat::number_of_executed_units|panicked|SUMMARY|INFO: seed corpus" ; \
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; done
 
 ## e2e: only the end-to-end suite

@@ -102,7 +102,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         crate::lookup::lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone())
             .await?;
     match lookup.record_key() {
-        Some(key) => info!(key = %key.id(), "verification records are sealed with this key"),
+        Some(key) => info!(key = %key.id(), previous = ?key.previous_ids(),
+            "verification records are sealed with this key (and trusted when sealed with the previous ones)"),
         None => warn!(
             "no --record-key-file: verification records are neither written nor trusted, and every start asks EC2 about every instance"
         ),

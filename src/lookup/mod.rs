@@ -148,6 +148,18 @@ pub struct LookupArgs {
     #[serde(skip)]
     #[schemars(skip)]
     pub record_key_file: Option<std::path::PathBuf>,
+    /// A file of the keys of earlier rotations, one per line, newest first: records sealed with
+    /// them are still trusted (never sealed with), so a rotation costs no EC2 call and no write.
+    /// A file that does not exist holds none (the chart mounts the Secret's `previous`, which
+    /// it has only after a rotation).
+    #[arg(
+        long,
+        env = "LABELER_PREVIOUS_RECORD_KEY_FILE",
+        requires = "record_key_file"
+    )]
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub previous_record_key_file: Option<std::path::PathBuf>,
 }
 
 impl LookupArgs {
@@ -159,9 +171,42 @@ impl LookupArgs {
         let bytes = std::fs::read(path)
             .map_err(|e| format!("cannot read --record-key-file {}: {e}", path.display()))?;
         let secret = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
-        RecordKey::new(secret)
-            .map(Some)
-            .map_err(|e| format!("--record-key-file {}: {e}", path.display()))
+        let key = RecordKey::new(secret)
+            .map_err(|e| format!("--record-key-file {}: {e}", path.display()))?;
+        Ok(Some(key.with_previous(self.previous_record_keys()?)))
+    }
+
+    /// The keys of `--previous-record-key-file`, newest first (none when it is not given or the
+    /// file does not exist). A line that is no key is an error naming its line, never its text.
+    fn previous_record_keys(&self) -> Result<Vec<RecordKey>, String> {
+        let Some(path) = &self.previous_record_key_file else {
+            return Ok(Vec::new());
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(format!(
+                    "cannot read --previous-record-key-file {}: {e}",
+                    path.display()
+                ));
+            }
+        };
+        bytes
+            .split(|b| *b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+            .enumerate()
+            .filter(|(_, line)| !line.is_empty())
+            .map(|(i, line)| {
+                RecordKey::new(line).map_err(|e| {
+                    format!(
+                        "--previous-record-key-file {} line {}: {e}",
+                        path.display(),
+                        i + 1
+                    )
+                })
+            })
+            .collect()
     }
 
     pub fn lookup(&self) -> LookupConfig {

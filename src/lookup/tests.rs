@@ -1469,3 +1469,49 @@ fn answers_alike_but_for_the_instance_are_kept_once() {
     assert_eq!(cache.retain(&live), 11);
     assert_eq!(cache.shapes(), 1);
 }
+
+/// Issue 55.5: `--previous-record-key-file` adds the keys of earlier rotations (one per line,
+/// blank lines and CRLF tolerated); a file that does not exist holds none; a line too short to
+/// be a key is an error naming the file and line, never the text.
+#[test]
+fn previous_record_keys_are_read_one_per_line() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        lookup: LookupArgs,
+    }
+    let dir = std::env::temp_dir().join(format!("ec2tl-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let key = dir.join("key");
+    let previous = dir.join("previous");
+    std::fs::write(&key, "k".repeat(40) + "\n").expect("key");
+    let args = |prev: &std::path::Path| {
+        Cli::parse_from([
+            "x",
+            "--record-key-file",
+            key.to_str().unwrap_or_default(),
+            "--previous-record-key-file",
+            prev.to_str().unwrap_or_default(),
+        ])
+        .lookup
+    };
+    let none = args(&dir.join("absent"))
+        .record_key()
+        .expect("no file, no keys");
+    assert!(!none.expect("a key").has_previous());
+    std::fs::write(
+        &previous,
+        format!("{}\r\n\n{}\n", "a".repeat(40), "b".repeat(32)),
+    )
+    .expect("previous");
+    let k = args(&previous).record_key().expect("keys").expect("a key");
+    assert_eq!(k.previous_ids().len(), 2);
+    std::fs::write(&previous, format!("{}\nshort-secret\n", "a".repeat(40))).expect("previous");
+    let err = args(&previous).record_key().expect_err("a short key");
+    assert!(
+        err.contains("line 2") && !err.contains("short-secret"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

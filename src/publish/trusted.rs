@@ -253,6 +253,11 @@ impl Reports {
         let mut next: HashMap<String, (Left, u32, bool)> = HashMap::with_capacity(left.len());
         let mut untold = false;
         for (node, why) in left {
+            if why.report_after().is_none() {
+                // Never told (waiting for a first answer): nothing to remember either (an
+                // install leaves every node so for a while).
+                continue;
+            }
             let (rounds, told) = match self.seen.remove(node.name()) {
                 Some((was, rounds, told)) if &was == why => (rounds.saturating_add(1), told),
                 _ => (1, false),
@@ -266,7 +271,7 @@ impl Reports {
                     node.object_ref(),
                 );
             }
-            untold |= !(due || told) && why.report_after().is_some();
+            untold |= !(due || told);
             next.insert(node.name().to_string(), (why.clone(), rounds, told || due));
         }
         self.seen = next;

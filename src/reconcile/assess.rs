@@ -217,6 +217,16 @@ fn derive(
     // written until the kubelet reports it (a write saved per joining node), and one there
     // already stays. Without a key none is written either (and one there stays, untrusted).
     match key {
+        // A record sealed with an earlier key (a rotation) that says just this stays as it
+        // is: a rotation rewrites no node; the record is sealed anew when the answer changes.
+        Some(key)
+            if key.has_previous()
+                && node
+                    .annotation(VERIFIED_KEY)
+                    .is_some_and(|v| Verified::open(&v, key).is_ok_and(|r| r == *verified)) =>
+        {
+            desired.keep.insert(VERIFIED_KEY.to_string());
+        }
         Some(key) if verified.boot_id.is_some() => {
             desired
                 .annotations
@@ -404,6 +414,42 @@ mod trust {
         let v = judge(&n).expect("trusted from the packed record");
         let (_, diff) = derive(&n, &scheme, &v, Some(&key())).expect("labels for the answer");
         assert!(diff.is_empty(), "nothing to write: {diff:?}");
+    }
+
+    /// Issue 55.5: a rotation. The new key, holding the old one as previous, trusts records
+    /// the old one sealed (no EC2 call) and writes nothing (packed as the watch keeps the node,
+    /// and not): the record is sealed anew only when the answer changes. Without the old key,
+    /// the same record is another key's.
+    #[test]
+    fn a_rotation_trusts_old_records_and_rewrites_none() {
+        let scheme = LabelScheme::default();
+        let new = RecordKey::new(b"the key after the rotation, 32 bytes+").expect("a key");
+        let rotated = new.clone().with_previous([key()]);
+        for packed in [false, true] {
+            let mut n = verified_node(&scheme, 3600, "boot-1");
+            if packed {
+                crate::watch::prune(&mut n, &scheme);
+            }
+            let v = trusted(&n, &scheme, &target(), Some(&rotated)).expect("trusted");
+            let (_, diff) = derive(&n, &scheme, &v, Some(&rotated)).expect("labels");
+            assert!(diff.is_empty(), "a rotation rewrites nothing: {diff:?}");
+            assert_eq!(
+                trusted(&n, &scheme, &target(), Some(&new)),
+                Err(Distrust::OtherKey)
+            );
+            // The answer changes (a stop and start moved it): sealed with the new key.
+            let moved = Verified {
+                topology: InstanceTopology {
+                    network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-9".into()],
+                    ..answer()
+                },
+                boot_id: Some("boot-1".into()),
+                at: NOW,
+            };
+            let (desired, _) = derive(&n, &scheme, &moved, Some(&rotated)).expect("labels");
+            let record = desired.annotations.get(VERIFIED_KEY).expect("a new record");
+            assert_eq!(Verified::open(record, &new), Ok(moved));
+        }
     }
 
     #[test]

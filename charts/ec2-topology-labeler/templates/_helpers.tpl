@@ -69,17 +69,50 @@ tolerations:
 {{- .Values.recordKey.existingSecret | default (printf "%s-record-key" (include "ec2tl.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- end }}
 
-{{/* The chart's record key, base64: the one in the cluster if there is one, else a new one;
-made once per render (kept in .Values), so that the Secret and the Deployment's checksum of it
-agree. */}}
+{{/* The chart's record key, base64: the one in the cluster if there is one (and
+`recordKey.rotation` has not moved past the Secret's), else a new one; made once per render (kept
+in .Values), so that the Secret and the Deployment's checksum of it agree. */}}
 {{- define "ec2tl.recordKey" -}}
+{{- include "ec2tl.recordKeys" . -}}
+{{- index .Values "ec2tlRenderedRecordKey" -}}
+{{- end }}
+
+{{/* The previous key, base64 ("" when none): the key a rotation replaced, which the controller
+still opens records with (a rotation costs no EC2 call and no write). One rotation back only. */}}
+{{- define "ec2tl.recordKeyPrevious" -}}
+{{- include "ec2tl.recordKeys" . -}}
+{{- index .Values "ec2tlRenderedRecordKeyPrevious" -}}
+{{- end }}
+
+{{- define "ec2tl.recordKeys" -}}
 {{- if not (hasKey .Values "ec2tlRenderedRecordKey") -}}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ec2tl.recordKeySecret" .) -}}
 {{- $key := randAlphaNum 64 | b64enc -}}
+{{- $previous := "" -}}
 {{- if and $existing $existing.data (index $existing.data "key") -}}
+{{- $annotations := $existing.metadata.annotations | default dict -}}
+{{- $was := index $annotations "ec2-topology-labeler.io/rotation" | default "0" -}}
+{{- if eq $was (toString .Values.recordKey.rotation) -}}
 {{- $key = index $existing.data "key" -}}
+{{- $previous = index $existing.data "previous" | default "" -}}
+{{- else -}}
+{{- $previous = index $existing.data "key" -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set .Values "ec2tlRenderedRecordKey" $key -}}
+{{- $_ := set .Values "ec2tlRenderedRecordKeyPrevious" $previous -}}
 {{- end -}}
-{{- index .Values "ec2tlRenderedRecordKey" -}}
+{{- end }}
+
+{{/* What rolls the replicas when the record keys change (they are read at start): the
+chart's Secret as rendered, or the existing Secret's data as the cluster holds it. */}}
+{{- define "ec2tl.recordKeyChecksum" -}}
+{{- if .Values.recordKey.existingSecret -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace .Values.recordKey.existingSecret -}}
+{{- if and $existing $existing.data -}}
+{{- toJson $existing.data | sha256sum -}}
+{{- end -}}
+{{- else -}}
+{{- printf "%s/%s" (include "ec2tl.recordKey" .) (include "ec2tl.recordKeyPrevious" .) | sha256sum -}}
+{{- end -}}
 {{- end }}

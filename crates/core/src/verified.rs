@@ -37,11 +37,14 @@ pub const VERSION: u32 = 2;
 /// The shortest key a record is sealed with (bytes).
 pub const MIN_KEY_LEN: usize = 32;
 
-/// The key records are sealed with, and its public name.
+/// The key records are sealed with, and its public name; with the keys of earlier rotations
+/// that records are still opened with (never sealed with), so that a rotation neither distrusts
+/// every record nor rewrites one.
 #[derive(Clone)]
 pub struct RecordKey {
     id: [u8; 4],
     mac: Hmac<Sha256>,
+    previous: Vec<([u8; 4], Hmac<Sha256>)>,
 }
 
 impl std::fmt::Debug for RecordKey {
@@ -72,7 +75,42 @@ impl RecordKey {
         }
         let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
             .map_err(|e| format!("not a record key: {e}"))?;
-        Ok(Self { id, mac })
+        Ok(Self {
+            id,
+            mac,
+            previous: Vec::new(),
+        })
+    }
+
+    /// This key, also opening records sealed with `older` (the keys of earlier rotations, the
+    /// newest first). One of the same name as this key is left out.
+    pub fn with_previous(mut self, older: impl IntoIterator<Item = RecordKey>) -> Self {
+        for k in older {
+            if k.id != self.id && !self.previous.iter().any(|(id, _)| *id == k.id) {
+                self.previous.push((k.id, k.mac));
+            }
+        }
+        self
+    }
+
+    /// Whether records sealed with earlier keys are opened too.
+    pub fn has_previous(&self) -> bool {
+        !self.previous.is_empty()
+    }
+
+    /// The names of the earlier keys it opens records with.
+    pub fn previous_ids(&self) -> Vec<String> {
+        self.previous.iter().map(|(id, _)| hex(id)).collect()
+    }
+
+    /// The MAC of the key named `id`, this one's or an earlier one's.
+    fn mac_of(&self, id: &[u8; 4]) -> Option<&Hmac<Sha256>> {
+        if *id == self.id {
+            return Some(&self.mac);
+        }
+        self.previous
+            .iter()
+            .find_map(|(i, mac)| (i == id).then_some(mac))
     }
 
     /// Its public name, as records carry it (8 hex digits).
@@ -253,14 +291,14 @@ impl Verified {
         ))
     }
 
-    /// Read an annotation value: a record of this format sealed with `key`, whose sum matches
-    /// (compared in constant time).
+    /// Read an annotation value: a record of this format sealed with `key` (or one of the
+    /// earlier keys it holds), whose sum matches (compared in constant time).
     pub fn open(value: &str, key: &RecordKey) -> Result<Self, RecordError> {
         let (verified, seal) = Self::parse(value)?;
-        if seal.key != key.id {
+        let Some(mac) = key.mac_of(&seal.key) else {
             return Err(RecordError::OtherKey(hex(&seal.key)));
-        }
-        let mut mac = key.mac.clone();
+        };
+        let mut mac = mac.clone();
         mac.update(verified.wire(&seal).unsealed().as_bytes());
         mac.verify_truncated_left(&seal.sum)
             .map_err(|_| RecordError::Tampered)?;
@@ -290,6 +328,35 @@ mod tests {
 
     fn key() -> RecordKey {
         RecordKey::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    /// A rotation: the new key opens what the old one sealed, when it holds it as previous,
+    /// and seals only with itself; a key it does not hold is still refused, as is an edit.
+    #[test]
+    fn a_rotated_key_opens_records_of_the_keys_before_it() {
+        let old = key();
+        let new = RecordKey::new(b"the new key, thirty-two bytes or more").unwrap();
+        let forger = RecordKey::new(b"someone else's key of 32 bytes or more").unwrap();
+        let r = record();
+        let by_old = r.encode(&old);
+        assert!(matches!(
+            Verified::open(&by_old, &new),
+            Err(RecordError::OtherKey(_))
+        ));
+        let both = new.clone().with_previous([old.clone(), new.clone()]);
+        assert_eq!(both.previous_ids(), vec![old.id()], "itself left out");
+        assert_eq!(Verified::open(&by_old, &both), Ok(r.clone()));
+        assert_eq!(
+            r.encode(&both),
+            r.encode(&new),
+            "sealed with the new key only"
+        );
+        assert!(matches!(
+            Verified::open(&r.encode(&forger), &both),
+            Err(RecordError::OtherKey(_))
+        ));
+        let edited = by_old.replace("nn-3", "nn-4");
+        assert_eq!(Verified::open(&edited, &both), Err(RecordError::Tampered));
     }
 
     #[test]

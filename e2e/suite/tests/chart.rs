@@ -844,9 +844,26 @@ fn record_key_is_a_secret_only_the_controllers_pods_mount() {
         volume["secret"]["secretName"],
         "ec2-topology-labeler-record-key"
     );
+    // Every item of the Secret: `key`, and `previous` once a rotation made it (an item that
+    // may be missing cannot be listed).
+    assert_eq!(volume["secret"]["items"], Value::Null);
+    let previous = container(&docs)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "LABELER_PREVIOUS_RECORD_KEY_FILE")
+        .map(|e| e["value"].as_str().unwrap().to_string());
     assert_eq!(
-        volume["secret"]["items"],
-        json!([{ "key": "key", "path": "key" }])
+        previous.as_deref(),
+        Some("/etc/ec2-topology-labeler/record-key/previous")
+    );
+    assert!(
+        secrets[0]["data"].get("previous").is_none(),
+        "no previous key before a rotation"
+    );
+    assert_eq!(
+        secrets[0]["metadata"]["annotations"]["ec2-topology-labeler.io/rotation"],
+        "0"
     );
     let mount = container(&docs)["volumeMounts"]
         .as_array()
@@ -860,13 +877,13 @@ fn record_key_is_a_secret_only_the_controllers_pods_mount() {
         format!("{}/key", mount["mountPath"].as_str().unwrap()),
         FILE
     );
-    // A rotated key (a new Secret) rolls the replicas: the checksum is of the very key the
+    // A rotated key (a new Secret) rolls the replicas: the checksum is of the very keys the
     // Secret holds (one key per render; the next upgrade, reading it back, does not roll them).
     let pod_annotations =
         &kind(&docs, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"];
     let digest = {
         use sha2::Digest;
-        sha2::Sha256::digest(b64.as_bytes())
+        sha2::Sha256::digest(format!("{b64}/").as_bytes())
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
@@ -2237,6 +2254,7 @@ pub fn values_schema() -> Value {
             })),
             "recordKey": closed(json!({
                 "enabled": boolean(),
+                "rotation": { "type": "integer", "minimum": 0 },
                 "existingSecret": string()
             }))
         },

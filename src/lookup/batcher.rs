@@ -10,10 +10,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque, hash_map::Entry},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
@@ -38,29 +35,45 @@ pub(super) struct Batcher<S> {
     health: Arc<Health>,
 }
 
-/// Whether EC2 calls are failing (errors, or throttling that outlasted its re-sends), to notice
-/// the moment they stop.
+/// Which regions' EC2 calls are failing (errors, or throttling that outlasted its re-sends),
+/// to notice the moment they stop. Per region: a region that never answers (one named by a
+/// hostile providerID, `aws:///zz-north-1a/i-…`) is that region's failure only, and a success
+/// elsewhere is no recovery.
 pub(super) struct Health {
-    failing: AtomicBool,
+    failing: std::sync::Mutex<std::collections::HashSet<String>>,
     recovered: watch::Sender<u64>,
 }
 
 impl Health {
     pub(super) fn new(recovered: watch::Sender<u64>) -> Self {
         Self {
-            failing: AtomicBool::new(false),
+            failing: std::sync::Mutex::default(),
             recovered,
         }
     }
 
-    fn failed(&self) {
-        self.failing.store(true, Ordering::SeqCst);
+    fn regions(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        // A set of names changed by single inserts and removals: whole after any panic.
+        self.failing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A call succeeded: if calls were failing, every node waiting out a per-node backoff can
-    /// be re-checked now.
-    fn answered(&self) {
-        if self.failing.swap(false, Ordering::SeqCst) {
+    fn failed(&self, region: &str) {
+        let mut regions = self.regions();
+        if !regions.contains(region) {
+            regions.insert(region.to_string());
+        }
+    }
+
+    /// Whether any region's calls are failing (a probe is due).
+    fn any_failing(&self) -> bool {
+        !self.regions().is_empty()
+    }
+
+    /// A call to `region` was answered: if its calls were failing, every node waiting out a
+    /// per-node backoff can be re-checked now.
+    fn answered(&self, region: &str) {
+        let was_failing = self.regions().remove(region);
+        if was_failing {
             self.recovered.send_modify(|n| *n += 1);
         }
     }
@@ -234,7 +247,7 @@ impl<S: TopologySource> Batcher<S> {
                     && in_flight.is_empty()
                     && blocked_until.is_none()
                     && now >= last_sent + probe_interval
-                    && self.health.failing.load(Ordering::SeqCst)
+                    && self.health.any_failing()
                 {
                     match self.limiter.try_acquire() {
                         Err(wait) => blocked_until = Some(now + wait),
@@ -356,11 +369,15 @@ impl<S: TopologySource> Batcher<S> {
                                     throttled: 0,
                                 });
                             }
-                            self.health.failed();
+                            self.health.failed(&region);
                             deliver(&mut waiting, &region, &ids, Err(e));
                         }
                         Ok(found) => {
-                            probe = None;
+                            // The probe is that region's: another region answering says
+                            // nothing of it.
+                            if probe.as_ref().is_some_and(|p| p.region == region) {
+                                probe = None;
+                            }
                             deliver(&mut waiting, &region, &ids, Ok(found));
                         }
                     }
@@ -439,7 +456,7 @@ impl<S: TopologySource> Batcher<S> {
                 .as_ref()
                 .map_or_else(Ec2Error::is_instance_id_error, |_| true)
             {
-                health.answered();
+                health.answered(region);
             }
             match &result {
                 Ok(found) => {

@@ -84,9 +84,62 @@ impl Ec2Args {
     }
 }
 
+/// The regions with a client. Region names come from providerIDs, which whoever may create a
+/// Node writes: a region EC2 has answered from (proven) keeps its client, up to
+/// [`MAX_REGIONS`]; any other is on trial, and all of them together take one slot (a new one
+/// replaces the last), so hostile names (`aws:///zz-north-1a/i-…`, one region each) never crowd
+/// out the real ones.
+#[derive(Default)]
+struct Clients {
+    by_region: HashMap<String, Client>,
+    proven: std::collections::HashSet<String>,
+    trial: Option<String>,
+}
+
+impl Clients {
+    /// Room for a client of `region`, not held yet: refused when it is proven and the proven
+    /// fill every slot; a region on trial takes the trial slot (dropping the last trial's
+    /// client: a call in flight keeps its own handle).
+    fn admit(&mut self, region: &str) -> Result<(), Ec2Error> {
+        if self.proven.contains(region) {
+            if self.by_region.len() - usize::from(self.trial.is_some()) >= MAX_REGIONS {
+                return Err(too_many(region));
+            }
+            return Ok(());
+        }
+        if self.proven.len() >= MAX_REGIONS {
+            return Err(too_many(region));
+        }
+        if let Some(last) = self.trial.replace(region.to_string()) {
+            self.by_region.remove(&last);
+        }
+        Ok(())
+    }
+
+    /// EC2 answered from `region` (an answer or an error of its own, not a failure to reach
+    /// it): it keeps its client.
+    fn prove(&mut self, region: &str) {
+        if self.trial.as_deref() == Some(region) {
+            self.trial = None;
+        }
+        if !self.proven.contains(region) && self.proven.len() < MAX_REGIONS {
+            self.proven.insert(region.to_string());
+        }
+    }
+}
+
+fn too_many(region: &str) -> Ec2Error {
+    Ec2Error::InvalidRequest {
+        code: "TooManyRegions".into(),
+        message: format!(
+            "nodes name more than {MAX_REGIONS} regions; not opening a client for {region:?} (set --region, or check the nodes' providerIDs)"
+        ),
+    }
+}
+
 pub struct AwsTopology {
     base: aws_config::SdkConfig,
-    clients: Mutex<HashMap<String, Client>>,
+    clients: Mutex<Clients>,
     /// The shared EC2 budget: each page after the first takes a token (the batcher takes the
     /// first's before it calls).
     limiter: Option<std::sync::Arc<super::limiter::Limiter>>,
@@ -102,7 +155,7 @@ impl AwsTopology {
     pub fn new(base: aws_config::SdkConfig) -> Self {
         Self {
             base,
-            clients: Mutex::new(HashMap::new()),
+            clients: Mutex::new(Clients::default()),
             limiter: None,
         }
     }
@@ -140,33 +193,55 @@ impl AwsTopology {
             .timeout_config(timeouts)
     }
 
-    /// The client for `region`, made on first use. At most [`MAX_REGIONS`] are kept: region
-    /// names come from providerIDs (validated, see `provider_id::is_region_name`), and a cluster
-    /// spans a few regions at most.
+    /// The client for `region`, made on first use (see [`Clients`]). Region names come from
+    /// providerIDs (validated, see `provider_id::is_region_name`).
     pub(super) fn client(&self, region: &str) -> Result<Client, Ec2Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = clients.get(region) {
+        if let Some(c) = clients.by_region.get(region) {
             return Ok(c.clone());
         }
-        if clients.len() >= MAX_REGIONS {
-            return Err(Ec2Error::InvalidRequest {
-                code: "TooManyRegions".into(),
-                message: format!(
-                    "nodes name more than {MAX_REGIONS} regions; not opening a client for {region:?} (set --region, or check the nodes' providerIDs)"
-                ),
-            });
-        }
+        clients.admit(region)?;
         let conf = aws_sdk_ec2::config::Builder::from(&self.base)
             .region(Region::new(region.to_string()))
             .build();
         let client = Client::from_conf(conf);
-        clients.insert(region.to_string(), client.clone());
+        clients.by_region.insert(region.to_string(), client.clone());
         Ok(client)
+    }
+
+    /// What a call to `region` told of it: anything but a failure to reach EC2 there (or to
+    /// get a client for it) proves the region exists.
+    fn heard(&self, region: &str, result: &Result<Vec<InstanceTopology>, Ec2Error>) {
+        let unheard = match result {
+            Ok(_) => false,
+            Err(Ec2Error::Transport(_) | Ec2Error::Timeout(_) | Ec2Error::NoRegion) => true,
+            Err(Ec2Error::InvalidRequest { code, .. }) => code == "TooManyRegions",
+            Err(_) => false,
+        };
+        if !unheard {
+            self.clients
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .prove(region);
+        }
     }
 }
 
 impl TopologySource for AwsTopology {
     async fn describe(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+    ) -> Result<Vec<InstanceTopology>, Ec2Error> {
+        let result = self.pages(region, instance_ids).await;
+        self.heard(region, &result);
+        result
+    }
+}
+
+impl AwsTopology {
+    /// Every page of the answer for `instance_ids` in `region`.
+    async fn pages(
         &self,
         region: &str,
         instance_ids: &[String],
@@ -303,5 +378,77 @@ where
         SdkError::DispatchFailure(_) => Ec2Error::Transport(context()),
         SdkError::ResponseError(_) => Ec2Error::BadResponse(context()),
         _ => Ec2Error::Transport(context()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws() -> AwsTopology {
+        AwsTopology::new(
+            aws_config::SdkConfig::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .build(),
+        )
+    }
+
+    fn held(t: &AwsTopology) -> usize {
+        t.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_region
+            .len()
+    }
+
+    /// Issue 55.4: regions named by hostile providerIDs, never heard from, take one client slot
+    /// between them, and never crowd out a region EC2 answered from.
+    #[test]
+    fn unknown_regions_take_one_client_slot_between_them() {
+        let t = aws();
+        t.client("us-west-2").expect("a client");
+        t.heard("us-west-2", &Ok(vec![]));
+        for k in 0..100 {
+            let fake = format!("zz-north-{}", k % 90 + 1);
+            t.client(&fake).expect("a trial client");
+            t.heard(&fake, &Err(Ec2Error::Transport("dns error".into())));
+            assert!(held(&t) <= 2, "{} clients after {k} fake regions", held(&t));
+        }
+        assert!(
+            t.clients
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .by_region
+                .contains_key("us-west-2"),
+            "the real region keeps its client"
+        );
+        // A second real region is on trial until EC2 answers from it, then it stays.
+        t.client("eu-west-1").expect("a trial client");
+        t.heard(
+            "eu-west-1",
+            &Err(Ec2Error::from_code("UnauthorizedOperation", "no")),
+        );
+        t.client("zz-north-99").expect("a trial client");
+        assert_eq!(
+            held(&t),
+            3,
+            "us-west-2, eu-west-1 (proven) and one on trial"
+        );
+    }
+
+    /// Proven regions fill at most every slot; then no new region gets a client.
+    #[test]
+    fn proven_regions_are_bounded() {
+        let t = aws();
+        for k in 0..MAX_REGIONS {
+            let r = format!("us-west-{}", k + 1);
+            t.client(&r).expect("a client");
+            t.heard(&r, &Ok(vec![]));
+        }
+        assert!(matches!(
+            t.client("eu-west-1"),
+            Err(Ec2Error::InvalidRequest { code, .. }) if code == "TooManyRegions"
+        ));
+        assert!(t.client("us-west-1").is_ok(), "the proven keep theirs");
     }
 }

@@ -1515,3 +1515,37 @@ fn previous_record_keys_are_read_one_per_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 55.4: a region that does not exist (a hostile providerID's zone) fails every call.
+/// That is its own failure: the real region's answers between its failures are no recovery,
+/// so no fleet-wide re-check is signalled, however often both are asked.
+#[tokio::test(start_paused = true)]
+async fn a_region_that_never_answers_is_its_own_failure() {
+    let fake = Fake::default();
+    let l = lookup(&fake);
+    let rx = l.recoveries();
+    *fake.fail_with.lock().unwrap() = Some(Ec2Error::Transport(
+        "dns error: failed to lookup address information".into(),
+    ));
+    for k in 0..5 {
+        // The fake region's call fails (the fake fails the next call, whichever it is).
+        fake.fail_next.store(1, Ordering::SeqCst);
+        assert!(
+            l.resolve("zz-north-1", &id(1000 + 2 * k), None)
+                .await
+                .is_err()
+        );
+        l.resolve("us-west-2", &id(2 * k), None)
+            .await
+            .expect("the real region answers");
+    }
+    assert!(
+        !rx.has_changed().unwrap(),
+        "a success in us-west-2 is no recovery of zz-north-1: no fleet-wide re-check"
+    );
+    // The real region failing and answering again is a recovery, signalled once.
+    fake.fail_next.store(1, Ordering::SeqCst);
+    assert!(l.resolve("us-west-2", &id(20), None).await.is_err());
+    l.resolve("us-west-2", &id(22), None).await.unwrap();
+    assert!(rx.has_changed().unwrap(), "us-west-2 recovered");
+}

@@ -136,7 +136,10 @@ impl Reason {
     /// A node's standing (not described, skipped) rather than something that happened to it:
     /// recorded for every such node whenever a leader starts, from a budget of its own.
     pub fn is_why_not(self) -> bool {
-        matches!(self, Reason::TopologyNotDescribed | Reason::TopologySkipped)
+        matches!(
+            self,
+            Reason::TopologyNotDescribed | Reason::TopologySkipped | Reason::TopologyNotPublished
+        )
     }
 
     /// The object the Event is recorded on.
@@ -228,7 +231,8 @@ struct Inner {
     tx: tokio::sync::mpsc::Sender<Event>,
     normal: Mutex<Bucket>,
     warning: Mutex<Bucket>,
-    /// `TopologyNotDescribed`, `TopologySkipped` (see [`Reason::is_why_not`]).
+    /// `TopologyNotDescribed`, `TopologySkipped`, `TopologyNotPublished` (see
+    /// [`Reason::is_why_not`]).
     why: Mutex<Bucket>,
     metrics: Arc<Metrics>,
 }

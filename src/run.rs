@@ -164,9 +164,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.set_leader(true);
         None
     };
+    let (reader, mut feeder) = NodeCache::new();
+    ctx.cache = Some(reader.clone());
     let ctx = Arc::new(ctx);
 
-    let (reader, mut feeder) = NodeCache::new();
     let _ = wired.set((reader.clone(), ctx.clone(), identity));
     let prune_scheme = scheme.clone();
     let filter_ctx = ctx.clone();

@@ -59,7 +59,18 @@ impl Borrow<str> for ByName {
 #[derive(Debug, Default)]
 struct Shared {
     nodes: RwLock<HashSet<ByName>>,
+    /// How many cached nodes name each instance in their providerID (by a hash of its ID):
+    /// more than one, and all but the oldest are duplicates (see [`NodeCache::younger_duplicate`]).
+    claims: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
     ready: tokio::sync::watch::Sender<bool>,
+}
+
+/// The hash of the instance a providerID names, if it names one.
+fn instance_key(provider_id: &str) -> Option<u64> {
+    let i = crate::provider_id::parse(provider_id).ok()?;
+    let mut h = std::hash::DefaultHasher::new();
+    i.instance_id.hash(&mut h);
+    Some(h.finish())
 }
 
 /// The cache, for readers (cheap to clone).
@@ -106,6 +117,66 @@ impl NodeCache {
         self.read().iter().map(|n| n.0.clone()).collect()
     }
 
+    fn claims(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, u32>> {
+        // Counts changed one step at a time: whole after any panic.
+        self.shared
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A node naming the instance `key` left the set (`-1`) or came into it (`+1`).
+    fn claim(&self, key: Option<u64>, step: i8) {
+        let Some(key) = key else {
+            return;
+        };
+        let mut claims = self.claims();
+        let n = claims.entry(key).or_default();
+        *n = if step > 0 {
+            n.saturating_add(1)
+        } else {
+            n.saturating_sub(1)
+        };
+        if *n == 0 {
+            claims.remove(&key);
+        }
+    }
+
+    /// Count every node of the set anew (a list replaced it).
+    fn recount(&self) {
+        let mut counts = std::collections::HashMap::new();
+        for n in self.read().iter() {
+            if let Some(key) = instance_key(n.0.provider_id()) {
+                *counts.entry(key).or_insert(0u32) += 1;
+            }
+        }
+        *self.claims() = counts;
+    }
+
+    /// Whether another cached node names the instance `provider_id` names and is older than
+    /// `name` (created earlier; the smaller name when created together): then `name` is a
+    /// duplicate, which a hostile or broken registration makes, and is not labelled. Only a node
+    /// whose instance is named more than once pays for the look through the cache.
+    pub fn younger_duplicate(
+        &self,
+        name: &str,
+        provider_id: &str,
+        created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    ) -> bool {
+        let Some(key) = instance_key(provider_id) else {
+            return false;
+        };
+        if self.claims().get(&key).is_none_or(|n| *n < 2) {
+            return false;
+        }
+        let me = (created.map(|t| t.0), name);
+        self.read().iter().any(|n| {
+            n.0.name() != name
+                && instance_key(n.0.provider_id()) == Some(key)
+                && (n.0.created().map(|t| t.0), n.0.name()) < me
+        })
+    }
+
     /// Whether the first list is in.
     pub fn is_ready(&self) -> bool {
         *self.shared.ready.borrow()
@@ -137,11 +208,14 @@ impl Feeder {
             Event::Apply(mut node) => {
                 node.share(&mut self.sharing);
                 let cached = Arc::new(CachedNode::from(&node));
-                self.cache.write().replace(ByName(cached));
+                self.replace_live(cached);
                 Some(Arc::new(node))
             }
             Event::Delete(node) => {
-                self.cache.write().remove(node.name());
+                let gone = self.cache.write().take(node.name());
+                if let Some(gone) = gone {
+                    self.cache.claim(instance_key(gone.0.provider_id()), -1);
+                }
                 None
             }
             Event::Init => {
@@ -157,7 +231,7 @@ impl Feeder {
                     // nodes the list alone takes two seconds). The set is still replaced when
                     // the list is done, so that a first list that broke off and started again
                     // leaves no node it saw that is gone since.
-                    self.cache.write().replace(ByName(cached.clone()));
+                    self.replace_live(cached.clone());
                 }
                 self.relist
                     .get_or_insert_with(HashSet::new)
@@ -167,6 +241,7 @@ impl Feeder {
             Event::InitDone => {
                 if let Some(set) = self.relist.take() {
                     *self.cache.write() = set;
+                    self.cache.recount();
                 }
                 self.cache.shared.ready.send_replace(true);
                 None
@@ -176,6 +251,19 @@ impl Feeder {
 }
 
 /// `event` with its node (if any) made by `f`.
+impl Feeder {
+    /// Put `cached` in the set readers see, and count its instance (uncounting the version it
+    /// replaces).
+    fn replace_live(&self, cached: Arc<CachedNode>) {
+        let key = instance_key(cached.provider_id());
+        let old = self.cache.write().replace(ByName(cached));
+        if let Some(old) = old {
+            self.cache.claim(instance_key(old.0.provider_id()), -1);
+        }
+        self.cache.claim(key, 1);
+    }
+}
+
 pub fn map_event<A, B>(event: Event<A>, mut f: impl FnMut(A) -> B) -> Event<B> {
     match event {
         Event::Apply(a) => Event::Apply(f(a)),
@@ -294,5 +382,54 @@ mod tests {
                 .unwrap()
                 .shares(b.packed_labels().unwrap())
         );
+    }
+
+    /// Issue 55.4: two nodes naming one instance (a duplicate registration): the younger is the
+    /// duplicate, whatever zone its providerID claims; the older never is. When the older goes,
+    /// the younger is the only one; a relist counts the same.
+    #[test]
+    fn the_younger_of_two_nodes_naming_one_instance_is_the_duplicate() {
+        use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+        let at = |s: i64| Some(Time(Timestamp::from_second(s).expect("a time")));
+        let ec2 = |name: &str, pid: &str, created: i64| {
+            let mut n = node(name, "1");
+            n.spec.provider_id = Some(pid.into());
+            n.metadata.creation_timestamp = at(created);
+            n
+        };
+        let (cache, mut feeder) = NodeCache::new();
+        let real = ec2("real", "aws:///us-west-2a/i-0123456789abcdef0", 100);
+        let copy = ec2("copy", "aws:///zz-north-1a/i-0123456789abcdef0", 200);
+        let other = ec2("other", "aws:///us-west-2a/i-0123456789abcdef1", 300);
+        for n in [&real, &copy, &other] {
+            feeder.apply(Event::Apply(n.clone()));
+        }
+        let dup = |n: &LiteNode| {
+            cache.younger_duplicate(
+                n.name(),
+                n.provider_id(),
+                n.metadata.creation_timestamp.as_ref(),
+            )
+        };
+        assert!(dup(&copy), "the younger one");
+        assert!(!dup(&real) && !dup(&other));
+        // The same node applied again is not a duplicate of itself.
+        feeder.apply(Event::Apply(real.clone()));
+        assert!(!dup(&real) && dup(&copy));
+        // A relist counts the same.
+        feeder.apply(Event::Init);
+        for n in [&real, &copy, &other] {
+            feeder.apply(Event::InitApply(n.clone()));
+        }
+        feeder.apply(Event::InitDone);
+        assert!(dup(&copy) && !dup(&real));
+        // The older one is deleted: the copy is the only one now.
+        feeder.apply(Event::Delete(real.clone()));
+        assert!(!dup(&copy));
+        // The copy's providerID changes to another instance: nothing is shared any more.
+        let moved = ec2("copy", "aws:///us-west-2a/i-0123456789abcdef2", 200);
+        feeder.apply(Event::Apply(real.clone()));
+        feeder.apply(Event::Apply(moved.clone()));
+        assert!(!dup(&moved) && !dup(&real));
     }
 }

@@ -132,6 +132,11 @@ impl CachedNode {
         self.name().to_owned()
     }
 
+    /// When the node was created (its `creationTimestamp`).
+    pub fn created(&self) -> Option<&Time> {
+        self.created.as_ref()
+    }
+
     pub fn provider_id(&self) -> &str {
         self.text(PROVIDER_ID).unwrap_or_default()
     }

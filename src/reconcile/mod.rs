@@ -118,6 +118,9 @@ pub struct Context {
     /// was last logged: one line a minute per category, so a second problem (RBAC while EC2
     /// refuses our credentials) is not hidden behind the first.
     operator_error_logged_at: [AtomicU64; crate::Error::CATEGORIES.len()],
+    /// The node cache, to tell a node whose providerID another, older node names (a
+    /// duplicate: skipped). `None` in tests that reconcile without one.
+    pub cache: Option<crate::store::NodeCache>,
     /// This replica's Pod (from the downward API), where operator-facing Events about the
     /// controller itself go (EC2 refusing its credentials).
     pub pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
@@ -148,6 +151,7 @@ impl Context {
             writes: tokio::sync::Semaphore::new(32),
             api_failing: AtomicBool::new(false),
             kicks: None,
+            cache: None,
             operator_error_logged_at: std::array::from_fn(|_| AtomicU64::new(0)),
             pod: None,
             denied_reported_at: AtomicU64::new(0),
@@ -171,6 +175,9 @@ impl Context {
         }
     }
 }
+
+/// How often a node skipped as a duplicate is looked at again (the older node may be gone).
+const DUPLICATE_RECHECK: Duration = Duration::from_secs(60);
 
 /// How often the Pod Event about refused credentials is repeated while they are refused.
 const DENIED_EVERY: Duration = Duration::from_secs(600);
@@ -254,6 +261,33 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
             "the node carries the startup taint's key with another effect: it is not ours, so it is never released; give the provisioner and --startup-taint the same effect");
     }
     let urgent = held || joining_now(node, ctx);
+    // Another node, created earlier, names this node's instance: a duplicate registration is
+    // not ours to label (and, asked about, would look like a reboot at every event).
+    let duplicate = ctx.cache.as_ref().is_some_and(|c| {
+        c.younger_duplicate(
+            node.name(),
+            node.provider_id(),
+            node.metadata.creation_timestamp.as_ref(),
+        )
+    });
+    if duplicate {
+        let mut facts = Facts::new(
+            node,
+            Answer::Assessed(Assessment::Skipped(
+                crate::provider_id::SkipReason::Duplicate,
+            )),
+            Instant::now(),
+        );
+        facts.previous = ctx.records.with(node, |r| r.state().cloned());
+        let decision = decide(facts);
+        first_decision(ctx, node);
+        ctx.records.set_verified(node, Some(None));
+        let next = carry_out(ctx, node, decision).await?;
+        // Looked at again every minute: once the older node is gone, this one is labelled.
+        return Ok(Some(
+            next.map_or(DUPLICATE_RECHECK, |n| n.min(DUPLICATE_RECHECK)),
+        ));
+    }
     // The first lookup of this node's instance in this process: its verification record may
     // answer it (a new leader asks EC2 nothing about what was verified).
     if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {

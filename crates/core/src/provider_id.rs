@@ -27,6 +27,8 @@ pub enum SkipReason {
     OtherCloud,
     /// `aws://` but not a well-formed instance reference.
     Malformed,
+    /// Another node, created earlier, names the same instance (a duplicate registration).
+    Duplicate,
 }
 
 impl SkipReason {
@@ -38,6 +40,7 @@ impl SkipReason {
             SkipReason::Hybrid => "hybrid",
             SkipReason::OtherCloud => "other_cloud",
             SkipReason::Malformed => "malformed_provider_id",
+            SkipReason::Duplicate => "duplicate_provider_id",
         }
     }
 
@@ -55,15 +58,19 @@ impl SkipReason {
             SkipReason::Malformed => {
                 "its providerID is aws:// but not aws:///<zone>/i-<8 or 17 hex digits> (EC2 would refuse the ID)"
             }
+            SkipReason::Duplicate => {
+                "another node, created earlier, names the same instance in its providerID (a duplicate registration, broken or hostile): looked at again every minute, labelled once it is the only one"
+            }
         }
     }
 
-    pub const ALL: [SkipReason; 5] = [
+    pub const ALL: [SkipReason; 6] = [
         SkipReason::Empty,
         SkipReason::Fargate,
         SkipReason::Hybrid,
         SkipReason::OtherCloud,
         SkipReason::Malformed,
+        SkipReason::Duplicate,
     ];
 }
 

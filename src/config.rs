@@ -354,6 +354,13 @@ pub struct TreeArgs {
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub min_labelled: usize,
+    /// Draw every node's topology labels as found. By default, when the cluster's nodes carry
+    /// verification records, a node whose labels no record vouches for (labelled by hand or by
+    /// another tool, or rewritten since the controller verified them) is listed without
+    /// topology and says why, as the controller leaves it out of what it publishes. (Read
+    /// without the record key: only the controller can tell a forged record.)
+    #[arg(long, env = "LABELER_INCLUDE_UNVERIFIED")]
+    pub include_unverified: bool,
     /// Instead of the tree: the account's Capacity Reservations under the network nodes EC2
     /// places them at (known before any instance runs), with instances reserved, in use, and
     /// the nodes that joined from each (by Karpenter's

@@ -40,7 +40,7 @@ pub mod watch;
 
 pub use ec2_topology_core::{
     consistent, coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree,
-    verified,
+    verified, vouch,
 };
 use topology::Ec2Error;
 

@@ -15,6 +15,7 @@ use crate::{
     picture,
     reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
+    vouch::Unvouched,
 };
 
 fn ready(node: &Node) -> Option<bool> {
@@ -57,6 +58,64 @@ fn taint_to_point_out(given: Option<StartupTaint>, adopted: bool) -> Option<Star
     })
 }
 
+/// Whether a verification record vouches for `node`'s topology labels (see
+/// [`crate::vouch`]); a node without any is not asked.
+fn vouch(scheme: &crate::labels::LabelScheme, node: &Node) -> Result<(), Unvouched> {
+    let labels = node.labels();
+    if !labels.keys().any(|k| scheme.layer_index(k).is_some()) {
+        return Ok(());
+    }
+    crate::vouch::vouched(
+        scheme,
+        labels,
+        node.annotations()
+            .get(crate::verified::VERIFIED_KEY)
+            .map(String::as_str),
+        node.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default(),
+        node.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.as_str()),
+    )
+}
+
+/// When any node carries a verification record (the controller writes them), draw the nodes
+/// no record vouches for without topology, each saying why, as the controller leaves them out
+/// of what it publishes; said once on stderr. Without any record (records off, or no controller
+/// yet) the labels are drawn as found.
+fn leave_out_unvouched(
+    scheme: &crate::labels::LabelScheme,
+    views: &mut [NodeView],
+    vouching: &[Result<(), Unvouched>],
+) {
+    let any_record = vouching
+        .iter()
+        .any(|v| !matches!(v, Err(Unvouched::NoRecord)));
+    if !any_record {
+        return;
+    }
+    let mut left = 0;
+    for (view, why) in views.iter_mut().zip(vouching) {
+        if let Err(why) = why {
+            view.labels.retain(|k, _| !scheme.is_family_label(k));
+            let said = format!("topology labels with {}: left out", why.explain());
+            view.note = Some(match view.note.take() {
+                Some(n) => format!("{n}; {said}"),
+                None => said,
+            });
+            left += 1;
+        }
+    }
+    if left > 0 {
+        eprintln!(
+            "{left} node(s) carry topology labels no verification record vouches for: listed without topology (--include-unverified draws their labels as found)"
+        );
+    }
+}
+
 pub async fn run(args: TreeArgs) -> Result<()> {
     let (args, adopted) = match crate::config::in_the_controllers_container(&args.own) {
         Some(run) => (adopt(args, run), true),
@@ -67,6 +126,8 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let api: Api<Node> = Api::all(Client::try_default().await?);
     let mut views = Vec::new();
     let api = &api;
+    // Per node: whether a verification record vouches for its labels (read without the key).
+    let mut vouching: Vec<Result<(), Unvouched>> = Vec::new();
     crate::pages::each_page(
         ListParams::default(),
         crate::pages::PAGE,
@@ -74,6 +135,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         |items| {
             views.extend(items.iter().map(|n| {
                 let (note, tainted) = note(taint.as_ref(), n);
+                vouching.push(vouch(&scheme, n));
                 NodeView {
                     name: n.name_any(),
                     ready: ready(n),
@@ -85,6 +147,9 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         },
     )
     .await?;
+    if !args.include_unverified && !args.reservations {
+        leave_out_unvouched(&scheme, &mut views, &vouching);
+    }
     if args.reservations {
         let text = reservations(&args, &views).await?;
         std::io::stdout().write_all(text.as_bytes())?;
@@ -209,6 +274,41 @@ async fn reservations(args: &TreeArgs, views: &[NodeView]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 55.1: with records in the cluster, a node no record vouches for is drawn without
+    /// topology and says why; the others are drawn as they are. Without any record (records
+    /// off, or no controller yet), every node is drawn as found.
+    #[test]
+    fn nodes_no_record_vouches_for_are_left_out_when_records_exist() {
+        let s = crate::labels::LabelScheme::default();
+        let views = || {
+            vec![
+                NodeView::labelled("ok", &s, &["nn-s", "nn-a", "nn-l"]),
+                NodeView::labelled("forged", &s, &["nn-s", "nn-b", "nn-l"]),
+            ]
+        };
+        let mut v = views();
+        leave_out_unvouched(&s, &mut v, &[Ok(()), Err(Unvouched::NoRecord)]);
+        let forest = Forest::build(&s, &v);
+        assert_eq!(forest.nodes_labelled(), 1);
+        assert!(
+            forest.conflicts.is_empty(),
+            "the forged parent is not drawn"
+        );
+        assert_eq!(forest.missing, ["forged"]);
+        assert!(
+            forest.missing_notes["forged"].contains("no verification record"),
+            "{:?}",
+            forest.missing_notes
+        );
+        let mut v = views();
+        leave_out_unvouched(
+            &s,
+            &mut v,
+            &[Err(Unvouched::NoRecord), Err(Unvouched::NoRecord)],
+        );
+        assert_eq!(v, views(), "no record anywhere: drawn as found");
+    }
 
     #[test]
     fn points_out_the_given_taint_else_the_charts_unless_the_controller_has_none() {

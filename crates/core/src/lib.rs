@@ -13,3 +13,4 @@ pub mod slurm;
 pub mod topology;
 pub mod tree;
 pub mod verified;
+pub mod vouch;

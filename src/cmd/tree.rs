@@ -82,21 +82,15 @@ fn vouch(scheme: &crate::labels::LabelScheme, node: &Node) -> Result<(), Unvouch
     )
 }
 
-/// When any node carries a verification record (the controller writes them), draw the nodes
-/// no record vouches for without topology, each saying why, as the controller leaves them out
-/// of what it publishes; said once on stderr. Without any record (records off, or no controller
-/// yet) the labels are drawn as found.
+/// Draw the nodes no record vouches for without topology, each saying why, as the controller
+/// leaves them out of what it publishes; said once on stderr. Only when some node carries a
+/// verification record (the controller writes them): without any (records off, or no
+/// controller yet) the labels are drawn as found.
 fn leave_out_unvouched(
     scheme: &crate::labels::LabelScheme,
     views: &mut [NodeView],
     vouching: &[Result<(), Unvouched>],
 ) {
-    let any_record = vouching
-        .iter()
-        .any(|v| !matches!(v, Err(Unvouched::NoRecord)));
-    if !any_record {
-        return;
-    }
     let mut left = 0;
     for (view, why) in views.iter_mut().zip(vouching) {
         if let Err(why) = why {
@@ -126,8 +120,10 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let api: Api<Node> = Api::all(Client::try_default().await?);
     let mut views = Vec::new();
     let api = &api;
-    // Per node: whether a verification record vouches for its labels (read without the key).
+    // Per node: whether a verification record vouches for its labels (read without the key),
+    // and whether any node carries a record at all.
     let mut vouching: Vec<Result<(), Unvouched>> = Vec::new();
+    let mut any_record = false;
     crate::pages::each_page(
         ListParams::default(),
         crate::pages::PAGE,
@@ -136,6 +132,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
             views.extend(items.iter().map(|n| {
                 let (note, tainted) = note(taint.as_ref(), n);
                 vouching.push(vouch(&scheme, n));
+                any_record |= n.annotations().contains_key(crate::verified::VERIFIED_KEY);
                 NodeView {
                     name: n.name_any(),
                     ready: ready(n),
@@ -147,7 +144,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         },
     )
     .await?;
-    if !args.include_unverified && !args.reservations {
+    if !args.include_unverified && !args.reservations && any_record {
         leave_out_unvouched(&scheme, &mut views, &vouching);
     }
     if args.reservations {
@@ -276,8 +273,7 @@ mod tests {
     use super::*;
 
     /// Issue 55.1: with records in the cluster, a node no record vouches for is drawn without
-    /// topology and says why; the others are drawn as they are. Without any record (records
-    /// off, or no controller yet), every node is drawn as found.
+    /// topology and says why; the others are drawn as they are.
     #[test]
     fn nodes_no_record_vouches_for_are_left_out_when_records_exist() {
         let s = crate::labels::LabelScheme::default();
@@ -301,13 +297,6 @@ mod tests {
             "{:?}",
             forest.missing_notes
         );
-        let mut v = views();
-        leave_out_unvouched(
-            &s,
-            &mut v,
-            &[Err(Unvouched::NoRecord), Err(Unvouched::NoRecord)],
-        );
-        assert_eq!(v, views(), "no record anywhere: drawn as found");
     }
 
     #[test]

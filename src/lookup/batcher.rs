@@ -373,11 +373,10 @@ impl<S: TopologySource> Batcher<S> {
                             deliver(&mut waiting, &region, &ids, Err(e));
                         }
                         Ok(found) => {
-                            // The probe is that region's: another region answering says
-                            // nothing of it.
-                            if probe.as_ref().is_some_and(|p| p.region == region) {
-                                probe = None;
-                            }
+                            // EC2 answers: no probe (a region that never answers, named by
+                            // a hostile providerID, is not probed for ever; its own nodes ask
+                            // again on their backoff).
+                            probe = None;
                             deliver(&mut waiting, &region, &ids, Ok(found));
                         }
                     }

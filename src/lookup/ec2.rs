@@ -209,16 +209,21 @@ impl AwsTopology {
         Ok(client)
     }
 
-    /// What a call to `region` told of it: anything but a failure to reach EC2 there (or to
-    /// get a client for it) proves the region exists.
+    /// What a call to `region` told of it: an answer from EC2 there (described instances, or
+    /// an error of EC2's own about the request) proves the region exists; failing to reach it,
+    /// credentials refused or missing (which can fail before any call), or no client, do not.
     fn heard(&self, region: &str, result: &Result<Vec<InstanceTopology>, Ec2Error>) {
-        let unheard = match result {
-            Ok(_) => false,
-            Err(Ec2Error::Transport(_) | Ec2Error::Timeout(_) | Ec2Error::NoRegion) => true,
-            Err(Ec2Error::InvalidRequest { code, .. }) => code == "TooManyRegions",
+        let answered = match result {
+            Ok(_) => true,
+            Err(Ec2Error::InvalidRequest { code, .. }) => code != "TooManyRegions",
+            Err(
+                Ec2Error::Throttled { .. }
+                | Ec2Error::Service { .. }
+                | Ec2Error::UnsupportedOperation { .. },
+            ) => true,
             Err(_) => false,
         };
-        if !unheard {
+        if answered {
             self.clients
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -422,11 +427,20 @@ mod tests {
                 .contains_key("us-west-2"),
             "the real region keeps its client"
         );
+        // Refused credentials say nothing of a region (they can fail before any call).
+        t.client("ap-south-1").expect("a trial client");
+        t.heard(
+            "ap-south-1",
+            &Err(Ec2Error::from_code("UnauthorizedOperation", "no")),
+        );
         // A second real region is on trial until EC2 answers from it, then it stays.
         t.client("eu-west-1").expect("a trial client");
         t.heard(
             "eu-west-1",
-            &Err(Ec2Error::from_code("UnauthorizedOperation", "no")),
+            &Err(Ec2Error::from_code(
+                "InvalidInstanceID.NotFound",
+                "no such instance",
+            )),
         );
         t.client("zz-north-99").expect("a trial client");
         assert_eq!(

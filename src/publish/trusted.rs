@@ -98,12 +98,14 @@ pub struct Selection {
     pub views: Vec<NodeView>,
     /// Nodes carrying our topology keys left out, with why.
     pub left: Vec<(std::sync::Arc<CachedNode>, Left)>,
-    /// Nodes carrying our topology keys never reconciled by this replica yet.
+    /// Nodes carrying our topology keys not reconciled by this replica in its term yet.
     pub waiting: usize,
     /// Nodes carrying our topology keys that EC2 could not be asked about yet (their lookup
-    /// fails): a new leader does not publish without them (EC2 being down must never take a
-    /// node out of what is published).
+    /// fails): a new leader does not publish without them while they are many (see
+    /// [`Selection::ec2_failing`]): EC2 being down must not take nodes out of what is published.
     pub failing: usize,
+    /// Nodes carrying our topology keys, vouched for or not.
+    pub carrying: usize,
     /// Nodes whose labels EC2's answers vouch for (those left out as inconsistent included).
     pub vouched: usize,
 }
@@ -116,6 +118,13 @@ pub const IMPLAUSIBLE_MIN: usize = 2;
 pub const IMPLAUSIBLE_PERCENT: usize = 10;
 
 impl Selection {
+    /// EC2 fails for more than [`IMPLAUSIBLE_PERCENT`] of the nodes carrying topology labels
+    /// that no answer vouches for yet: an outage, not one node a hostile providerID makes
+    /// unanswerable.
+    pub fn ec2_failing(&self) -> bool {
+        self.failing > 0 && self.failing * 100 > self.carrying * IMPLAUSIBLE_PERCENT
+    }
+
     /// Too many vouched nodes disagree with the rest to publish any (see [`IMPLAUSIBLE_MIN`]).
     pub fn implausible(&self) -> bool {
         let inconsistent = self
@@ -195,23 +204,33 @@ pub fn select(
             note: None,
             tainted: false,
         };
+        let carries = carries_topology(scheme, &labels);
+        out.carrying += usize::from(carries);
         if vouched {
             out.vouched += 1;
             views.push(view(labels));
             by_name.insert(node.name().to_string(), node);
             continue;
         }
-        let carries = carries_topology(scheme, &labels);
         labels.retain(|k, _| !scheme.is_family_label(k));
         bare.push(view(labels));
         if carries {
-            if matches!(
-                standing,
-                None | Some(Standing {
-                    state: None | Some(NodeState::Pending),
-                    ..
-                })
-            ) {
+            // No answer in this term yet, and not a node that will have none.
+            let answerless = standing.as_ref().is_none_or(|s| s.verified.is_none());
+            if answerless
+                && !matches!(
+                    standing,
+                    Some(Standing {
+                        state: Some(
+                            NodeState::Skipped(_)
+                                | NodeState::Rejected
+                                | NodeState::NotDescribed(_)
+                                | NodeState::Failing(_)
+                        ),
+                        ..
+                    })
+                )
+            {
                 out.waiting += 1;
             }
             if matches!(
@@ -397,6 +416,43 @@ mod tests {
         let counts: BTreeMap<&str, usize> = sel.counts().into_iter().collect();
         assert_eq!(counts["not_ec2"], 2);
         assert_eq!(counts["inconsistent"], 0);
+    }
+
+    /// One node EC2 cannot answer for (a hostile providerID's region) does not hold a new
+    /// leader's first publish; EC2 failing for more than a tenth of the nodes (an outage) does.
+    #[test]
+    fn only_an_outage_holds_the_first_publish() {
+        let of = |failing, carrying| Selection {
+            failing,
+            carrying,
+            ..Selection::default()
+        };
+        assert!(!of(1, 20).ec2_failing(), "one hostile node among 20");
+        assert!(of(3, 20).ec2_failing());
+        assert!(of(20, 20).ec2_failing(), "EC2 down for every node");
+        assert!(!of(0, 20).ec2_failing());
+    }
+
+    /// Issue 55 review: a replica leading again does not take its last term's vouchers for
+    /// this term's: forgotten when it stopped leading, its nodes wait for their reconcile.
+    #[test]
+    fn a_new_term_waits_for_its_own_answers() {
+        let s = LabelScheme::default();
+        let records = Nodes::new(Arc::new(Metrics::default()));
+        let (reader, mut writer) = NodeCache::new();
+        let path = ["nn-s", "nn-a", "nn-l"];
+        let n = node("n", &path, "aws:///us-west-2a/i-00000000000000001");
+        records.set_state(&n, NodeState::Labelled);
+        records.set_verified(&n, Some(Some(fp(&path))));
+        writer.apply(Event::Apply(n.clone()));
+        assert_eq!(select(&s, reader.state(), &records).waiting, 0);
+        let before = records.generation();
+        records.forget_verified();
+        assert_ne!(records.generation(), before, "the publishers look again");
+        let sel = select(&s, reader.state(), &records);
+        assert_eq!((sel.waiting, sel.vouched), (1, 0));
+        records.set_verified(&n, Some(Some(fp(&path))));
+        assert_eq!(select(&s, reader.state(), &records).vouched, 1);
     }
 
     /// Two verified nodes whose answers disagree (EC2 moved one, the other not yet re-asked):

@@ -336,7 +336,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
     // anything else (EC2 failing or late, an answer we cannot use) leaves it as it was.
     let verified = match &answer {
         Answer::Assessed(Assessment::Ready { desired, .. }) => Some(Some(
-            crate::labels::will_carry_fingerprint(&ctx.scheme, &node.labels(), desired),
+            crate::labels::vouched_fingerprint(&ctx.scheme, desired),
         )),
         Answer::Assessed(Assessment::Skipped(_) | Assessment::Rejected { .. }) => Some(None),
         _ => None,

@@ -298,6 +298,14 @@ impl Nodes {
         }
     }
 
+    /// Forget what every node's answer vouched for (this replica stopped leading).
+    pub fn forget_verified(&self) {
+        for r in self.records().values_mut() {
+            r.verified = None;
+        }
+        self.bump();
+    }
+
     /// The standing of each of `names` (`None`: never reconciled), under one lock.
     pub fn standings<'a>(&self, names: impl Iterator<Item = &'a str>) -> Vec<Option<Standing>> {
         let records = self.records();

@@ -283,13 +283,15 @@ pub fn settle(scheme: &LabelScheme, current: &BTreeMap<String, String>, desired:
 
 /// One number for the family labels among `labels` (keys and values, in key order; every other
 /// label ignored): equal for two label sets exactly when they carry the same family labels.
-/// In-process only (not a stable format).
+/// Keyed at random once per process (a label writer cannot aim at a value), in-process only.
 pub fn family_fingerprint<'a>(
     scheme: &LabelScheme,
     labels: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static KEY: std::sync::LazyLock<std::hash::RandomState> =
+        std::sync::LazyLock::new(std::hash::RandomState::new);
+    let mut h = KEY.build_hasher();
     for (k, v) in labels {
         if scheme.is_family_label(k) {
             (k, v).hash(&mut h);
@@ -298,20 +300,11 @@ pub fn family_fingerprint<'a>(
     h.finish()
 }
 
-/// [`family_fingerprint`] of the labels a node carrying `current` will carry once `desired` is
-/// applied (the keys the answer says nothing about keep their value).
-pub fn will_carry_fingerprint(
-    scheme: &LabelScheme,
-    current: &BTreeMap<String, String>,
-    desired: &Desired,
-) -> u64 {
-    let mut will_carry = desired.labels.clone();
-    for key in &desired.keep {
-        if let Some(v) = current.get(key) {
-            will_carry.insert(key.clone(), v.clone());
-        }
-    }
-    family_fingerprint(scheme, &will_carry)
+/// [`family_fingerprint`] of what `desired` vouches for: its labels, and none of the keys the
+/// answer says nothing about. A node carrying a value for such a key (a capacity block EC2 has
+/// not confirmed in this boot, or one somebody wrote) does not have it: no answer vouches for it.
+pub fn vouched_fingerprint(scheme: &LabelScheme, desired: &Desired) -> u64 {
+    family_fingerprint(scheme, &desired.labels)
 }
 
 /// The network path of a node, top of the hierarchy first, read from its layer labels (a deepest
@@ -573,25 +566,28 @@ mod tests {
             .collect()
     }
 
-    /// The fingerprint of what an answer makes equals the node's once it carries that (other
-    /// labels aside), and differs when any family label differs, is missing or is extra; a key
-    /// the answer says nothing about counts with the node's value.
+    /// The fingerprint of what an answer vouches for equals the node's once it carries that
+    /// (other labels aside), and differs when any family label differs, is missing or is extra;
+    /// a key the answer says nothing about is vouched for by no answer: a node carrying a value
+    /// for it (a capacity block written by somebody else) does not match.
     #[test]
     fn fingerprints_tell_family_labels_apart_and_nothing_else() {
         let s = LabelScheme::default();
-        let mut t = topo(&["nn-a", "nn-b", "nn-c"]);
-        t.zone_id = None;
+        let t = topo(&["nn-a", "nn-b", "nn-c"]);
         let d = desired(&s, &t).unwrap();
+        assert!(
+            d.keep.contains(CAPACITY_BLOCK_KEY),
+            "no capacity block in the answer"
+        );
         let mut node = d.labels.clone();
         node.insert("kubernetes.io/hostname".into(), "h".into());
-        node.insert(EKS_ZONE_ID_KEY.into(), "usw2-az9".into());
-        let want = will_carry_fingerprint(&s, &node, &d);
+        let want = vouched_fingerprint(&s, &d);
         assert_eq!(family_fingerprint(&s, &node), want);
         for change in [
             ("topology.k8s.aws/network-node-layer-3", Some("nn-x")),
             ("topology.k8s.aws/network-node-layer-4", Some("nn-d")),
             ("topology.k8s.aws/network-node-layer-1", None),
-            (CAPACITY_BLOCK_KEY, Some("cr-1")),
+            (CAPACITY_BLOCK_KEY, Some("cr-forged")),
         ] {
             let mut other = node.clone();
             match change.1 {

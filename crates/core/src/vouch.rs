@@ -63,9 +63,7 @@ pub fn vouched(
     }
     let desired =
         labels::desired(scheme, &verified.topology).map_err(|_| Unvouched::LabelsDiffer)?;
-    if labels::family_fingerprint(scheme, labels)
-        != labels::will_carry_fingerprint(scheme, labels, &desired)
-    {
+    if labels::family_fingerprint(scheme, labels) != labels::vouched_fingerprint(scheme, &desired) {
         return Err(Unvouched::LabelsDiffer);
     }
     Ok(())

@@ -382,6 +382,40 @@ mod tests {
         n
     }
 
+    /// `list` publishing every `interval` as the leader, with the default label keys.
+    fn publishers(list: Vec<Box<dyn Publisher>>, interval: Duration) -> Publishers {
+        Publishers {
+            list,
+            interval,
+            leader: Leadership::always(),
+            scheme: LabelScheme::default(),
+            events: crate::events::Events::default(),
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    /// One never-fresh [`Counting`] publisher running every 5 s from `reader` and `records`;
+    /// its task and what it counted.
+    fn spawn_counting(
+        reader: NodeCache,
+        records: Arc<crate::reconcile::nodes::Nodes>,
+        liveness: &crate::http::Liveness,
+    ) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<usize>>>) {
+        let calls = Arc::new(Mutex::new(vec![]));
+        let counting: Box<dyn Publisher> = Box::new(Counting {
+            calls: calls.clone(),
+            published: false,
+            fresh_after: false,
+        });
+        let run = publishers(vec![counting], Duration::from_secs(5)).run(
+            reader,
+            records,
+            Arc::new(AtomicBool::new(true)),
+            liveness.task("publish"),
+        );
+        (tokio::spawn(run), calls)
+    }
+
     /// What a reconcile that found `n`'s labels to be EC2's answer leaves in its record.
     fn verify(records: &crate::reconcile::nodes::Nodes, n: &LiteNode) {
         records.set_state(n, crate::state::NodeState::Labelled);
@@ -417,14 +451,7 @@ mod tests {
             }),
         ];
         let interval = Duration::from_secs(5);
-        let publishers = Publishers {
-            list,
-            interval,
-            leader: Leadership::always(),
-            scheme: LabelScheme::default(),
-            events: crate::events::Events::default(),
-            metrics: Arc::new(Metrics::default()),
-        };
+        let publishers = publishers(list, interval);
         let liveness = crate::http::Liveness::default();
         let synced = Arc::new(AtomicBool::new(true));
         let task =
@@ -482,26 +509,8 @@ mod tests {
         let down = node("down", "nn-leaf-1");
         records.set_state(&down, crate::state::NodeState::Failing("ec2_unavailable"));
         writer.apply(Event::Apply(down.clone()));
-        let calls = Arc::new(Mutex::new(vec![]));
-        let publishers = Publishers {
-            list: vec![Box::new(Counting {
-                calls: calls.clone(),
-                published: false,
-                fresh_after: false,
-            })],
-            interval: Duration::from_secs(5),
-            leader: Leadership::always(),
-            scheme: LabelScheme::default(),
-            events: crate::events::Events::default(),
-            metrics: Arc::new(Metrics::default()),
-        };
         let liveness = crate::http::Liveness::default();
-        let task = tokio::spawn(publishers.run(
-            reader,
-            records.clone(),
-            Arc::new(AtomicBool::new(true)),
-            liveness.task("publish"),
-        ));
+        let (task, calls) = spawn_counting(reader, records.clone(), &liveness);
         let count = || calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
         tokio::time::sleep(FIRST_PASS_WAIT * 2).await;
         assert!(
@@ -523,25 +532,7 @@ mod tests {
         verify(&records, &verified);
         writer.apply(Event::Apply(verified));
         writer.apply(Event::Apply(node("new", "nn-leaf-1")));
-        let calls = Arc::new(Mutex::new(vec![]));
-        let publishers = Publishers {
-            list: vec![Box::new(Counting {
-                calls: calls.clone(),
-                published: false,
-                fresh_after: false,
-            })],
-            interval: Duration::from_secs(5),
-            leader: Leadership::always(),
-            scheme: LabelScheme::default(),
-            events: crate::events::Events::default(),
-            metrics: Arc::new(Metrics::default()),
-        };
-        let task = tokio::spawn(publishers.run(
-            reader,
-            records,
-            Arc::new(AtomicBool::new(true)),
-            liveness.task("publish"),
-        ));
+        let (task, calls) = spawn_counting(reader, records, &liveness);
         tokio::time::sleep(FIRST_PASS_WAIT - Duration::from_secs(10)).await;
         assert!(calls.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
         tokio::time::sleep(Duration::from_secs(20)).await;

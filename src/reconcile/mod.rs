@@ -270,48 +270,38 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
             node.metadata.creation_timestamp.as_ref(),
         )
     });
-    if duplicate {
-        let mut facts = Facts::new(
+    let answer = if duplicate {
+        Answer::Assessed(Assessment::Skipped(
+            crate::provider_id::SkipReason::Duplicate,
+        ))
+    } else {
+        // The first lookup of this node's instance in this process: its verification record
+        // may answer it (a new leader asks EC2 nothing about what was verified).
+        if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
+            assess::adopt(node, &ctx.scheme, &t, &ctx.lookup);
+        }
+        let lookup = assess(
             node,
-            Answer::Assessed(Assessment::Skipped(
-                crate::provider_id::SkipReason::Duplicate,
-            )),
-            Instant::now(),
+            &ctx.scheme,
+            ctx.region.as_deref(),
+            &ctx.lookup,
+            urgent,
         );
-        facts.previous = ctx.records.with(node, |r| r.state().cloned());
-        let decision = decide(facts);
-        first_decision(ctx, node);
-        ctx.records.set_verified(node, Some(None));
-        let next = carry_out(ctx, node, decision).await?;
-        // Looked at again every minute: once the older node is gone, this one is labelled.
-        return Ok(Some(
-            next.map_or(DUPLICATE_RECHECK, |n| n.min(DUPLICATE_RECHECK)),
-        ));
-    }
-    // The first lookup of this node's instance in this process: its verification record may
-    // answer it (a new leader asks EC2 nothing about what was verified).
-    if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
-        assess::adopt(node, &ctx.scheme, &t, &ctx.lookup);
-    }
-    let lookup = assess(
-        node,
-        &ctx.scheme,
-        ctx.region.as_deref(),
-        &ctx.lookup,
-        urgent,
-    );
-    let answer = match ctx.gate.timeout_in(node) {
-        // A held node's startup-taint timeout falls due on time, however long EC2 takes to
-        // answer (a hung or slowly failing call must not hold the node past it). The call goes
-        // on in the batcher; this node looks again shortly, untainted by then.
-        Some(due) => match tokio::time::timeout(due + Duration::from_millis(100), lookup).await {
-            Ok(assessment) => Answer::Assessed(assessment?),
-            Err(_) => {
-                debug!("EC2 did not answer before the startup-taint timeout");
-                Answer::TimedOut
+        match ctx.gate.timeout_in(node) {
+            // A held node's startup-taint timeout falls due on time, however long EC2 takes to
+            // answer (a hung or slowly failing call must not hold the node past it). The call
+            // goes on in the batcher; this node looks again shortly, untainted by then.
+            Some(due) => {
+                match tokio::time::timeout(due + Duration::from_millis(100), lookup).await {
+                    Ok(assessment) => Answer::Assessed(assessment?),
+                    Err(_) => {
+                        debug!("EC2 did not answer before the startup-taint timeout");
+                        Answer::TimedOut
+                    }
+                }
             }
-        },
-        None => Answer::Assessed(lookup.await?),
+            None => Answer::Assessed(lookup.await?),
+        }
     };
     let mut unusable_retry_in = Duration::ZERO;
     if let Answer::Assessed(a) = &answer {
@@ -369,7 +359,13 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
     let decision = decide(facts);
     first_decision(ctx, node);
     ctx.records.set_verified(node, verified);
-    carry_out(ctx, node, decision).await
+    let next = carry_out(ctx, node, decision).await?;
+    // A duplicate is looked at again every minute: once the older node is gone, it is labelled.
+    Ok(if duplicate {
+        Some(next.map_or(DUPLICATE_RECHECK, |n| n.min(DUPLICATE_RECHECK)))
+    } else {
+        next
+    })
 }
 
 /// The first decision of this replica's term as leader is timed and logged.

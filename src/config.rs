@@ -49,6 +49,30 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line, parsed and checked: a value clap cannot check alone (one that depends
+    /// on another flag) is refused here, with clap's usage error and exit status, before
+    /// anything starts.
+    pub fn parse_checked() -> Self {
+        let cli = Self::parse();
+        if let Err(message) = cli.check() {
+            <Self as clap::CommandFactory>::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, message)
+                .exit()
+        }
+        cli
+    }
+
+    /// The checks across flags: the leader election's timings (see
+    /// [`crate::leader::Timings::from_args`]).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if let Command::Run(args) = &self.command {
+            crate::leader::Timings::from_args(&args.leader).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 // Parsed once at start-up: the size difference between variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]

@@ -2,7 +2,6 @@
 
 use std::{io::IsTerminal, process::ExitCode};
 
-use clap::Parser;
 use ec2_topology_labeler::config::{Cli, Command, LogFormat};
 use tracing_subscriber::{EnvFilter, fmt};
 
@@ -33,7 +32,7 @@ fn init_logging(format: LogFormat) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_checked();
     init_logging(cli.log_format);
     // One rustls crypto provider for the whole process (kube and the AWS SDK both use ring);
     // installed before any client is built. It can only fail if one is already installed.

@@ -253,3 +253,36 @@ fn sorted(mut d: ec2_topology_labeler::tree::Domain) -> ec2_topology_labeler::tr
         .collect();
     d
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever lease duration and renew grace an operator gives, a setting `run` accepts keeps
+    /// three renewal attempts inside the renew deadline and at least a second between the
+    /// deadline (when a leader stops writing) and the lease's expiry (when another may start).
+    #[test]
+    fn every_accepted_lease_setting_keeps_renewals_inside_the_deadline(
+        duration_ms in prop_oneof![(0u64..3_700).prop_map(|s| s * 1000), 0u64..3_700_000],
+        grace_ms in prop_oneof![(0u64..3_700).prop_map(|s| s * 1000), 0u64..3_700_000],
+    ) {
+        use clap::Parser;
+        use ec2_topology_labeler::{config::{Cli, Command}, leader::{RENEWALS_PER_DEADLINE, Timings}};
+        let (d, g) = (format!("{duration_ms}ms"), format!("{grace_ms}ms"));
+        let Ok(cli) = Cli::try_parse_from([
+            "ec2-topology-labeler", "run",
+            "--leader-election-lease-duration", d.as_str(),
+            "--leader-election-renew-grace", g.as_str(),
+        ]) else {
+            // Refused by a flag's own range.
+            return Ok(());
+        };
+        let accepted = cli.check().is_ok();
+        let Command::Run(args) = cli.command else { panic!("parsed as run") };
+        let timings = Timings::from_args(&args.leader);
+        prop_assert_eq!(accepted, timings.is_ok());
+        if let Ok(t) = timings {
+            prop_assert!(t.retry_period * RENEWALS_PER_DEADLINE <= t.renew_deadline, "{t:?}");
+            prop_assert!(t.renew_deadline + std::time::Duration::from_secs(1) <= t.lease_duration, "{t:?}");
+        }
+    }
+}

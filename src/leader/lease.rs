@@ -34,6 +34,31 @@ struct Observed {
     at: Instant,
 }
 
+/// Now, to the microsecond: the API server keeps a Lease's times to the microsecond, so what
+/// it returns equals what we sent only so.
+fn now_micros() -> Timestamp {
+    let now = Timestamp::now();
+    Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now)
+}
+
+/// The Lease the API server returned holds what we wrote: our identity and our `renewTime`.
+/// Leadership is judged by the Lease itself, not by the call having returned.
+fn carries(stored: &Lease, wanted: &LeaseSpec) -> bool {
+    stored.spec.as_ref().is_some_and(|s| {
+        s.holder_identity == wanted.holder_identity && s.renew_time == wanted.renew_time
+    })
+}
+
+/// What one renewal did.
+enum Renewal {
+    /// The Lease now carries our renewal.
+    Renewed,
+    /// Another replica holds the Lease, or it is gone.
+    Lost,
+    /// Still ours as far as we know, but this renewal did not move `renewTime`.
+    NotRenewed(&'static str),
+}
+
 enum Attempt {
     /// We hold the Lease; the write that says so was sent at this instant.
     Held(Instant),
@@ -87,16 +112,32 @@ impl Candidate {
                 .saturating_sub(renewed_at.elapsed());
             let sent_at = Instant::now();
             match tokio::time::timeout(remaining, self.renew()).await {
-                Ok(Ok(true)) => {
+                Ok(Ok(Renewal::Renewed)) => {
                     renewed_at = sent_at;
                     self.leadership.renewed(sent_at);
                 }
-                Ok(Ok(false)) => {
+                Ok(Ok(Renewal::Lost)) => {
                     warn!(identity = %self.identity, "lost leadership: another replica holds the lease; no longer writing");
                     return;
                 }
+                Ok(Ok(Renewal::NotRenewed(why)))
+                    if renewed_at.elapsed() < self.timings.renew_deadline =>
+                {
+                    warn!(
+                        why,
+                        "the lease was not renewed; retrying until the renew deadline"
+                    );
+                }
                 Ok(Err(e)) if renewed_at.elapsed() < self.timings.renew_deadline => {
                     warn!(error = %e, "renewing the lease failed; retrying until the renew deadline");
+                }
+                Ok(Ok(Renewal::NotRenewed(why))) => {
+                    warn!(
+                        why,
+                        deadline_ms = self.timings.renew_deadline.as_millis() as u64,
+                        "lost leadership: no successful lease renewal within the renew deadline; no longer writing"
+                    );
+                    return;
                 }
                 Ok(Err(e)) => {
                     warn!(error = %e, deadline_ms = self.timings.renew_deadline.as_millis() as u64,
@@ -139,15 +180,17 @@ impl Candidate {
     async fn try_acquire(&self, observed: &mut Option<Observed>) -> Result<Attempt, kube::Error> {
         let sent_at = Instant::now();
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let wanted = self.spec(None, now_micros());
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
                     ..ObjectMeta::default()
                 },
-                spec: Some(self.spec(None, Timestamp::now())),
+                spec: Some(wanted.clone()),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Attempt::Held(sent_at)),
+                Ok(stored) if carries(&stored, &wanted) => Ok(Attempt::Held(sent_at)),
+                Ok(_) => Ok(Attempt::Other(String::new())),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Other(String::new())),
                 Err(e) => Err(e),
             };
@@ -179,7 +222,8 @@ impl Candidate {
                 }
             }
         }
-        lease.spec = Some(self.spec(Some(&spec), Timestamp::now()));
+        let wanted = self.spec(Some(&spec), now_micros());
+        lease.spec = Some(wanted.clone());
         // `replace` carries the resourceVersion we read: if anyone wrote the Lease since, this
         // fails with a conflict instead of making two leaders.
         match self
@@ -187,38 +231,39 @@ impl Candidate {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(Attempt::Held(sent_at)),
+            Ok(stored) if carries(&stored, &wanted) => Ok(Attempt::Held(sent_at)),
+            Ok(_) => Ok(Attempt::Other(String::new())),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Other(String::new())),
             Err(e) => Err(e),
         }
     }
 
-    /// One renewal: `Ok(false)` when the Lease is no longer ours.
-    async fn renew(&self) -> Result<bool, kube::Error> {
+    /// One renewal, judged by the Lease the API server returns: renewed only when it holds our
+    /// identity and the very `renewTime` we wrote. A conflict means someone wrote the Lease since
+    /// we read it: not a renewal, whoever holds it now (the next attempt reads it again).
+    async fn renew(&self) -> Result<Renewal, kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
-            return Ok(false);
+            return Ok(Renewal::Lost);
         };
         let spec = lease.spec.take().unwrap_or_default();
         if spec.holder_identity.as_deref() != Some(&self.identity) {
-            return Ok(false);
+            return Ok(Renewal::Lost);
         }
-        lease.spec = Some(self.spec(Some(&spec), Timestamp::now()));
+        // The API server keeps microseconds: what it returns equals what we sent only so.
+        let wanted = self.spec(Some(&spec), now_micros());
+        lease.spec = Some(wanted.clone());
         match self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                // Written meanwhile: ours only if a re-read still says so (next renewal).
-                let now_holder = self
-                    .api
-                    .get_opt(&self.name)
-                    .await?
-                    .and_then(|l| l.spec)
-                    .and_then(|s| s.holder_identity);
-                Ok(now_holder.as_deref() == Some(&self.identity))
-            }
+            Ok(stored) if carries(&stored, &wanted) => Ok(Renewal::Renewed),
+            Ok(_) => Ok(Renewal::NotRenewed(
+                "the Lease returned does not carry our renewTime",
+            )),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Renewal::NotRenewed(
+                "the Lease changed since it was read (conflict)",
+            )),
             Err(e) => Err(e),
         }
     }

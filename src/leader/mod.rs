@@ -135,17 +135,37 @@ pub struct Timings {
 
 impl Timings {
     /// From the flags: renew deadline = duration − grace; renewals every grace / 2 (at most 2 s,
-    /// client-go's period), so several renewals fit in the deadline.
+    /// client-go's period). Refused unless [`RENEWALS_PER_DEADLINE`] renewal attempts fit in the
+    /// deadline: with fewer, one slow or failed renewal makes the leader step down (it flaps).
     pub fn from_args(args: &LeaderArgs) -> Result<Self> {
         let (duration, grace) = lease_seconds(args)?;
         let grace = Duration::from_secs(grace);
-        Ok(Self {
+        let t = Self {
             lease_duration: Duration::from_secs(duration),
             renew_deadline: Duration::from_secs(duration) - grace,
             retry_period: (grace / 2).clamp(Duration::from_millis(200), Duration::from_secs(2)),
-        })
+        };
+        if t.renew_deadline < t.retry_period * RENEWALS_PER_DEADLINE {
+            return Err(Error::Config(format!(
+                "the renew deadline (lease duration {} − renew grace {} = {}) must hold {RENEWALS_PER_DEADLINE} renewal attempts, one every {} (half the grace, at most 2s): lengthen the lease duration to at least {} or shorten the grace",
+                HumanDuration(t.lease_duration),
+                HumanDuration(grace),
+                HumanDuration(t.renew_deadline),
+                HumanDuration(t.retry_period),
+                HumanDuration(Duration::from_secs(
+                    (grace + t.retry_period * RENEWALS_PER_DEADLINE)
+                        .as_secs_f64()
+                        .ceil() as u64
+                )),
+            )));
+        }
+        Ok(t)
     }
 }
+
+/// How many renewal attempts the renew deadline must hold (client-go asks for more than one
+/// jittered retry period; we ask for three, so two can fail or be slow).
+pub const RENEWALS_PER_DEADLINE: u32 = 3;
 
 /// Whether this replica may act as leader, shared by everything that looks EC2 up or writes.
 #[derive(Clone, Debug)]

@@ -29,6 +29,19 @@ fn lease_settings_the_lease_library_would_panic_on_are_configuration_errors() {
         let e = lease_seconds(&args(d, g)).expect_err(&format!("{d}/{g} refused"));
         assert_eq!(e.category(), "config", "{d}/{g}: {e}");
     }
+    // Accepted by lease_seconds, but the deadline does not hold three renewals: a leader that
+    // would flap. The error gives the rule and a duration that works.
+    for (d, g, fix) in [
+        ("15s", "14s", "20s"),
+        ("2s", "1s", "3s"),
+        ("5s", "4s", "10s"),
+    ] {
+        let e = Timings::from_args(&args(d, g)).expect_err(&format!("{d}/{g} refused"));
+        assert!(
+            e.to_string().contains("renewal attempts") && e.to_string().contains(fix),
+            "{d}/{g}: {e}"
+        );
+    }
     let t = Timings::from_args(&args("15s", "5s")).expect("timings");
     assert_eq!(
         (t.lease_duration, t.renew_deadline, t.retry_period),
@@ -64,14 +77,20 @@ fn status(code: u16) -> Value {
     json!({ "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason, "message": "etcd is sad" })
 }
 
-/// An API server for the one Lease: `answer(method, request number)` decides each response.
+/// An API server for the one Lease: `answer(method, request number)` decides each response
+/// (`Value::Null`: the Lease as it was sent, as the API server stores and returns it).
 fn api(mut answer: impl FnMut(&Method, usize) -> (StatusCode, Value) + Send + 'static) -> Client {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         let mut n = 0;
         while let Some((req, send)) = handle.next_request().await {
             n += 1;
-            let (code, body) = answer(req.method(), n);
+            let method = req.method().clone();
+            let (code, mut body) = answer(&method, n);
+            if body.is_null() {
+                let sent = req.into_body().collect_bytes().await.expect("body");
+                body = serde_json::from_slice(&sent).expect("json");
+            }
             send.send_response(
                 Response::builder()
                     .status(code)
@@ -104,7 +123,7 @@ fn start(client: Client) -> (Election, Leadership) {
 async fn a_leader_whose_renewals_fail_stops_before_its_lease_expires() {
     let client = api(|method, n| match (method, n) {
         (&Method::GET, 1) => (StatusCode::NOT_FOUND, status(404)),
-        (&Method::POST, 2) => (StatusCode::CREATED, lease("me", 1)),
+        (&Method::POST, 2) => (StatusCode::CREATED, Value::Null),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, status(500)),
     });
     let (election, leadership) = start(client);
@@ -136,8 +155,8 @@ async fn lease_errors_at_start_are_retried_until_the_api_server_answers() {
         (_, 1..=3) => (StatusCode::SERVICE_UNAVAILABLE, status(503)),
         (_, 4..=5) => (StatusCode::FORBIDDEN, status(403)),
         (&Method::GET, _) => (StatusCode::NOT_FOUND, status(404)),
-        (&Method::POST, _) => (StatusCode::CREATED, lease("me", 1)),
-        _ => (StatusCode::OK, lease("me", 2)),
+        (&Method::POST, _) => (StatusCode::CREATED, Value::Null),
+        _ => (StatusCode::OK, Value::Null),
     });
     let (election, leadership) = start(client);
     let started = Instant::now();
@@ -154,11 +173,17 @@ async fn a_leader_whose_renewals_hang_stops_at_the_deadline() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         let mut n = 0;
-        while let Some((_req, send)) = handle.next_request().await {
+        while let Some((req, send)) = handle.next_request().await {
             n += 1;
             let (code, body) = match n {
                 1 => (StatusCode::NOT_FOUND, status(404)),
-                2 => (StatusCode::CREATED, lease("me", 1)),
+                2 => {
+                    let sent = req.into_body().collect_bytes().await.expect("body");
+                    (
+                        StatusCode::CREATED,
+                        serde_json::from_slice::<Value>(&sent).expect("json"),
+                    )
+                }
                 _ => {
                     // Never answered.
                     std::mem::forget(send);
@@ -201,7 +226,7 @@ async fn a_held_lease_is_taken_only_after_a_whole_duration_unchanged() {
             }
             (StatusCode::OK, lease("other", rv.load(Ordering::SeqCst)))
         }
-        Method::PUT => (StatusCode::OK, lease("me", 99)),
+        Method::PUT => (StatusCode::OK, Value::Null),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, status(500)),
     });
     let (election, leadership) = start(client);
@@ -225,4 +250,79 @@ async fn a_held_lease_is_taken_only_after_a_whole_duration_unchanged() {
         "took over when the lease had been unchanged for {unchanged_for:?}, less than its duration"
     );
     election.stop().await;
+}
+
+/// The leader's renewals meet conflicts (someone wrote the Lease since it was read) while a
+/// re-read still names it holder: a conflict is no renewal, so the leader stops at its renew
+/// deadline instead of counting itself renewed while `renewTime` stands still.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_conflicts_is_not_a_renewal() {
+    let client = api(|method, n| match (method, n) {
+        (&Method::GET, 1) => (StatusCode::NOT_FOUND, status(404)),
+        (&Method::POST, 2) => (StatusCode::CREATED, Value::Null),
+        (&Method::GET, _) => (StatusCode::OK, lease("me", 1)),
+        _ => (StatusCode::CONFLICT, status(409)),
+    });
+    let (election, leadership) = start(client);
+    let started = Instant::now();
+    while !leadership.is_leader() {
+        assert!(started.elapsed() < Duration::from_secs(5), "never elected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elected = Instant::now();
+    while leadership.is_leader() {
+        assert!(
+            elected.elapsed() <= Duration::from_secs(4) + Duration::from_millis(100),
+            "still leader past the renew deadline (4 s) with every renewal in conflict"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    election.stop().await;
+}
+
+/// A renewal the API server accepts but returns without our `renewTime` (another writer's
+/// Lease, a webhook that rewrote it) is not a renewal either; one that returns ours is.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_counts_only_when_the_lease_carries_our_renew_time() {
+    let echo = |stale: bool| {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Some((req, send)) = handle.next_request().await {
+                n += 1;
+                let method = req.method().clone();
+                let body = req.into_body().collect_bytes().await.expect("body");
+                let (code, answer) = match (&method, n) {
+                    (&Method::GET, 1) => (StatusCode::NOT_FOUND, status(404)),
+                    (&Method::POST, _) => (
+                        StatusCode::CREATED,
+                        serde_json::from_slice(&body).expect("json"),
+                    ),
+                    (&Method::GET, _) => (StatusCode::OK, lease("me", 1)),
+                    // The API server stores what was sent, or (stale) answers an older Lease.
+                    _ if stale => (StatusCode::OK, lease("me", 1)),
+                    _ => (StatusCode::OK, serde_json::from_slice(&body).expect("json")),
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&answer).expect("json")))
+                        .expect("response"),
+                );
+            }
+        });
+        Client::new(service, "ns")
+    };
+    for (stale, leads_after) in [(false, true), (true, false)] {
+        let (election, leadership) = start(echo(stale));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(leadership.is_leader(), "elected (stale renewals: {stale})");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            leadership.is_leader(),
+            leads_after,
+            "leading 10 s on (stale renewals: {stale})"
+        );
+        election.stop().await;
+    }
 }

@@ -87,6 +87,9 @@ pub const BOUNDS: &[Bound] = &[
     duration("reservation-idle-after", secs(10), secs(30 * DAY)),
     duration("conflict-backoff", secs(1), secs(3600)),
     duration("conflict-window", secs(1), secs(30 * DAY)),
+    duration("kube-connect-timeout", secs(1), secs(300)),
+    duration("kube-request-timeout", secs(1), secs(600)),
+    duration("watch-unhealthy-after", secs(10), secs(3600)),
     count("concurrency", 1, 4096),
     count("write-concurrency", 1, 1024),
     count("min-labelled", 0, 10_000_000),
@@ -95,6 +98,8 @@ pub const BOUNDS: &[Bound] = &[
     count("uniform-depth", 1, 16),
     number("ec2-rate", 0.01, 1000.0),
     number("ec2-burst", 1.0, 10_000.0),
+    number("kube-qps", 1.0, 100_000.0),
+    number("kube-burst", 1.0, 100_000.0),
 ];
 
 /// The range of `flag` (a long name in [`BOUNDS`]).

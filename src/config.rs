@@ -432,6 +432,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub leader: LeaderArgs,
     #[command(flatten)]
+    pub client: crate::client::ClientArgs,
+    #[command(flatten)]
     pub reservations: crate::reserved::ReservationArgs,
 }
 

@@ -43,6 +43,35 @@ pub struct ServeArgs {
     /// reach a loopback listener; nothing from outside the Pod does.
     #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
     pub debug_addr: SocketAddr,
+    /// `/readyz` fails once the Node watch has been failing this long (a revoked `watch` on
+    /// Nodes, an API server that refuses it): the cache it feeds is going stale.
+    #[arg(
+        long,
+        value_parser = crate::bounds::duration_flag("watch-unhealthy-after"),
+        env = "LABELER_WATCH_UNHEALTHY_AFTER",
+        default_value = "2m"
+    )]
+    pub watch_unhealthy_after: crate::duration::HumanDuration,
+}
+
+/// What `/readyz` checks: the node cache synced once, and its watch not failing for longer than
+/// a bound since.
+#[derive(Clone)]
+pub struct Readiness {
+    pub synced: Arc<AtomicBool>,
+    pub watch: Arc<crate::watch::WatchHealth>,
+    pub unhealthy_after: std::time::Duration,
+}
+
+impl Readiness {
+    /// Ready once `synced`, whatever the watch does (tests).
+    pub fn synced(synced: Arc<AtomicBool>) -> Self {
+        Self {
+            synced,
+            watch: Arc::default(),
+            unhealthy_after: std::time::Duration::MAX,
+        }
+    }
 }
 
 type Check = Box<dyn Fn() -> bool + Send + Sync>;
@@ -100,11 +129,12 @@ impl Drop for TaskGuard {
 #[derive(Clone)]
 struct AppState {
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     live: Liveness,
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    s.metrics.set_watch_unhealthy(s.ready.watch.unhealthy_for());
     (
         [(
             header::CONTENT_TYPE,
@@ -130,12 +160,24 @@ async fn livez(State(s): State<AppState>) -> (StatusCode, String) {
     }
 }
 
-async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "node cache not synced yet")
+async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
+    if !s.ready.synced.load(Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node cache not synced yet".into(),
+        );
     }
+    let failing = s.ready.watch.unhealthy_for();
+    if failing > s.ready.unhealthy_after {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the Node watch has been failing for {}s (see the watch_errors metric and the logs)",
+                failing.as_secs()
+            ),
+        );
+    }
+    (StatusCode::OK, "ok".into())
 }
 
 /// `/debug/nodes/NAME`: the controller's view of a node, for `explain`, on its own listener
@@ -183,7 +225,7 @@ pub async fn serve_debug(listener: tokio::net::TcpListener, inspect: Inspector) 
     }
 }
 
-pub fn router(metrics_: Arc<Metrics>, ready: Arc<AtomicBool>, live: Liveness) -> Router {
+pub fn router(metrics_: Arc<Metrics>, ready: Readiness, live: Liveness) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
@@ -242,7 +284,7 @@ fn ipv4_fallback(addr: SocketAddr, e: &io::Error) -> Option<SocketAddr> {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     live: Liveness,
 ) {
     if let Ok(addr) = listener.local_addr() {
@@ -360,7 +402,7 @@ mod tests {
         let router = || {
             super::router(
                 Arc::new(Metrics::default()),
-                Arc::new(AtomicBool::new(true)),
+                Readiness::synced(Arc::new(AtomicBool::new(true))),
                 live.clone(),
             )
         };
@@ -376,6 +418,44 @@ mod tests {
         );
     }
 
+    /// Readiness fails once the Node watch has been failing longer than its bound, says why,
+    /// and comes back with the watch; the gauge follows.
+    #[tokio::test(start_paused = true)]
+    async fn readyz_fails_while_the_node_watch_fails_past_its_bound() {
+        let watch = Arc::new(crate::watch::WatchHealth::default());
+        let metrics = Arc::new(Metrics::default());
+        let router = || {
+            super::router(
+                metrics.clone(),
+                Readiness {
+                    synced: Arc::new(AtomicBool::new(true)),
+                    watch: watch.clone(),
+                    unhealthy_after: std::time::Duration::from_secs(120),
+                },
+                Liveness::default(),
+            )
+        };
+        assert_eq!(get(router(), "/readyz").await.0, StatusCode::OK);
+        for _ in 0..5 {
+            watch.error();
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        }
+        watch.error();
+        let (status, body) = get(router(), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains("the Node watch has been failing for 150s"),
+            "{body}"
+        );
+        let (_, scraped) = get(router(), "/metrics").await;
+        assert!(
+            scraped.contains("ec2_topology_labeler_node_watch_unhealthy_seconds 150"),
+            "{scraped}"
+        );
+        watch.ok();
+        assert_eq!(get(router(), "/readyz").await.0, StatusCode::OK);
+    }
+
     /// The node views are on their own router (the debug listener, loopback by default), not
     /// on the metrics port the whole cluster reaches; and they answer loopback peers only, an
     /// IPv4 peer reaching a dual-stack socket (`::ffff:127.0.0.1`) included.
@@ -383,7 +463,7 @@ mod tests {
     async fn node_views_are_served_on_loopback_only() {
         let metrics_port = super::router(
             Arc::new(Metrics::default()),
-            Arc::new(AtomicBool::new(true)),
+            Readiness::synced(Arc::new(AtomicBool::new(true))),
             Liveness::default(),
         );
         assert_eq!(

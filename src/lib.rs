@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod bounds;
 pub mod cleanup;
+pub mod client;
 pub mod cmd;
 pub mod compact;
 pub mod config;
@@ -69,7 +70,7 @@ impl From<kube::Error> for Error {
 impl Error {
     /// Every category a reconcile error is counted under: [`Error::category`]'s values and
     /// `invalid_topology` (an EC2 answer that cannot be turned into labels).
-    pub const CATEGORIES: [&'static str; 15] = [
+    pub const CATEGORIES: [&'static str; 17] = [
         "ec2_throttled",
         "ec2_unauthorized",
         "ec2_unsupported_operation",
@@ -81,6 +82,8 @@ impl Error {
         "no_region",
         "kube_forbidden",
         "kube_conflict",
+        "kube_fenced",
+        "kube_timeout",
         "kube",
         "config",
         "io",
@@ -104,7 +107,11 @@ impl Error {
             },
             Error::Kube(kube::Error::Api(s)) if s.code == 403 => "kube_forbidden",
             Error::Kube(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => "kube_conflict",
-            Error::Kube(_) => "kube",
+            Error::Kube(e) => match client::Cut::of(e) {
+                Some(client::Cut::NotLeading | client::Cut::LostLeadership) => "kube_fenced",
+                Some(client::Cut::TimedOut(_)) => "kube_timeout",
+                None => "kube",
+            },
             Error::Config(_) => "config",
             Error::Io(_) => "io",
         }
@@ -118,7 +125,12 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) => {
                 s.code >= 500 || s.code == 429 || s.code == 401 || s.code == 403
             }
-            Error::Kube(_) => true,
+            // A write fenced by the lease is about this replica, not the API server (the
+            // next leader re-checks every node).
+            Error::Kube(e) => !matches!(
+                client::Cut::of(e),
+                Some(client::Cut::NotLeading | client::Cut::LostLeadership)
+            ),
             _ => false,
         }
     }

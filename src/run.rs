@@ -19,7 +19,7 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
@@ -81,10 +81,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 .flatten()
         })
     };
+    let watch_health = Arc::new(crate::watch::WatchHealth::default());
     tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
-        synced.clone(),
+        crate::http::Readiness {
+            synced: synced.clone(),
+            watch: watch_health.clone(),
+            unhealthy_after: args.serve.watch_unhealthy_after.0,
+        },
         live.clone(),
     ));
     // Not being able to serve `explain` does not stop the controller.
@@ -96,7 +101,38 @@ pub async fn run(args: RunArgs) -> Result<()> {
             warn!(addr = %args.serve.debug_addr, error = %e, "cannot serve /debug/nodes (explain will not see the controller's view)");
         }
     }
-    let client = Client::try_default().await?;
+    let identity = args
+        .leader
+        .identity
+        .clone()
+        .unwrap_or_else(crate::process::default_identity);
+    // The election first: the client that writes is fenced by what it decides. The Lease has a
+    // client of its own, unpaced and unfenced (renewals never wait behind writes).
+    let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
+    let (election, leadership) = if args.leader.leader_election {
+        let lease_client =
+            crate::client::connect(&args.client, crate::client::Policy::unpaced(&args.client))
+                .await?;
+        let (election, leadership) = crate::leader::Election::start(
+            lease_client,
+            &args.leader,
+            identity.clone(),
+            metrics.clone(),
+            elected_tx,
+            live.task("leader election"),
+        )?;
+        (Some(election), leadership)
+    } else {
+        metrics.set_leader(true);
+        (None, crate::leader::Leadership::always())
+    };
+    let client = crate::client::connect(
+        &args.client,
+        crate::client::Policy::new(&args.client)
+            .fenced(leadership.clone())
+            .counted(metrics.clone()),
+    )
+    .await?;
     let limiter = Arc::new(Limiter::new(args.ec2.limiter()));
     let lookup =
         crate::lookup::lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone())
@@ -136,34 +172,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             timeout_s = ctx.gate.timeout.map(|d| d.as_secs()),
             "releasing the startup taint once each node's topology labels are written");
     }
-    let identity = args
-        .leader
-        .identity
-        .clone()
-        .unwrap_or_else(crate::process::default_identity);
     ctx.pod = crate::process::own_pod();
     if args.serve.events {
         ctx.events =
             crate::events::Events::start(client.clone(), FIELD_MANAGER, &identity, metrics.clone());
     }
-    let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
     ctx.kicks = Some(kicks_tx);
-    let election = if args.leader.leader_election {
-        let (election, leadership) = crate::leader::Election::start(
-            client.clone(),
-            &args.leader,
-            identity.clone(),
-            metrics.clone(),
-            elected_tx,
-            live.task("leader election"),
-        )?;
-        ctx.leader = leadership;
-        Some(election)
-    } else {
-        metrics.set_leader(true);
-        None
-    };
+    ctx.leader = leadership;
     let (reader, mut feeder) = NodeCache::new();
     ctx.cache = Some(reader.clone());
     let ctx = Arc::new(ctx);
@@ -180,12 +196,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Pages of NODE_PAGE nodes: a page is read whole before it is decoded, and with container
     // images a Node is ~15 kB of JSON; kube's default of 500 made each page of the initial list
     // a transient of several MB, the largest the controller had at start-up.
+    let healthy = watch_health.clone();
     let triggers = watcher(
         nodes_watch,
         watcher::Config::default().page_size(crate::store::NODE_PAGE),
     )
     .default_backoff()
     .map_ok(move |event| {
+        healthy.ok();
         let done = matches!(event, watcher::Event::InitDone);
         let touched = feeder.apply(crate::store::map_event(event, |wire| {
             let mut node = LiteNode::from(wire);
@@ -288,13 +306,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     info!(resync_s = resync.as_secs(), "controller starting");
     let key = |n: &LiteNode| -> Key { Key::from(n.name()) };
+    let watch_metrics = metrics.clone();
     let changed = triggers.filter_map(move |event| {
         std::future::ready(match event {
             Ok(node) => Some(key(&node)),
             // The watcher relists by itself (after an expired resource version, a restarted API
             // server); nothing is lost.
             Err(e) => {
-                info!(error = %e, "watch interrupted; resuming");
+                let reason = crate::watch::error_reason(&e);
+                watch_metrics.watch_error(reason);
+                watch_health.error();
+                if reason == "forbidden" {
+                    error!(error = %e, "the Node watch is refused: the ServiceAccount needs list and watch on nodes (the chart's ClusterRole); the node cache is going stale, retrying with backoff");
+                } else {
+                    warn!(error = %e, reason, "the Node watch failed; resuming with backoff");
+                }
                 None
             }
         })

@@ -121,3 +121,119 @@ mod tests {
         assert_ne!(relevant(&a), relevant(&other));
     }
 }
+
+/// The reasons `watch_errors` counts (see [`error_reason`]).
+pub const ERROR_REASONS: [&str; 7] = [
+    "forbidden",
+    "not_found",
+    "timeout",
+    "connect",
+    "api",
+    "decode",
+    "other",
+];
+
+/// The reason label of a watch error.
+pub fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
+    use kube::runtime::watcher::Error as W;
+    let client = match e {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => e,
+        W::WatchError(s) => {
+            return match s.code {
+                401 | 403 => "forbidden",
+                404 => "not_found",
+                _ => "api",
+            };
+        }
+        W::NoResourceVersion => return "other",
+    };
+    match client {
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => "forbidden",
+        kube::Error::Api(s) if s.code == 404 => "not_found",
+        kube::Error::Api(_) => "api",
+        kube::Error::SerdeError(_) => "decode",
+        kube::Error::Service(_) if crate::client::Cut::of(client).is_some() => "timeout",
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "connect",
+        _ => "other",
+    }
+}
+
+/// How long after its last error a failing watch counts as recovered without an event: the
+/// watcher retries at least every 30 s (kube's default backoff) while the failure lasts, so
+/// errors that stop for three times that mean the watch resumed (a quiet cluster sends no
+/// event to prove it).
+pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Whether the Node watch works: failing from the first error with no event since, while errors
+/// keep coming. Read by readiness and the `node_watch_unhealthy_seconds` gauge.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    /// The first error of the current run of errors, and the latest.
+    failing: std::sync::Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>,
+}
+
+impl WatchHealth {
+    /// An event arrived: the watch works.
+    pub fn ok(&self) {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        if failing.is_some() {
+            *failing = None;
+        }
+    }
+
+    /// The watch failed (it restarts with backoff).
+    pub fn error(&self) {
+        let now = tokio::time::Instant::now();
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        *failing = match *failing {
+            Some((since, last)) if last.elapsed() < RECOVERED_AFTER => Some((since, now)),
+            _ => Some((now, now)),
+        };
+    }
+
+    /// How long the watch has been failing (zero while it works).
+    pub fn unhealthy_for(&self) -> std::time::Duration {
+        match *self.failing.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((since, last)) if last.elapsed() < RECOVERED_AFTER => since.elapsed(),
+            _ => std::time::Duration::ZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use std::time::Duration;
+
+    use super::WatchHealth;
+
+    /// A persistent failure (a revoked `watch`: a 403 at every retry, up to 30 s apart) is
+    /// unhealthy from its first error on; an event makes it healthy at once; errors that stop
+    /// (the watch resumed in a quiet cluster) count as recovered after 90 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_is_unhealthy_while_errors_keep_coming_and_healthy_after() {
+        let health = WatchHealth::default();
+        assert_eq!(health.unhealthy_for(), Duration::ZERO);
+        for _ in 0..10 {
+            health.error();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        assert_eq!(health.unhealthy_for(), Duration::from_secs(300));
+        health.ok();
+        assert_eq!(health.unhealthy_for(), Duration::ZERO, "an event: healthy");
+        health.error();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(health.unhealthy_for(), Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(
+            health.unhealthy_for(),
+            Duration::ZERO,
+            "no error for 90 s: the watch resumed"
+        );
+        health.error();
+        assert_eq!(
+            health.unhealthy_for(),
+            Duration::ZERO,
+            "a new run starts now"
+        );
+    }
+}

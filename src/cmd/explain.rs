@@ -229,7 +229,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         None => args,
     };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    let client = Client::try_default().await?;
+    let client = crate::client::connect_default().await?;
     let full: Api<Node> = Api::all(client.clone());
     let node = full
         .get_opt(&args.node)

@@ -180,7 +180,7 @@ fn json_text<T: serde::Serialize>(v: &T) -> Result<String> {
 }
 
 pub async fn run(args: FitArgs) -> Result<()> {
-    let client = Client::try_default().await?;
+    let client = crate::client::connect_default().await?;
     if let Some((ns, name)) = &args.workload {
         return workload::run(&client, ns, name, &args).await;
     }

@@ -5,7 +5,7 @@
 
 use std::{io::Write, sync::Arc};
 
-use kube::{Api, Client};
+use kube::Api;
 
 use crate::{
     Error, Result,
@@ -35,7 +35,7 @@ pub async fn run(args: PlanArgs) -> Result<()> {
         None => args,
     };
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    let client = Client::try_default().await?;
+    let client = crate::client::connect_default().await?;
     let api: Api<WireNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
     let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await?;

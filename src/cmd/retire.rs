@@ -80,7 +80,7 @@ async fn wait_for_rollout(client: &Client, at: &str, timeout: Duration) -> Resul
 }
 
 pub async fn run(args: RetireArgs) -> Result<()> {
-    let client = Client::try_default().await?;
+    let client = crate::client::connect_default().await?;
     if let Some(at) = &args.wait_for_rollout {
         wait_for_rollout(&client, at, args.rollout_timeout.0).await?;
     }

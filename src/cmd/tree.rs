@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, ResourceExt, api::ListParams};
+use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
@@ -117,7 +117,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     };
     let taint = taint_to_point_out(args.taint.startup_taint.clone(), adopted);
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    let api: Api<Node> = Api::all(Client::try_default().await?);
+    let api: Api<Node> = Api::all(crate::client::connect_default().await?);
     let mut views = Vec::new();
     let api = &api;
     // Per node: whether a verification record vouches for its labels (read without the key),

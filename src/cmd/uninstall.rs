@@ -49,7 +49,7 @@ async fn held_by(client: &Client, ns: &str, args: &UninstallArgs) -> Result<Opti
 }
 
 pub async fn run(args: UninstallArgs) -> Result<()> {
-    let client = Client::try_default().await?;
+    let client = crate::client::connect_default().await?;
     let ns = crate::leader::lease_namespace(&args.leader, &client);
     let deadline = std::time::Instant::now() + args.wait_for_lease.0;
     let mut holder = None;

@@ -79,7 +79,7 @@ impl Candidate {
                     info!(identity = %self.identity, "became leader: looking up EC2 and writing labels");
                     let _ = elected.unbounded_send(());
                     self.hold(sent_at).await;
-                    self.leadership.lost();
+                    self.leadership.stopped();
                     metrics.set_leader(false);
                     observed = None;
                     denied_logged = false;

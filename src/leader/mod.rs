@@ -182,6 +182,21 @@ struct State {
     /// When the request of our last successful acquire or renew was sent.
     renewed_at: Mutex<Option<Instant>>,
     renew_deadline: Duration,
+    /// Told each time leadership is renewed or lost (see [`Leadership::lost`]).
+    changed: tokio::sync::watch::Sender<()>,
+}
+
+/// Until when this replica may still have a write land (see [`Leadership::fence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// No election: a single replica, nothing to fence against.
+    Unfenced,
+    /// Leading until this instant (its renew deadline) unless renewed before.
+    Until(Instant),
+    /// Leading until told otherwise (tests).
+    UntilSteppedDown,
+    /// Not leading.
+    Lost,
 }
 
 impl Leadership {
@@ -202,6 +217,7 @@ impl Leadership {
                 holding: AtomicBool::new(false),
                 renewed_at: Mutex::new(None),
                 renew_deadline,
+                changed: tokio::sync::watch::Sender::new(()),
             }),
         }
     }
@@ -217,6 +233,48 @@ impl Leadership {
                 .is_some_and(|at| at.elapsed() < self.state.renew_deadline)
     }
 
+    /// Until when a write sent now may land: this replica's renew deadline. The deadline is
+    /// the lease duration less the renew grace after the last renewal was sent, so a write cut
+    /// off at it ends at least the grace before another replica can take the Lease over.
+    pub fn fence(&self) -> Fence {
+        if self.state.always {
+            return Fence::Unfenced;
+        }
+        if !self.state.holding.load(Ordering::SeqCst) {
+            return Fence::Lost;
+        }
+        let Some(at) = self.renewed_at() else {
+            return Fence::Lost;
+        };
+        match at.checked_add(self.state.renew_deadline) {
+            Some(deadline) if deadline > Instant::now() => Fence::Until(deadline),
+            Some(_) => Fence::Lost,
+            None => Fence::UntilSteppedDown,
+        }
+    }
+
+    /// Completes once this replica no longer leads: its renew deadline passed without a
+    /// renewal, or it lost the Lease. Never completes without election.
+    pub async fn lost(&self) {
+        let mut changed = self.state.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            match self.fence() {
+                Fence::Lost => return,
+                Fence::Unfenced => std::future::pending::<()>().await,
+                Fence::UntilSteppedDown => {
+                    let _ = changed.changed().await;
+                }
+                Fence::Until(deadline) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => {}
+                        _ = changed.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
     /// Leading until [`Leadership::step_down`]: for tests of a writer whose lease is lost
     /// while it works.
     #[doc(hidden)]
@@ -229,7 +287,7 @@ impl Leadership {
     /// Stop leading (see [`Leadership::leading_until_stepped_down`]).
     #[doc(hidden)]
     pub fn step_down(&self) {
-        self.lost();
+        self.stopped();
     }
 
     fn renewed_at(&self) -> Option<Instant> {
@@ -247,10 +305,12 @@ impl Leadership {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(sent_at);
         self.state.holding.store(true, Ordering::SeqCst);
+        self.state.changed.send_replace(());
     }
 
-    fn lost(&self) {
+    fn stopped(&self) {
         self.state.holding.store(false, Ordering::SeqCst);
+        self.state.changed.send_replace(());
     }
 }
 
@@ -298,7 +358,7 @@ impl Election {
         self.task.abort();
         let _ = self.task.await;
         let was_leader = self.candidate.leadership.is_leader();
-        self.candidate.leadership.lost();
+        self.candidate.leadership.stopped();
         if !was_leader {
             return;
         }

@@ -59,7 +59,16 @@ fn state_labels(state: &NodeState) -> StateLabels {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub task: String,
+}
+
 pub struct Metrics {
+    api_calls_cut: Family<ReasonLabels, Counter>,
+    watch_errors: Family<ReasonLabels, Counter>,
+    watch_unhealthy_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    task_restarts: Family<TaskLabels, Counter>,
     /// This replica's own work (every replica exports it).
     registry: Registry,
     /// The state of the whole fleet and of the objects published for it: exported by the leader
@@ -234,6 +243,38 @@ impl Metrics {
 
     pub fn reverified_early(&self, n: usize) {
         self.reverified_early.inc_by(n as u64);
+    }
+
+    /// A Kubernetes API call cut short (see [`crate::client::Cut`]).
+    pub fn api_call_cut(&self, reason: &str) {
+        self.api_calls_cut
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// An error of the Node watch.
+    pub fn watch_error(&self, reason: &str) {
+        self.watch_errors
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// How long the Node watch has been failing (0: healthy).
+    pub fn set_watch_unhealthy(&self, for_: std::time::Duration) {
+        self.watch_unhealthy_seconds.set(for_.as_secs_f64());
+    }
+
+    /// A background task restarted.
+    pub fn task_restart(&self, task: &str) {
+        self.task_restarts
+            .get_or_create(&TaskLabels {
+                task: task.to_string(),
+            })
+            .inc();
     }
 
     pub fn label_write(&self, kind: &str) {
@@ -697,6 +738,7 @@ mod tests {
         m.taint_released("labelled", Duration::from_secs(1));
         m.first_labelled(Duration::from_secs(1));
         m.slurm_topology_problems(0);
+        m.task_restart("scheduler publishers");
         // Every process series, whatever this machine has (a cgroup memory limit or not).
         m.render_with(|out| crate::process::encode_values(out, Some(1), Some(1.0), Some(1)))
     }

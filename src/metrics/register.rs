@@ -304,7 +304,49 @@ impl Metrics {
                 })
                 .get();
         }
+        let api_calls_cut = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "api_calls_cut",
+            "Kubernetes API calls cut short by the controller: fenced (a write not sent, or cancelled, because this replica no longer leads) or timeout (--kube-request-timeout, or a write's renew deadline)",
+            api_calls_cut.clone(),
+        );
+        for reason in ["fenced", "timeout"] {
+            api_calls_cut
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .get();
+        }
+        let watch_errors = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Errors of the Node watch, by reason (forbidden, not_found, timeout, connect, api, decode, other); the watcher restarts after each, with backoff",
+            watch_errors.clone(),
+        );
+        for reason in crate::watch::ERROR_REASONS {
+            watch_errors
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .get();
+        }
+        let watch_unhealthy_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "node_watch_unhealthy_seconds",
+            "How long the Node watch has been failing without a successful event since (0 while it works); readiness fails once it exceeds --watch-unhealthy-after",
+            watch_unhealthy_seconds.clone(),
+        );
+        let task_restarts = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "task_restarts",
+            "Restarts of a background task after it panicked or ended (it restarts with backoff)",
+            task_restarts.clone(),
+        );
         Self {
+            api_calls_cut,
+            watch_errors,
+            watch_unhealthy_seconds,
+            task_restarts,
             registry,
             fleet,
             leading: std::sync::atomic::AtomicBool::new(false),

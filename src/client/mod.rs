@@ -1,0 +1,384 @@
+//! The Kubernetes client every command uses: each call bounded in time, the process paced, and
+//! (for the controller) every write fenced by the lease.
+//!
+//! - **Bounded**: connecting is bounded by `--kube-connect-timeout`; every call but a watch, its
+//!   response body included, by `--kube-request-timeout`, and the API server is told the same
+//!   bound (its `timeout` parameter) so that it gives up on the request too. A watch is bounded
+//!   by the API server's own `timeoutSeconds` and the watcher's restarts.
+//! - **Paced**: every request waits for a token of one bucket (`--kube-qps`, `--kube-burst`), as
+//!   client-go's QPS and burst.
+//! - **Fenced**: with leader election, a write (any method but GET, HEAD and OPTIONS, Events
+//!   aside) is sent only while this replica leads, is told to the API server with a timeout that
+//!   ends at the renew deadline, and is cancelled there, or as soon as the Lease is lost. The
+//!   renew deadline is the renew grace before another replica can take the Lease over, so no
+//!   write of ours can land after another leader started (see [`crate::leader::Fence`]). A write
+//!   cut off frees its slot at once.
+//!
+//! The Lease itself is written through a client without the fence and the pace (the election
+//! must renew while the writes queue).
+//!
+//! Owns: the client's transport policy. Never decides what to write.
+
+use std::{sync::Arc, task::Poll, time::Duration};
+
+use bytes::Bytes;
+use clap::Args;
+use futures::future::BoxFuture;
+use http::{Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use kube::client::{Body, ClientBuilder};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt, util::BoxService};
+
+use crate::{
+    duration::HumanDuration,
+    leader::{Fence, Leadership},
+    lookup::limiter::{Limiter, LimiterConfig},
+};
+
+#[cfg(test)]
+mod tests;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response: a watch's streamed, any other read whole within its deadline.
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// How the process talks to the API server.
+#[derive(Debug, Clone, Args, PartialEq)]
+pub struct ClientArgs {
+    /// Time to connect to the API server (TCP and TLS).
+    #[arg(
+        long,
+        value_parser = crate::bounds::duration_flag("kube-connect-timeout"),
+        env = "LABELER_KUBE_CONNECT_TIMEOUT",
+        default_value = "10s"
+    )]
+    pub kube_connect_timeout: HumanDuration,
+    /// Time for one API call but a watch, response included; the API server is given the same
+    /// bound. A write is also cut off at the renew deadline (see docs/reliability.md).
+    #[arg(
+        long,
+        value_parser = crate::bounds::duration_flag("kube-request-timeout"),
+        env = "LABELER_KUBE_REQUEST_TIMEOUT",
+        default_value = "30s"
+    )]
+    pub kube_request_timeout: HumanDuration,
+    /// Sustained API requests a second (client-go's QPS). Above the controller's measured write
+    /// pace (~430 a second): a ceiling against a runaway loop, not a brake on an install.
+    #[arg(
+        long,
+        value_parser = crate::bounds::number_flag("kube-qps"),
+        env = "LABELER_KUBE_QPS",
+        default_value_t = 500.0
+    )]
+    pub kube_qps: f64,
+    /// API requests allowed back to back after a quiet period (client-go's burst).
+    #[arg(
+        long,
+        value_parser = crate::bounds::number_flag("kube-burst"),
+        env = "LABELER_KUBE_BURST",
+        default_value_t = 1000.0
+    )]
+    pub kube_burst: f64,
+}
+
+impl Default for ClientArgs {
+    fn default() -> Self {
+        Self {
+            kube_connect_timeout: HumanDuration(Duration::from_secs(10)),
+            kube_request_timeout: HumanDuration(Duration::from_secs(30)),
+            kube_qps: 500.0,
+            kube_burst: 1000.0,
+        }
+    }
+}
+
+/// Why a call was cut short by us (the error a caller sees, inside `kube::Error::Service`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Cut {
+    #[error("not sent: this replica no longer leads (a write is fenced by the lease)")]
+    NotLeading,
+    #[error("cancelled: this replica stopped leading while the write was in flight")]
+    LostLeadership,
+    #[error("the API server did not answer within {0:?} (--kube-request-timeout)")]
+    TimedOut(Duration),
+}
+
+impl Cut {
+    /// The cut inside an error from the client, if any.
+    pub fn of(e: &kube::Error) -> Option<&Cut> {
+        let kube::Error::Service(e) = e else {
+            return None;
+        };
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+        while let Some(s) = source {
+            if let Some(cut) = s.downcast_ref::<Cut>() {
+                return Some(cut);
+            }
+            source = s.source();
+        }
+        None
+    }
+
+    /// The metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Cut::NotLeading | Cut::LostLeadership => "fenced",
+            Cut::TimedOut(_) => "timeout",
+        }
+    }
+}
+
+/// The policy [`Bounded`] applies.
+#[derive(Clone)]
+pub struct Policy {
+    request_timeout: Duration,
+    pace: Option<Arc<Limiter>>,
+    fence: Option<Leadership>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+impl Policy {
+    /// Calls bounded by `args`, paced by its bucket; no fence.
+    pub fn new(args: &ClientArgs) -> Self {
+        Self {
+            request_timeout: args.kube_request_timeout.0,
+            pace: Some(Arc::new(Limiter::new(LimiterConfig {
+                rate: args.kube_qps,
+                burst: args.kube_burst,
+                ..LimiterConfig::default()
+            }))),
+            fence: None,
+            metrics: None,
+        }
+    }
+
+    /// Calls bounded by `args`, unpaced (the Lease's client).
+    pub fn unpaced(args: &ClientArgs) -> Self {
+        Self {
+            pace: None,
+            ..Self::new(args)
+        }
+    }
+
+    /// Writes fenced by `leadership`.
+    pub fn fenced(mut self, leadership: Leadership) -> Self {
+        self.fence = Some(leadership);
+        self
+    }
+
+    /// Cut calls counted in `metrics`.
+    pub fn counted(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+}
+
+/// A client to the cluster the environment names (kubeconfig or in-cluster), with `policy`.
+pub async fn connect(args: &ClientArgs, policy: Policy) -> crate::Result<kube::Client> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| crate::Error::Config(format!("no Kubernetes configuration: {e}")))?;
+    config.connect_timeout = Some(args.kube_connect_timeout.0);
+    // No read timeout on the connection: it would cut watches; calls are bounded per request.
+    config.read_timeout = None;
+    let builder = ClientBuilder::try_from(config)?;
+    Ok(builder.with_layer(&BoundedLayer(policy)).build())
+}
+
+/// A client with the default bounds and pace (the commands other than `run`).
+pub async fn connect_default() -> crate::Result<kube::Client> {
+    let args = ClientArgs::default();
+    connect(&args, Policy::new(&args)).await
+}
+
+/// A client over `service` (tests: a mocked API server) with `policy`.
+pub fn over<S, B>(service: S, namespace: &str, policy: Policy) -> kube::Client
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    ClientBuilder::new(service, namespace)
+        .with_layer(&BoundedLayer(policy))
+        .build()
+}
+
+/// The layer of [`Bounded`].
+pub struct BoundedLayer(pub Policy);
+
+/// The stack below: a call takes the lock only to be handed its response future.
+type Inner = Arc<std::sync::Mutex<BoxService<Request<Body>, Response<ResponseBody>, BoxError>>>;
+
+impl<S, B> Layer<S> for BoundedLayer
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Service = Bounded;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let boxed = BoxService::new(
+            inner
+                .map_response(|r: Response<B>| r.map(|b| b.map_err(Into::into).boxed_unsync()))
+                .map_err(Into::into),
+        );
+        Bounded {
+            // Shared by every call in flight (each call owns a handle).
+            inner: Arc::new(std::sync::Mutex::new(boxed)),
+            policy: self.0.clone(),
+        }
+    }
+}
+
+/// Applies a [`Policy`] to each request (see the module's comment).
+#[derive(Clone)]
+pub struct Bounded {
+    inner: Inner,
+    policy: Policy,
+}
+
+/// A watch (streamed for as long as the API server keeps it open).
+fn is_watch(uri: &Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| matches!(kv, "watch=true" | "watch=1" | "watch=True"))
+    })
+}
+
+/// A write the fence applies to: any method but the reads, Events aside (an Event about what
+/// happened is no claim on the cluster's state, and a follower may tell why it waits).
+fn is_fenced_write(method: &Method, uri: &Uri) -> bool {
+    let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let event = uri.path().ends_with("/events") || uri.path().contains("/events/");
+    !read && !event
+}
+
+/// `uri` with the API server's `timeout` parameter (whole seconds, at least one).
+fn with_timeout(uri: &Uri, timeout: Duration) -> Option<Uri> {
+    let secs = timeout.as_secs().max(1);
+    let pq = match uri.query() {
+        Some(q) if q.split('&').any(|kv| kv.starts_with("timeout=")) => return None,
+        Some(q) => format!("{}?{q}&timeout={secs}s", uri.path()),
+        None => format!("{}?timeout={secs}s", uri.path()),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = pq.parse().ok();
+    Uri::from_parts(parts).ok()
+}
+
+impl Service<Request<Body>> for Bounded {
+    type Response = Response<ResponseBody>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Each call waits for the buffer in its own future, after its pace.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        Box::pin(send(self.inner.clone(), self.policy.clone(), req))
+    }
+}
+
+/// One request under `policy` (see the module's comment).
+async fn send(
+    inner: Inner,
+    policy: Policy,
+    mut req: Request<Body>,
+) -> Result<Response<ResponseBody>, BoxError> {
+    if let Some(pace) = policy.pace.clone() {
+        pace.acquire().await;
+    }
+    if is_watch(req.uri()) {
+        return call(&inner, req).await;
+    }
+    let now = Instant::now();
+    let mut deadline = now + policy.request_timeout;
+    let fence = policy
+        .fence
+        .clone()
+        .filter(|_| is_fenced_write(req.method(), req.uri()));
+    if let Some(leadership) = &fence {
+        match leadership.fence() {
+            Fence::Unfenced | Fence::UntilSteppedDown => {}
+            Fence::Lost => return Err(policy.cut(Cut::NotLeading)),
+            Fence::Until(until) => deadline = deadline.min(until),
+        }
+    }
+    let bound = deadline.saturating_duration_since(now);
+    if let Some(uri) = with_timeout(req.uri(), bound) {
+        *req.uri_mut() = uri;
+    }
+    let lost = {
+        let fence = fence.clone();
+        async move {
+            match fence {
+                Some(l) => l.lost().await,
+                None => std::future::pending().await,
+            }
+        }
+    };
+    tokio::select! {
+        done = tokio::time::timeout_at(deadline, exchange(inner, req)) => match done {
+            Ok(r) => r,
+            Err(_) if fence.is_some_and(|l| !l.is_leader()) => Err(policy.cut(Cut::LostLeadership)),
+            Err(_) => Err(policy.cut(Cut::TimedOut(bound))),
+        },
+        () = lost => Err(policy.cut(Cut::LostLeadership)),
+    }
+}
+
+/// The stack below called once it is ready (under its lock, released before the response).
+fn call(
+    inner: &Inner,
+    req: Request<Body>,
+) -> impl Future<Output = Result<Response<ResponseBody>, BoxError>> + Send + 'static {
+    let mut req = Some(req);
+    let inner = inner.clone();
+    let sent = futures::future::poll_fn(move |cx| {
+        let mut service = inner.lock().unwrap_or_else(|e| e.into_inner());
+        match service.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => match req.take() {
+                Some(req) => Poll::Ready(Ok(service.call(req))),
+                None => Poll::Ready(Err::<_, BoxError>("a request sent twice".into())),
+            },
+        }
+    });
+    async move { sent.await?.await }
+}
+
+/// The request sent and its response read whole.
+async fn exchange(inner: Inner, req: Request<Body>) -> Result<Response<ResponseBody>, BoxError> {
+    let (parts, body) = match call(&inner, req).await {
+        Ok(response) => response.into_parts(),
+        Err(e) => return Err(e),
+    };
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Err(e),
+    };
+    Ok(Response::from_parts(
+        parts,
+        Full::new(bytes).map_err(|e| match e {}).boxed_unsync(),
+    ))
+}
+
+impl Policy {
+    /// The error of a cut call, counted.
+    fn cut(&self, cut: Cut) -> BoxError {
+        if let Some(m) = &self.metrics {
+            m.api_call_cut(cut.reason());
+        }
+        Box::new(cut)
+    }
+}

@@ -6,9 +6,12 @@ export EC2TL_CACHE
 export CARGO_TARGET_DIR ?= $(EC2TL_CACHE)/target
 BIN := $(CARGO_TARGET_DIR)/debug
 CHART := charts/ec2-topology-labeler
+# rust-toolchain.toml's version by name, before any cargo call (hack/toolchain.sh: links this
+# machine's stable toolchain when it is that version and rustup cannot download it).
+TOOLCHAIN_LINKED := $(shell hack/toolchain.sh)
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: release kind-down image all build build-release bench-scale controlplane schedulers slurm pictures tools demo test test-faults fuzz e2e bench lint fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
+.PHONY: release kind-down image all build build-release bench-scale controlplane schedulers slurm pictures tools demo test test-faults fuzz e2e bench lint deny fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -38,10 +41,33 @@ pictures:
 	@e2e/tools/graphviz.sh
 	@e2e/tools/mermaid.sh >/dev/null
 
-## tools: build the pinned Helm from the Go module proxy (cached)
-tools:
+# cargo-deny, pinned, from crates.io (--locked: its own Cargo.lock), cached by version; its own
+# build directory (not CARGO_TARGET_DIR: nothing of it is shared with the project's builds).
+# (Defined before `tools`, whose prerequisite it is.)
+CARGO_DENY_VERSION := 0.20.2
+CARGO_DENY_ROOT := $(EC2TL_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)
+CARGO_DENY := $(CARGO_DENY_ROOT)/bin/cargo-deny
+
+## tools: build the pinned Helm from the Go module proxy, install the pinned cargo-deny (cached)
+tools: $(CARGO_DENY)
 	@e2e/tools/build.sh >/dev/null
 	@e2e/tools/promtool/build.sh >/dev/null
+
+$(CARGO_DENY):
+	@echo "installing cargo-deny $(CARGO_DENY_VERSION) (crates.io; cold: ~3 min)" >&2
+	@rm -rf $(CARGO_DENY_ROOT).partial
+	env -u CARGO_TARGET_DIR cargo install --quiet --locked cargo-deny --version $(CARGO_DENY_VERSION) --root $(CARGO_DENY_ROOT).partial
+	@rm -rf $(CARGO_DENY_ROOT) && mv $(CARGO_DENY_ROOT).partial $(CARGO_DENY_ROOT)
+
+## deny: cargo-deny (deny.toml): licenses (an allow-list), bans (duplicate versions warned,
+## wildcard requirements refused, no OpenSSL/aws-lc), sources (crates.io only), for the workspace
+## and for fuzz/ (its own workspace). DENY_ADVISORIES=1 adds the RustSec advisories (it clones
+## github.com/rustsec/advisory-db, so only where that is reachable; CI here cannot).
+## `cargo deny check` (no --hide-inclusion-graph) shows how a duplicate is pulled in.
+DENY_CHECKS = licenses bans sources $(if $(filter 1,$(DENY_ADVISORIES)),advisories)
+deny: $(CARGO_DENY)
+	$(CARGO_DENY) --locked check --hide-inclusion-graph -A license-exception-not-encountered $(DENY_CHECKS)
+	$(CARGO_DENY) --locked --manifest-path fuzz/Cargo.toml --config deny.toml check --hide-inclusion-graph -A license-not-encountered $(DENY_CHECKS)
 
 ## demo: control plane + mock EC2 + the controller, a sample fleet labelled and printed
 demo: build controlplane
@@ -77,13 +103,13 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test --workspace --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run hack/release.sh hack/shipped-binary.sh hack/zigbuild.sh e2e/kind/registry/registry.sh e2e/tools/cosign/build.sh e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
+SHELL_SCRIPTS := .ci/run hack/toolchain.sh hack/release.sh hack/shipped-binary.sh hack/zigbuild.sh e2e/kind/registry/registry.sh e2e/tools/cosign/build.sh e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
   e2e/schedulers/build.sh e2e/schedulers/volcano/build.sh e2e/schedulers/kai/build.sh \
   e2e/schedulers/karpenter/crds.sh e2e/tools/promtool/build.sh e2e/bench/tools.sh e2e/bench/chart.sh
 
-## lint: formatting, clippy (warnings are errors), helm lint, actionlint, shellcheck
-lint: tools
+## lint: formatting, clippy (warnings are errors), cargo-deny, helm lint, actionlint, shellcheck
+lint: tools deny
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo clippy --workspace --test faults --test kind --locked -- -D warnings  # test = false: not in --all-targets

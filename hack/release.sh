@@ -13,7 +13,9 @@
 # 2. One image per platform (FROM scratch: e2e/image/Containerfile), an OCI index of the two,
 #    pushed by buildah to $REGISTRY/ec2-topology-labeler:$VERSION; its digest is what the
 #    chart pins. Timestamps are fixed: the same binaries give the same digest.
-# 3. An SBOM of what the binary links (CycloneDX JSON, cargo-cyclonedx).
+# 3. An SBOM of what the binary links and what built it (CycloneDX JSON, cargo-cyclonedx): the
+#    build dependencies (build scripts' crates: cc, autocfg, ...) are listed with scope
+#    "excluded" (used to build, not in the binary), the linked crates with scope "required".
 #    The same static binaries in dist/ for workstations (ec2-topology-labeler-linux-amd64,
 #    -linux-arm64) with SHA256SUMS; the release workflow attaches them to the GitHub release.
 # 4. The chart with image.repository/tag/digest set to what was pushed, packaged and pushed to
@@ -39,6 +41,11 @@ step() { echo "[release] $1 at +$(( $(date +%s) - start ))s" >&2; }
 die() { echo "[release] $*" >&2; exit 1; }
 
 # Pinned tools (bump deliberately; each is cached by its version); zig's are in hack/zigbuild.sh.
+# How each is checked: cargo-cyclonedx from crates.io with --locked (every crate's checksum in its
+# Cargo.lock); cargo-zigbuild and zig from PyPI by SHA-256 (hack/zigbuild.sh); Helm and cosign
+# built from the Go module proxy against their go.sum (e2e/tools); buildah from apt (signed
+# archive); the Rust toolchain (rust-toolchain.toml) and the musl targets by rustup (SHA-256
+# from the channel manifest).
 # shellcheck source=hack/zigbuild.sh
 source "$root/hack/zigbuild.sh"
 CYCLONEDX_VERSION=0.5.7
@@ -71,7 +78,8 @@ targets=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
 zigbuild_tools "${targets[@]}"
 cyclonedx="$cache/release-tools/cargo-cyclonedx-$CYCLONEDX_VERSION"
 if [[ ! -x "$cyclonedx/bin/cargo-cyclonedx" ]]; then
-  cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$cyclonedx.partial" >&2
+  # Its own build directory (not the project's CARGO_TARGET_DIR); --locked: its own Cargo.lock.
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$cyclonedx.partial" >&2
   rm -rf "$cyclonedx" && mv "$cyclonedx.partial" "$cyclonedx"
 fi
 if ! command -v buildah >/dev/null; then
@@ -148,12 +156,15 @@ sizes=$(for t in "${targets[@]}"; do
 done | paste -sd, -)
 
 # --- 3. SBOM -----------------------------------------------------------------------------------
-step "SBOM (CycloneDX, what the controller binary links)"
+step "SBOM (CycloneDX, what the controller binary links and its build dependencies)"
 # One file per binary of the workspace, next to each package's manifest: the controller's is the
-# root package's; the others (the test harness's) are removed again.
+# root package's; the others (the test harness's) are removed again. Build dependencies are in
+# (cargo-cyclonedx's default, scope "excluded"); the supply chain includes what ran at build time.
 PATH="$cyclonedx/bin:$PATH" cargo cyclonedx --quiet --format json --spec-version 1.5 \
-  --describe binaries --target x86_64-unknown-linux-musl --no-build-deps >&2
+  --describe binaries --target x86_64-unknown-linux-musl >&2
 [[ -s ec2-topology-labeler_bin.cdx.json ]] || die "cargo-cyclonedx wrote no SBOM for the controller"
+grep -q '"scope": *"excluded"' ec2-topology-labeler_bin.cdx.json ||
+  die "the SBOM lists no build dependencies (scope excluded): has cargo-cyclonedx's default changed?"
 mv ec2-topology-labeler_bin.cdx.json "$dist/sbom.cdx.json"
 find . -name '*_bin.cdx.json' -not -path './dist/*' -delete
 

@@ -49,6 +49,30 @@ fn render_with(extra: &[&str], sets: &[String]) -> Vec<Value> {
         .collect()
 }
 
+/// `helm template` with `sets`, the error kept (a value the chart or its schema refuses).
+fn render_result(sets: &[String]) -> anyhow::Result<String> {
+    let chart = chart();
+    let mut args = vec![
+        "template".to_string(),
+        "ec2-topology-labeler".into(),
+        chart.to_string_lossy().to_string(),
+        "--namespace".into(),
+        "ec2-topology-labeler".into(),
+    ];
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm(None, &args)
+}
+
+/// `helm template` with these arguments (`-f FILE`, ...), parsed.
+fn render_args(extra: &[String]) -> Vec<Value> {
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    render_with(&extra, &[])
+}
+
 /// What stays in the cluster: the documents that are not Helm hooks.
 fn standing(docs: &[Value]) -> Vec<Value> {
     docs.iter()
@@ -988,7 +1012,8 @@ fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
     assert_eq!(seen["kueue.x-k8s.io/resourceflavors"], ["list"]);
     assert_eq!(seen["kai.scheduler/topologies"], ["list"], "reported only");
     assert_eq!(seen.len(), 4, "{seen:?}");
-    // Its rights go once it has succeeded; the Job stays until the next upgrade for its log.
+    // Its rights go once it has run, succeeded or failed; the Job (no rights of its own) stays
+    // until the next upgrade for its log, whichever way it ended.
     for d in &h {
         let policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
             .as_str()
@@ -996,7 +1021,7 @@ fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
         if d["kind"] == "Job" {
             assert_eq!(policy, "before-hook-creation");
         } else {
-            assert_eq!(policy, "before-hook-creation,hook-succeeded");
+            assert_eq!(policy, "before-hook-creation,hook-succeeded,hook-failed");
         }
     }
     // Its pod is not one of the controller's (the Service, the PodDisruptionBudget, kubectl -l
@@ -1386,7 +1411,11 @@ fn rbac_and_service_account_can_be_brought_along() {
         assert!(kind(&docs, k).is_empty(), "{k} rendered");
     }
     assert_eq!(pod_spec(&docs)["serviceAccountName"], "platform-labeler");
+    // The controller's, and the `helm test` Pod's (read-only).
     let docs = standing(&render(&[]));
+    assert_eq!(kind(&docs, "ServiceAccount").len(), 2);
+    assert_eq!(kind(&docs, "ClusterRole").len(), 2);
+    let docs = standing(&render(&["tests.enabled=false".into()]));
     assert_eq!(kind(&docs, "ServiceAccount").len(), 1);
     assert_eq!(kind(&docs, "ClusterRole").len(), 1);
     // An empty name is the release's full name (Karpenter's convention).
@@ -1463,12 +1492,43 @@ fn admission_policy_follows_the_api_and_the_configuration() {
     use ec2_topology_labeler::labels::{
         CAPACITY_BLOCK_KEY, EKS_LAYER_PREFIX, EKS_ZONE_ID_KEY, PLACEMENT_GROUP_KEY, SLINKY_SPEC_KEY,
     };
+    // Rendered without `--api-versions` too (the chart requires 1.30, where the API is GA):
+    // a render that does not know the cluster must not ship without the policies.
+    let names = |docs: &[Value], k: &str| -> Vec<String> {
+        kind(docs, k)
+            .iter()
+            .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let want = [
+        "ec2-topology-labeler-nodes",
+        "ec2-topology-labeler-scheduler-objects",
+        "ec2-topology-labeler-configmaps",
+    ];
     let docs = render(&[]);
-    assert!(
-        kind(&docs, "ValidatingAdmissionPolicy").is_empty(),
-        "not served: not rendered"
+    assert_eq!(names(&docs, "ValidatingAdmissionPolicy"), want);
+    assert_eq!(names(&docs, "ValidatingAdmissionPolicyBinding"), want);
+    assert_eq!(
+        names(&standing(&docs), "ValidatingAdmissionPolicy"),
+        want,
+        "not hooks"
     );
     let api = ["--api-versions", VAP_API];
+    let policies = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| {
+                d["kind"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+            })
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        policies(&render_with(&api, &[])),
+        policies(&docs),
+        "the same with the API listed"
+    );
     let docs = render_with(&api, &["admissionPolicy.enabled=false".into()]);
     assert!(
         kind(&docs, "ValidatingAdmissionPolicy").is_empty(),
@@ -1706,7 +1766,8 @@ fn exclusive_keys_policy_is_opt_in_and_exempts_the_controller() {
 
 /// `helm test`: the pod runs `tree --min-labelled=1` with the configuration's label flags (all
 /// the binary's `tree` reads, and nothing else: the binary parses them), the controller's image
-/// and ServiceAccount, and not the controller's selector labels (its ReplicaSet would adopt it).
+/// under a ServiceAccount of its own, and not the controller's selector labels (its ReplicaSet
+/// would adopt it).
 #[test]
 fn helm_test_pod_reads_the_labels_as_configured() {
     let label_keys: Vec<String> =
@@ -1751,7 +1812,10 @@ fn helm_test_pod_reads_the_labels_as_configured() {
         !args.iter().any(|a| a.starts_with("--resync-period")),
         "{args:?}"
     );
-    assert_eq!(pod["spec"]["serviceAccountName"], "ec2-topology-labeler");
+    assert_eq!(
+        pod["spec"]["serviceAccountName"],
+        "ec2-topology-labeler-test"
+    );
     assert_eq!(pod["spec"]["restartPolicy"], "Never");
     let selector = kind(&docs, "Deployment")[0]["spec"]["selector"]["matchLabels"].clone();
     let labels = &pod["metadata"]["labels"];
@@ -1769,6 +1833,395 @@ fn helm_test_pod_reads_the_labels_as_configured() {
         json!([{ "key": "example.com/pending", "operator": "Exists" }])
     );
     assert!(kind(&render(&["tests.enabled=false".into()]), "Pod").is_empty());
+}
+
+/// `helm test` does not run as the controller: its Pod has a ServiceAccount of its own, bound
+/// to a ClusterRole that may only read Nodes (what `tree` lists). Those three are installed
+/// with the release, not as test hooks: `helm test --logs` (Helm 3) fetches the logs of every
+/// test hook as a Pod's and fails on any other kind.
+#[test]
+fn helm_test_runs_under_a_read_only_service_account_of_its_own() {
+    let docs = render(&[]);
+    let test: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .collect();
+    assert_eq!(
+        test.iter().map(|d| d["kind"].clone()).collect::<Vec<_>>(),
+        ["Pod"],
+        "only Pods are test hooks (helm test --logs)"
+    );
+    let pod = test[0];
+    let sa = pod["spec"]["serviceAccountName"].as_str().unwrap();
+    assert_ne!(
+        sa,
+        kind(&docs, "Deployment")[0]["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap(),
+        "the test Pod runs as the controller"
+    );
+    let standing = standing(&docs);
+    let named = |k: &str| -> Value {
+        kind(&standing, k)
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == sa)
+            .cloned()
+            .unwrap_or_else(|| panic!("the test's {k}"))
+    };
+    named("ServiceAccount");
+    let role = named("ClusterRole");
+    assert_eq!(
+        role["rules"],
+        json!([{ "apiGroups": [""], "resources": ["nodes"], "verbs": ["list"] }]),
+        "reads Nodes, nothing else"
+    );
+    let read_only = ["get", "list", "watch"];
+    for r in role["rules"].as_array().unwrap() {
+        for v in r["verbs"].as_array().unwrap() {
+            assert!(read_only.contains(&v.as_str().unwrap()), "write verb {v}");
+        }
+    }
+    let binding = named("ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"],
+        json!([{ "kind": "ServiceAccount", "name": sa, "namespace": "ec2-topology-labeler" }])
+    );
+    // No Role or RoleBinding names it (no rights in any namespace).
+    assert!(
+        kind(&standing, "RoleBinding")
+            .iter()
+            .all(|b| !b["subjects"].to_string().contains(&format!("\"{sa}\"")))
+    );
+    // Kept for `helm test --logs`, replaced by the next run.
+    assert_eq!(
+        pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+        "before-hook-creation"
+    );
+    // With RBAC brought along there is no test, and none of its objects; nor with tests off.
+    for sets in [["rbac.create=false"], ["tests.enabled=false"]] {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let docs = render(&sets);
+        assert!(kind(&docs, "Pod").is_empty(), "{sets:?}");
+        assert!(docs.iter().all(|d| d["metadata"]["name"] != sa), "{sets:?}");
+    }
+}
+
+/// Every hook's ServiceAccount and RBAC is deleted when its hook fails too (`hook-failed`), not
+/// only when it succeeds; the Jobs themselves hold no rights and stay for their logs.
+#[test]
+fn hook_rbac_goes_when_the_hook_fails() {
+    let docs = render(&[
+        "uninstallHook.enabled=true".into(),
+        "config.slurmTopologyConfigmap=slurm/slurm-topology".into(),
+    ]);
+    let hooks: Vec<&Value> = docs
+        .iter()
+        .filter(|d| !d["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect();
+    let mut rbac = 0;
+    for d in &hooks {
+        let kind_ = d["kind"].as_str().unwrap();
+        let policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+            .as_str()
+            .unwrap_or_default();
+        let name = d["metadata"]["name"].as_str().unwrap();
+        match kind_ {
+            "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" => {
+                rbac += 1;
+                let policies: Vec<&str> = policy.split(',').collect();
+                for p in ["before-hook-creation", "hook-succeeded", "hook-failed"] {
+                    assert!(policies.contains(&p), "{kind_} {name}: {policy}");
+                }
+            }
+            // Kept when they fail, for `kubectl logs`.
+            "Job" | "Pod" => assert!(!policy.contains("hook-failed"), "{kind_} {name}: {policy}"),
+            other => panic!("unexpected hook {other} {name}"),
+        }
+    }
+    // retire: SA, ClusterRole + binding, Role + binding; uninstall: the same and the Slurm
+    // Role + binding.
+    assert_eq!(rbac, 5 + 7, "{hooks:#?}");
+}
+
+/// The controller never falls back to the node's instance role unless asked: its container
+/// has `AWS_EC2_METADATA_DISABLED=true` by default, not with `aws.useNodeRole`; an `extraEnv`
+/// entry of that name is taken instead of the chart's (never twice), and one that would turn
+/// IMDS back on is refused.
+#[test]
+fn imds_is_off_unless_the_node_role_is_asked_for() {
+    let imds = |docs: &[Value]| -> Vec<Value> {
+        container(docs)["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "AWS_EC2_METADATA_DISABLED")
+            .map(|e| e["value"].clone())
+            .collect()
+    };
+    assert_eq!(imds(&render(&[])), [json!("true")]);
+    let on = render(&["aws.useNodeRole=true".into()]);
+    assert!(imds(&on).is_empty(), "the node role asked for");
+    let given = render_args(&[
+        "--set".into(),
+        "extraEnv[0].name=AWS_EC2_METADATA_DISABLED".into(),
+        "--set-string".into(),
+        "extraEnv[0].value=true".into(),
+    ]);
+    assert_eq!(imds(&given), [json!("true")], "once, not twice");
+    let refused = render_result(&[
+        "extraEnv[0].name=AWS_EC2_METADATA_DISABLED".into(),
+        "extraEnv[0].value=false".into(),
+    ]);
+    assert!(
+        refused.is_err_and(|e| format!("{e:#}").contains("aws.useNodeRole")),
+        "IMDS turned on through extraEnv"
+    );
+    // The kind suite's values (static keys, IRSA, Pod Identity to stand-ins) name it
+    // themselves: each renders with it once.
+    let kind_dir = e2e::repo_root().join("e2e/kind");
+    for values in [
+        "values.yaml",
+        "values-irsa.yaml",
+        "values-pod-identity.yaml",
+    ] {
+        let mut args = vec![];
+        for f in ["values.yaml", values] {
+            args.push("-f".to_string());
+            args.push(kind_dir.join(f).to_string_lossy().to_string());
+        }
+        let docs = render_args(&args);
+        assert_eq!(imds(&docs), [json!("true")], "{values}");
+    }
+}
+
+/// `networkPolicy.enabled`: off by default; on, a NetworkPolicy on the controller's Pods only:
+/// in, the metrics port (from the configured peers); out, DNS, the API server's CIDRs and ports,
+/// AWS over 443, the Pod Identity agent, IMDS only with `aws.useNodeRole`, and `extra`.
+#[test]
+fn network_policy_is_opt_in_and_allows_only_what_the_controller_calls() {
+    assert!(
+        kind(&render(&[]), "NetworkPolicy").is_empty(),
+        "off by default"
+    );
+    let docs = render(&["networkPolicy.enabled=true".into()]);
+    let np = kind(&docs, "NetworkPolicy");
+    assert_eq!(np.len(), 1);
+    let spec = &np[0]["spec"];
+    assert_eq!(
+        spec["podSelector"]["matchLabels"],
+        kind(&docs, "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        spec["ingress"],
+        json!([{ "ports": [{ "protocol": "TCP", "port": 8080 }] }]),
+        "the metrics and probes' port, from anyone"
+    );
+    let any = json!([{ "ipBlock": { "cidr": "0.0.0.0/0" } }, { "ipBlock": { "cidr": "::/0" } }]);
+    assert_eq!(
+        spec["egress"],
+        json!([
+            { "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }] },
+            { "ports": [{ "protocol": "TCP", "port": 443 }, { "protocol": "TCP", "port": 6443 }], "to": any },
+            { "ports": [{ "protocol": "TCP", "port": 443 }], "to": any },
+            { "ports": [{ "protocol": "TCP", "port": 80 }],
+              "to": [{ "ipBlock": { "cidr": "169.254.170.23/32" } }, { "ipBlock": { "cidr": "fd00:ec2::23/128" } }] }
+        ])
+    );
+    // Every egress rule names its ports: nothing but these ports leaves the Pods.
+    for rule in spec["egress"].as_array().unwrap() {
+        assert!(!rule["ports"].as_array().unwrap().is_empty(), "{rule}");
+    }
+    let docs = render(&[
+        "networkPolicy.enabled=true".into(),
+        "networkPolicy.ingress.from[0].namespaceSelector.matchLabels.name=monitoring".into(),
+        "networkPolicy.egress.apiServerCIDRs={10.0.0.0/16}".into(),
+        "networkPolicy.egress.apiServerPorts={443}".into(),
+        "networkPolicy.egress.awsCIDRs={10.0.128.0/20,2600:1f14::/56}".into(),
+        "networkPolicy.egress.dnsTo[0].namespaceSelector.matchLabels.name=kube-system".into(),
+        "networkPolicy.egress.podIdentityAgent=false".into(),
+        "networkPolicy.egress.extra[0].to[0].podSelector.matchLabels.app=mock-ec2".into(),
+        "networkPolicy.egress.extra[0].ports[0].port=8080".into(),
+        "aws.useNodeRole=true".into(),
+        "metrics.port=9090".into(),
+    ]);
+    let spec = &kind(&docs, "NetworkPolicy")[0]["spec"];
+    assert_eq!(
+        spec["ingress"],
+        json!([{ "ports": [{ "protocol": "TCP", "port": 9090 }],
+                 "from": [{ "namespaceSelector": { "matchLabels": { "name": "monitoring" } } }] }])
+    );
+    assert_eq!(
+        spec["egress"],
+        json!([
+            { "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }],
+              "to": [{ "namespaceSelector": { "matchLabels": { "name": "kube-system" } } }] },
+            { "ports": [{ "protocol": "TCP", "port": 443 }], "to": [{ "ipBlock": { "cidr": "10.0.0.0/16" } }] },
+            { "ports": [{ "protocol": "TCP", "port": 443 }],
+              "to": [{ "ipBlock": { "cidr": "10.0.128.0/20" } }, { "ipBlock": { "cidr": "2600:1f14::/56" } }] },
+            { "ports": [{ "protocol": "TCP", "port": 80 }],
+              "to": [{ "ipBlock": { "cidr": "169.254.169.254/32" } }, { "ipBlock": { "cidr": "fd00:ec2::254/128" } }] },
+            { "to": [{ "podSelector": { "matchLabels": { "app": "mock-ec2" } } }], "ports": [{ "port": 8080 }] }
+        ])
+    );
+    // An empty list would leave a rule without `to` (every destination); a malformed CIDR or
+    // port is refused at render time.
+    for bad in [
+        "networkPolicy.egress.awsCIDRs=null",
+        "networkPolicy.egress.apiServerCIDRs={}",
+        "networkPolicy.egress.apiServerPorts={}",
+        "networkPolicy.egress.awsCIDRs={10.0.0.0}",
+        "networkPolicy.egress.awsCIDRs={300.0.0.0/8}",
+        "networkPolicy.egress.apiServerPorts={0}",
+        "networkPolicy.egres.extra={}",
+    ] {
+        assert!(
+            render_result(&["networkPolicy.enabled=true".into(), bad.into()]).is_err(),
+            "{bad} accepted"
+        );
+    }
+}
+
+/// The ConfigMap policy: the controller's ServiceAccount may create, update and delete only the
+/// ConfigMap `config.slurmTopologyConfigmap` names (RBAC cannot limit `create` by name); with
+/// none configured, no ConfigMap at all.
+#[test]
+fn configmap_policy_names_the_configured_slurm_configmap() {
+    let policy = |sets: &[String]| -> Value {
+        let docs = render(sets);
+        let binding = kind(&docs, "ValidatingAdmissionPolicyBinding")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-configmaps")
+            .cloned()
+            .expect("its binding");
+        assert_eq!(
+            binding["spec"]["policyName"],
+            "ec2-topology-labeler-configmaps"
+        );
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-configmaps")
+            .cloned()
+            .expect("the ConfigMap policy")
+    };
+    let p = policy(&["config.slurmTopologyConfigmap=slurm/slurm-topology".into()]);
+    assert_eq!(p["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        p["spec"]["matchConstraints"]["resourceRules"],
+        json!([{ "apiGroups": [""], "apiVersions": ["v1"],
+                 "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["configmaps"] }])
+    );
+    assert_eq!(
+        p["spec"]["matchConditions"][0]["expression"],
+        r#"request.userInfo.username == "system:serviceaccount:ec2-topology-labeler:ec2-topology-labeler""#
+    );
+    assert_eq!(
+        p["spec"]["variables"],
+        json!([
+            { "name": "slurmNamespace", "expression": r#""slurm""# },
+            { "name": "slurmName", "expression": r#""slurm-topology""# }
+        ])
+    );
+    let check = p["spec"]["validations"][0]["expression"].as_str().unwrap();
+    for part in [
+        "request.namespace == variables.slurmNamespace",
+        "object == null || object.metadata.name == variables.slurmName",
+        "oldObject == null || oldObject.metadata.name == variables.slurmName",
+    ] {
+        assert!(check.contains(part), "{part}: {check}");
+    }
+    // The same name the Role's get and patch are limited to.
+    let docs = render(&["config.slurmTopologyConfigmap=slurm/slurm-topology".into()]);
+    let role = kind(&docs, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["namespace"] == "slurm")
+        .unwrap();
+    assert_eq!(role["rules"][1]["resourceNames"], json!(["slurm-topology"]));
+    // Another name and ServiceAccount follow the values.
+    let p = policy(&[
+        "config.slurmTopologyConfigmap=hpc/topo".into(),
+        "serviceAccount.name=labeler".into(),
+    ]);
+    assert_eq!(p["spec"]["variables"][0]["expression"], r#""hpc""#);
+    assert_eq!(p["spec"]["variables"][1]["expression"], r#""topo""#);
+    assert!(
+        p["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .ends_with(r#":labeler""#)
+    );
+    // None configured: every ConfigMap write by the controller is refused.
+    let p = policy(&[]);
+    assert_eq!(p["spec"]["variables"][1]["expression"], r#""""#);
+    assert!(
+        p["spec"]["validations"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.slurmName != ''")
+    );
+    assert!(
+        p["spec"]["validations"][0]["messageExpression"]
+            .as_str()
+            .unwrap()
+            .contains("config.slurmTopologyConfigmap is not set")
+    );
+}
+
+/// The Node policy compares a Node's spec and status whole, but for the taints (their own
+/// rule) and the TopologyLabeled condition: no list of fields that misses one Kubernetes adds.
+#[test]
+fn node_policy_compares_spec_and_status_whole() {
+    let docs = render(&[]);
+    let p = kind(&docs, "ValidatingAdmissionPolicy")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-nodes")
+        .unwrap();
+    let var = |name: &str| -> String {
+        p["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("variable {name}"))["expression"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(var("oldStatus"), "oldObject.?status.orValue({})");
+    assert_eq!(var("newStatus"), "object.?status.orValue({})");
+    assert_eq!(
+        var("changedStatus"),
+        "variables.newStatus.filter(k, k != 'conditions' && !(k in variables.oldStatus && variables.oldStatus[k] == variables.newStatus[k])) + \
+         variables.oldStatus.filter(k, k != 'conditions' && !(k in variables.newStatus))"
+    );
+    assert_eq!(
+        var("changedSpec"),
+        "variables.newSpec.filter(k, k != 'taints' && !(k in variables.oldSpec && variables.oldSpec[k] == variables.newSpec[k])) + \
+         variables.oldSpec.filter(k, k != 'taints' && !(k in variables.newSpec))"
+    );
+    assert!(var("oldConditions").contains("c.type != 'TopologyLabeled'"));
+    let validations = p["spec"]["validations"].to_string();
+    for check in [
+        "variables.changedStatus.size() == 0",
+        "variables.changedSpec.size() == 0",
+        "variables.newConditions == variables.oldConditions",
+    ] {
+        assert!(validations.contains(check), "{check}: {validations}");
+    }
+    for field in [
+        "capacity",
+        "allocatable",
+        "nodeInfo",
+        "podCIDR",
+        "providerID",
+    ] {
+        assert!(
+            !validations.contains(&format!("?{field}")),
+            "{field} listed one by one: {validations}"
+        );
+    }
 }
 
 fn kebab(key: &str) -> String {
@@ -2142,6 +2595,20 @@ fn dns_name() -> Value {
     })
 }
 
+/// A non-empty list of CIDRs (IPv4 or IPv6), as a NetworkPolicy `ipBlock` takes them: an empty
+/// list would leave a rule without `to`, which allows every destination.
+fn cidrs() -> Value {
+    json!({
+        "type": "array",
+        "minItems": 1,
+        "uniqueItems": true,
+        "items": {
+            "type": "string",
+            "pattern": "^(((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])/([0-9]|[12][0-9]|3[0-2])|[0-9a-fA-F:.]*:[0-9a-fA-F:.]*/([0-9]|[1-9][0-9]|1[01][0-9]|12[0-8]))$"
+        }
+    })
+}
+
 /// The whole `values.schema.json`.
 pub fn values_schema() -> Value {
     json!({
@@ -2191,6 +2658,7 @@ pub fn values_schema() -> Value {
                     "uniqueItems": true
                 }
             })),
+            "aws": closed(json!({ "useNodeRole": boolean() })),
             "config": config_schema(),
             "extraArgs": { "type": "array", "items": { "type": "string", "pattern": "^--[a-z]" } },
             "extraEnv": objects(),
@@ -2231,6 +2699,23 @@ pub fn values_schema() -> Value {
             "podAnnotations": string_map(),
             "podLabels": string_map(),
             "tests": closed(json!({ "enabled": boolean() })),
+            "networkPolicy": closed(json!({
+                "enabled": boolean(),
+                "ingress": closed(json!({ "from": objects() })),
+                "egress": closed(json!({
+                    "dnsTo": objects(),
+                    "apiServerCIDRs": cidrs(),
+                    "apiServerPorts": {
+                        "type": "array",
+                        "minItems": 1,
+                        "uniqueItems": true,
+                        "items": { "type": "integer", "minimum": 1, "maximum": 65535 }
+                    },
+                    "awsCIDRs": cidrs(),
+                    "podIdentityAgent": boolean(),
+                    "extra": objects()
+                }))
+            })),
             "prometheusRule": closed(json!({
                 "enabled": boolean(),
                 "namespace": string(),

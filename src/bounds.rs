@@ -90,6 +90,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("kube-connect-timeout", secs(1), secs(300)),
     duration("kube-request-timeout", secs(1), secs(600)),
     duration("watch-unhealthy-after", secs(10), secs(3600)),
+    duration("watch-timeout", secs(5), secs(3600)),
     count("concurrency", 1, 4096),
     count("write-concurrency", 1, 1024),
     count("min-labelled", 0, 10_000_000),

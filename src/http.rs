@@ -52,6 +52,16 @@ pub struct ServeArgs {
         default_value = "2m"
     )]
     pub watch_unhealthy_after: crate::duration::HumanDuration,
+    /// How long each Node watch request lasts before it is renewed (the API server's
+    /// `timeoutSeconds`): a renewal is when lost rights show, so a shorter one finds a revoked
+    /// `watch` sooner, at one request per renewal.
+    #[arg(
+        long,
+        value_parser = crate::bounds::duration_flag("watch-timeout"),
+        env = "LABELER_WATCH_TIMEOUT",
+        default_value = "290s"
+    )]
+    pub watch_timeout: crate::duration::HumanDuration,
 }
 
 /// What `/readyz` checks: the node cache synced once, and its watch not failing for longer than

@@ -36,6 +36,7 @@ pub mod retire;
 pub mod scheme;
 pub mod state;
 pub mod store;
+pub mod tasks;
 pub mod view;
 pub mod watch;
 

@@ -107,7 +107,7 @@ pub async fn run(
     reader: crate::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
-    ec2: AwsTopology,
+    ec2: Arc<AwsTopology>,
     args: ReservationArgs,
 ) {
     let mut tick = tokio::time::interval(args.reservations_interval.0);

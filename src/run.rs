@@ -21,6 +21,8 @@ use kube::{
 };
 use tracing::{debug, error, info, warn};
 
+use crate::tasks::{Lifetime, supervise};
+
 use crate::{
     Error, FIELD_MANAGER, Result,
     config::RunArgs,
@@ -199,7 +201,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let healthy = watch_health.clone();
     let triggers = watcher(
         nodes_watch,
-        watcher::Config::default().page_size(crate::store::NODE_PAGE),
+        watcher::Config::default()
+            .page_size(crate::store::NODE_PAGE)
+            .timeout(u32::try_from(args.serve.watch_timeout.0.as_secs()).unwrap_or(290)),
     )
     .default_backoff()
     .map_ok(move |event| {
@@ -254,55 +258,112 @@ pub async fn run(args: RunArgs) -> Result<()> {
             live.task("scheduler publishers"),
         ));
     }
-    tokio::spawn(retire_at_start(
-        Api::all(client.clone()),
-        scheme.clone(),
-        ctx.leader.clone(),
-        metrics.clone(),
-        synced.clone(),
-    ));
+    // Background tasks: each restarted with backoff if it panics or ends (crate::tasks).
+    {
+        let (api, scheme, leader, metrics_, synced) = (
+            Api::all(client.clone()),
+            scheme.clone(),
+            ctx.leader.clone(),
+            metrics.clone(),
+            synced.clone(),
+        );
+        supervise(
+            "retire at start",
+            Lifetime::Once,
+            metrics.clone(),
+            move || {
+                retire_at_start(
+                    api.clone(),
+                    scheme.clone(),
+                    leader.clone(),
+                    metrics_.clone(),
+                    synced.clone(),
+                )
+            },
+        );
+    }
     if !args.gate.node_condition {
-        tokio::spawn(retire_condition_at_start(
-            client.clone(),
-            reader.clone(),
-            ctx.clone(),
-            synced.clone(),
-        ));
+        let (client, reader, ctx, synced) =
+            (client.clone(), reader.clone(), ctx.clone(), synced.clone());
+        supervise(
+            "retire condition at start",
+            Lifetime::Once,
+            metrics.clone(),
+            move || {
+                retire_condition_at_start(
+                    client.clone(),
+                    reader.clone(),
+                    ctx.clone(),
+                    synced.clone(),
+                )
+            },
+        );
     }
-    // Look every node up ahead of its reconcile, so batches fill from the whole fleet.
-    tokio::spawn(warm::on_leading(
-        reader.clone(),
-        ctx.clone(),
-        synced.clone(),
-        arrivals,
-    ));
-    tokio::spawn(coverage(
-        live.task("coverage"),
-        reader.clone(),
-        synced.clone(),
-        kueue_levels(&args.publish, &scheme),
-        args.publish.publish_interval.0.saturating_mul(12),
-        ctx.clone(),
-    ));
+    // Look every node up ahead of its reconcile, so batches fill from the whole fleet: the
+    // first list's nodes as they come (once: a failure there only loses the head start), then
+    // a walk each time this replica starts leading.
+    {
+        let first = ctx.clone();
+        tokio::spawn(async move { warm::first_list(arrivals, &first).await });
+        let (reader, ctx, synced) = (reader.clone(), ctx.clone(), synced.clone());
+        supervise("warm-up", Lifetime::Forever, metrics.clone(), move || {
+            warm::walks(reader.clone(), ctx.clone(), synced.clone())
+        });
+    }
+    {
+        let (reader, synced, levels, every, ctx) = (
+            reader.clone(),
+            synced.clone(),
+            kueue_levels(&args.publish, &scheme),
+            args.publish.publish_interval.0.saturating_mul(12),
+            ctx.clone(),
+        );
+        supervise("coverage", Lifetime::Forever, metrics.clone(), move || {
+            coverage(
+                reader.clone(),
+                synced.clone(),
+                levels.clone(),
+                every,
+                ctx.clone(),
+            )
+        });
+    }
     if args.reservations.capacity_reservations {
-        let ec2 = AwsTopology::from_env(args.ec2.ec2_timeout.0)
-            .await
-            .with_limiter(limiter.clone());
-        tokio::spawn(crate::reserved::run(
+        let ec2 = Arc::new(
+            AwsTopology::from_env(args.ec2.ec2_timeout.0)
+                .await
+                .with_limiter(limiter.clone()),
+        );
+        let (reader, ctx, synced, args) = (
             reader.clone(),
             ctx.clone(),
             synced.clone(),
-            ec2,
             args.reservations.clone(),
-        ));
+        );
+        supervise(
+            "reservations",
+            Lifetime::Forever,
+            metrics.clone(),
+            move || {
+                crate::reserved::run(
+                    reader.clone(),
+                    ctx.clone(),
+                    synced.clone(),
+                    ec2.clone(),
+                    args.clone(),
+                )
+            },
+        );
     }
-    tokio::spawn(housekeeping(
-        live.task("housekeeping"),
-        reader.clone(),
-        lookup,
-        ctx.clone(),
-        resync,
-    ));
+    {
+        let (reader, ctx) = (reader.clone(), ctx.clone());
+        supervise(
+            "housekeeping",
+            Lifetime::Forever,
+            metrics.clone(),
+            move || housekeeping(reader.clone(), lookup.clone(), ctx.clone(), resync),
+        );
+    }
 
     info!(resync_s = resync.as_secs(), "controller starting");
     let key = |n: &LiteNode| -> Key { Key::from(n.name()) };
@@ -372,48 +433,58 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// a node that joins meanwhile waits behind one chunk, not behind the fleet (measured, 5,000
 /// verified nodes queued at once: 1.5 s for a joiner behind them).
 pub fn on_election(
-    mut elected: futures::channel::mpsc::UnboundedReceiver<()>,
+    elected: futures::channel::mpsc::UnboundedReceiver<()>,
     reader: crate::store::NodeCache,
     ctx: Arc<Context>,
 ) -> futures::channel::mpsc::UnboundedReceiver<Key> {
     const CHUNK: usize = 256;
     let (tx, rx) = futures::channel::mpsc::unbounded();
-    tokio::spawn(async move {
-        while elected.next().await.is_some() {
-            let (first, rest): (Vec<_>, Vec<_>) = reader
-                .state()
-                .into_iter()
-                .partition(|n| crate::reconcile::urgent(&n.expand(), &ctx));
-            if !first.is_empty() {
-                debug!(
-                    nodes = first.len(),
-                    "reconciling the joining and held nodes first"
-                );
-            }
-            let mut sent_at = ctx.metrics.reconciles_run();
-            let mut sent = 0u64;
-            let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
-            for (k, r) in refs.enumerate() {
-                if k >= first.len() && (k - first.len()) % CHUNK == 0 {
-                    // The controller's queue is first come, first served: wait until most of
-                    // what was sent has run (at most a second) before sending the next chunk.
-                    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-                    while ctx.metrics.reconciles_run() < sent_at + sent / 2
-                        && tokio::time::Instant::now() < deadline
-                    {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    if !ctx.leader.is_leader() {
-                        break;
-                    }
-                    sent_at = ctx.metrics.reconciles_run();
-                    sent = 0;
+    // Restarted if it panics: the receiver outlives a run (a panic drops the run's lock).
+    let elected = Arc::new(tokio::sync::Mutex::new(elected));
+    let metrics = ctx.metrics.clone();
+    supervise("election sweep", Lifetime::Forever, metrics, move || {
+        let (elected, reader, ctx, tx) = (elected.clone(), reader.clone(), ctx.clone(), tx.clone());
+        async move {
+            let mut elected = elected.lock().await;
+            while elected.next().await.is_some() {
+                let (first, rest): (Vec<_>, Vec<_>) = reader
+                    .state()
+                    .into_iter()
+                    .partition(|n| crate::reconcile::urgent(&n.expand(), &ctx));
+                if !first.is_empty() {
+                    debug!(
+                        nodes = first.len(),
+                        "reconciling the joining and held nodes first"
+                    );
                 }
-                if tx.unbounded_send(r).is_err() {
-                    return;
+                let mut sent_at = ctx.metrics.reconciles_run();
+                let mut sent = 0u64;
+                let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
+                for (k, r) in refs.enumerate() {
+                    if k >= first.len() && (k - first.len()) % CHUNK == 0 {
+                        // The controller's queue is first come, first served: wait until most of
+                        // what was sent has run (at most a second) before sending the next chunk.
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                        while ctx.metrics.reconciles_run() < sent_at + sent / 2
+                            && tokio::time::Instant::now() < deadline
+                        {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        if !ctx.leader.is_leader() {
+                            break;
+                        }
+                        sent_at = ctx.metrics.reconciles_run();
+                        sent = 0;
+                    }
+                    if tx.unbounded_send(r).is_err() {
+                        // The queue stopped: shutting down.
+                        return std::future::pending().await;
+                    }
+                    sent += 1;
                 }
-                sent += 1;
             }
+            // The election stopped: shutting down.
+            std::future::pending().await
         }
     });
     rx
@@ -512,7 +583,6 @@ fn kueue_levels(
 /// (reading each node's few labels in place), and a Warning Event, once per node, when a node
 /// we labelled carries fewer layers than the Kueue Topology we publish (Kueue leaves it out).
 async fn coverage(
-    _alive: crate::http::TaskGuard,
     reader: crate::store::NodeCache,
     synced: Arc<AtomicBool>,
     kueue: Option<(String, usize)>,
@@ -574,7 +644,6 @@ async fn coverage(
 
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
-    _alive: crate::http::TaskGuard,
     reader: crate::store::NodeCache,
     lookup: Lookup,
     ctx: Arc<Context>,

@@ -216,8 +216,14 @@ pub async fn on_leading(
     synced: Arc<std::sync::atomic::AtomicBool>,
     arrivals: Arrivals,
 ) {
+    first_list(arrivals, &ctx).await;
+    walks(store, ctx, synced).await;
+}
+
+/// The first list's nodes looked up as they come (see [`ahead_of_first_list`]).
+pub async fn first_list(arrivals: Arrivals, ctx: &Context) {
     let started = Instant::now();
-    let nodes = ahead_of_first_list(arrivals, &ctx).await;
+    let nodes = ahead_of_first_list(arrivals, ctx).await;
     if nodes > 0 {
         info!(
             nodes,
@@ -225,6 +231,15 @@ pub async fn on_leading(
             "looked up the first list's nodes as they came"
         );
     }
+}
+
+/// Each time this replica starts leading with a synced cache, one walk of every node (never
+/// ends; restartable: it holds nothing it cannot make again).
+pub async fn walks(
+    store: crate::store::NodeCache,
+    ctx: Arc<Context>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
+) {
     // Well inside the batch window (200 ms by default): the reconciles start at the same moment
     // and their first lookups should go out in the walk's full calls, not in a call of their own.
     let poll = Duration::from_millis(20);

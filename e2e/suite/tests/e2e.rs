@@ -71,6 +71,11 @@ use uninstall::{turned_off_features_are_retired, uninstall_leaves_only_labels};
 #[path = "e2e/whynot.rs"]
 mod whynot;
 use whynot::every_reason_says_why_once;
+#[path = "e2e/stalls.rs"]
+mod stalls;
+use stalls::{
+    a_panicking_background_task_restarts, a_revoked_node_watch_fails_readiness_until_restored,
+};
 #[path = "e2e/credentials.rs"]
 mod credentials;
 use credentials::{
@@ -2565,6 +2570,8 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(metrics_match_what_happened, true),
         scenario!(every_reason_says_why_once, true),
         scenario!(missing_rbac_verb_fails_clearly, true),
+        scenario!(a_revoked_node_watch_fails_readiness_until_restored, true),
+        scenario!(a_panicking_background_task_restarts, true),
         scenario!(leader_failover, true),
         scenario!(plan_shows_changes_and_writes_nothing, true),
         scenario!(turned_off_extras_are_removed_at_start_up, true),

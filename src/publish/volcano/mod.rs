@@ -199,6 +199,7 @@ impl HyperNodeSync {
             return Err(SyncError::Taken(taken));
         }
         let mut stats = SyncStats::default();
+        let mut failed: Option<kube::Error> = None;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for hn in desired {
             let object = hn.to_object(&self.owner);
@@ -212,10 +213,19 @@ impl HyperNodeSync {
             if !self.leader.is_leader() {
                 return Ok(stats);
             }
-            self.api
+            // One object that fails (a write that hangs until its deadline, a webhook refusing
+            // it) does not hold back the others: each is tried, the first error is returned.
+            match self
+                .api
                 .patch(&hn.name, &params, &Patch::Apply(object))
-                .await?;
-            stats.applied += 1;
+                .await
+            {
+                Ok(_) => stats.applied += 1,
+                Err(e) => {
+                    warn!(hypernode = %hn.name, error = %e, "applying a HyperNode failed; going on with the others");
+                    failed.get_or_insert(e);
+                }
+            }
         }
         let wanted: BTreeSet<&str> = desired.iter().map(|h| h.name.as_str()).collect();
         for name in existing.keys().filter(|n| !wanted.contains(n.as_str())) {
@@ -227,8 +237,14 @@ impl HyperNodeSync {
             match self.api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => stats.deleted += 1,
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    warn!(hypernode = %name, error = %e, "deleting a HyperNode failed; going on with the others");
+                    failed.get_or_insert(e);
+                }
             }
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
         }
         if stats.applied + stats.deleted > 0 {
             info!(
@@ -545,6 +561,67 @@ mod sync_tests {
         };
         let (result, seen) = tokio::join!(sync.sync(desired), api);
         (result, seen)
+    }
+
+    /// One HyperNode's write hangs (the API server never answers it): it is cut at the client's
+    /// deadline and the others are still written; the sync reports the error.
+    #[tokio::test(start_paused = true)]
+    async fn one_hanging_write_does_not_hold_back_the_others() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let args = crate::client::ClientArgs {
+            kube_request_timeout: crate::duration::HumanDuration(Duration::from_secs(5)),
+            ..crate::client::ClientArgs::default()
+        };
+        let client = crate::client::over(service, "default", crate::client::Policy::new(&args));
+        let mut sync = HyperNodeSync::new(
+            client,
+            "ec2tl",
+            ME,
+            Duration::from_secs(60),
+            crate::leader::Leadership::leading_until_stepped_down(),
+        );
+        let written = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = written.clone();
+        tokio::spawn(async move {
+            let mut patches = 0;
+            while let Some((req, send)) = handle.next_request().await {
+                if req.method() == Method::GET {
+                    send.send_response(ok(&json!({
+                        "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
+                        "metadata": {}, "items": [] })));
+                    continue;
+                }
+                patches += 1;
+                if patches == 1 {
+                    // Never answered.
+                    std::mem::forget(send);
+                    continue;
+                }
+                let name = req
+                    .uri()
+                    .path()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let bytes = req.into_body().collect_bytes().await.expect("body");
+                seen.lock().expect("lock").push(name);
+                send.send_response(ok(&serde_json::from_slice::<Value>(&bytes).expect("json")));
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let result = sync.sync(&tree()).await;
+        assert!(result.is_err(), "the hanging write is reported");
+        assert_eq!(
+            written.lock().expect("lock").len(),
+            2,
+            "the other two are written"
+        );
+        assert!(
+            started.elapsed() <= Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     fn tree() -> Vec<HyperNode> {

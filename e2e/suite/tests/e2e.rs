@@ -55,6 +55,7 @@ mod fit;
 mod manifests;
 use admission::{
     admission_policy_holds_the_controller_to_its_scheduler_objects,
+    admission_policy_holds_the_controller_to_its_slurm_configmap,
     admission_policy_limits_the_controllers_node_writes, exclusive_keys_refuse_every_other_writer,
 };
 use fit::{fit_agrees_with_kueue, fit_names_the_domains_that_take_the_gang};
@@ -2580,6 +2581,10 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(exclusive_keys_refuse_every_other_writer, true),
         scenario!(
             admission_policy_holds_the_controller_to_its_scheduler_objects,
+            true
+        ),
+        scenario!(
+            admission_policy_holds_the_controller_to_its_slurm_configmap,
             true
         ),
         scenario!(deploy_manifests_apply_cleanly, false),

@@ -1654,6 +1654,8 @@ fn main() {
     if let Ok(path) = std::env::var("RELIABILITY_REPORT") {
         // What the e2e suite shows about trust, kept in the generated page.
         const TRUST: &str = include_str!("faults/trust.md");
+        // What the e2e suite and the unit tests show about late writes and stalls.
+        const STALLS: &str = include_str!("faults/stalls.md");
         let mut md = String::from(
             "# Reliability\n\nEvery failure path is a scenario (`e2e/suite/tests/faults.rs`, `make test-faults`, run by CI) against the real kube-apiserver, mock-ec2 and the controller running as its ServiceAccount. Each asserts that no correct label was removed or changed during the fault; convergence is the time from the fault clearing until every node carries the right labels. Generated from the last run.\n\n| scenario | fault | outcome | convergence after the fault (s) |\n| --- | --- | --- | ---: |\n",
         );
@@ -1668,7 +1670,7 @@ fn main() {
             ));
         }
         md.push_str(&format!(
-            "\n{} of {} scenarios passed{}.\n\nAlso covered elsewhere: leader failover (`e2e.rs`, `leader_failover`), a missing RBAC verb (`missing_rbac_verb_fails_clearly`), property tests of the pure logic (`tests/properties.rs`) and fuzzing (`fuzz/`, `make fuzz`).\n{TRUST}",
+            "\n{} of {} scenarios passed{}.\n\nAlso covered elsewhere: leader failover (`e2e.rs`, `leader_failover`), a missing RBAC verb (`missing_rbac_verb_fails_clearly`), property tests of the pure logic (`tests/properties.rs`) and fuzzing (`fuzz/`, `make fuzz`).\n{TRUST}{STALLS}",
             conclusion.num_passed,
             conclusion.num_passed + conclusion.num_failed,
             if conclusion.num_failed == 0 { "" } else { " — see the CI log for the failures" }

@@ -439,8 +439,8 @@ async fn deploy_manifests_apply_with_kubectl(_env: &Env) -> anyhow::Result<()> {
 }
 
 /// `helm test`: the chart's test pod runs `tree --min-labelled=1` in the cluster with the
-/// controller's image and ServiceAccount, prints the topology and passes (the kind nodes are
-/// labelled by now).
+/// controller's image under a ServiceAccount of its own (list on Nodes only), prints the
+/// topology and passes (the kind nodes are labelled by now).
 async fn helm_test_passes(env: &Env) -> anyhow::Result<()> {
     let kind = KindEnv::from_env()?;
     let started = Instant::now();

@@ -635,3 +635,42 @@ pub async fn admission_policy_holds_the_controller_to_its_scheduler_objects(
         .await;
     checks
 }
+
+/// RBAC cannot limit `create` by name, so the Role in Slurm's namespace lets the controller
+/// create any ConfigMap there: the chart's `-configmaps` policy holds it to the one
+/// `config.slurmTopologyConfigmap` names (`slurm/slurm-topology` in the suite).
+pub async fn admission_policy_holds_the_controller_to_its_slurm_configmap(
+    env: &Env,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (_admin, sa) = clients(env).await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(sa, "slurm");
+    let other: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "other", "namespace": "slurm" },
+        "data": { "topology.conf": "SwitchName=forged Nodes=x" }
+    }))?;
+    eventually("the configmaps policy in force", WAIT, || async {
+        match configmaps.create(&Default::default(), &other).await {
+            Err(kube::Error::Api(e))
+                if e.code == 403 && e.message.contains("ValidatingAdmissionPolicy") =>
+            {
+                Ok(Some(()))
+            }
+            Err(kube::Error::Api(e)) if e.code == 403 => Ok(None),
+            Ok(_) => {
+                bail!(
+                    "ConfigMap slurm/other created as the controller: the policy should refuse it"
+                )
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await?;
+    refused(
+        "ConfigMap slurm/other created as the controller",
+        configmaps.create(&Default::default(), &other),
+        "may write only the ConfigMap slurm/slurm-topology (config.slurmTopologyConfigmap); refused: slurm/other",
+    )
+    .await
+}

@@ -621,9 +621,12 @@ mod tests {
     #[test]
     fn docs_flags_table_is_generated_from_the_code() {
         use std::collections::BTreeMap;
-        // long flag -> (env, default, help, commands)
-        let mut flags: BTreeMap<String, (String, String, String, Vec<String>)> = BTreeMap::new();
-        let mut order: Vec<String> = Vec::new();
+        // One row per definition of a flag: (flag, env, default, help) -> commands. A flag
+        // that two commands define differently (another variable, default or meaning) gets a
+        // row for each, never the first one's for both.
+        type Row = (String, String, String, String);
+        let mut flags: BTreeMap<Row, Vec<String>> = BTreeMap::new();
+        let mut order: Vec<Row> = Vec::new();
         for sub in Cli::command().get_subcommands() {
             for arg in sub.get_arguments() {
                 let Some(long) = arg.get_long() else {
@@ -636,34 +639,47 @@ mod tests {
                     Some(c) => format!("`-{c}`, `--{long}`"),
                     None => format!("`--{long}`"),
                 };
-                let entry = flags.entry(key.clone()).or_insert_with(|| {
-                    order.push(key.clone());
-                    let env = arg
-                        .get_env()
-                        .map(|e| format!("`{}`", e.to_string_lossy()))
-                        .unwrap_or_default();
-                    let default = arg
-                        .get_default_values()
-                        .iter()
-                        .map(|v| v.to_string_lossy().into_owned())
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    let default = if default.is_empty() {
-                        String::new()
-                    } else {
-                        format!("`{default}`")
-                    };
-                    let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
-                    (env, default, help, Vec::new())
+                let env = arg
+                    .get_env()
+                    .map(|e| format!("`{}`", e.to_string_lossy()))
+                    .unwrap_or_default();
+                let default = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let default = if default.is_empty() {
+                    String::new()
+                } else {
+                    format!("`{default}`")
+                };
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                let row = (key, env, default, help);
+                let commands = flags.entry(row.clone()).or_insert_with(|| {
+                    order.push(row);
+                    Vec::new()
                 });
-                entry.3.push(sub.get_name().to_string());
+                commands.push(sub.get_name().to_string());
             }
         }
+        // A flag's definitions side by side, in the order flags first appear.
+        let first: BTreeMap<&str, usize> =
+            order
+                .iter()
+                .enumerate()
+                .fold(BTreeMap::new(), |mut m, (i, r)| {
+                    m.entry(r.0.as_str()).or_insert(i);
+                    m
+                });
+        let mut rows: Vec<&Row> = order.iter().collect();
+        rows.sort_by_key(|r| first[r.0.as_str()]);
         let mut t = String::from(
             "| Flag | Environment | Default | Range | Commands | What |\n| --- | --- | --- | --- | --- | --- |\n",
         );
-        for key in &order {
-            let (env, default, help, commands) = &flags[key];
+        for row in rows {
+            let (key, env, default, help) = row;
+            let commands = &flags[row];
             // The range a value is checked against at start (crate::bounds).
             let long = key
                 .rsplit("`--")

@@ -66,7 +66,10 @@ pub struct LeaderArgs {
         default_value = "15s"
     )]
     pub leader_election_lease_duration: HumanDuration,
-    /// The leader renews this long before its lease would expire.
+    /// The margin between the leader stopping and another replica taking over: the leader
+    /// stops writing, and cuts off its writes in flight, once it could not renew for the lease
+    /// duration less this (the renew deadline, which must hold three renewals, one every half
+    /// of this, at most 2s).
     #[arg(
         long,
         value_parser = crate::bounds::duration_flag("leader-election-renew-grace"),

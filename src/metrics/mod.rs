@@ -738,7 +738,13 @@ mod tests {
         m.taint_released("labelled", Duration::from_secs(1));
         m.first_labelled(Duration::from_secs(1));
         m.slurm_topology_problems(0);
-        m.task_restart("scheduler publishers");
+        m.set_reserved(&[crate::reservations::Series {
+            network_node: "nn-leaf".into(),
+            reservation: "cr-0123456789abcdef0".into(),
+            instance_type: "p5.48xlarge".into(),
+            reserved: 2,
+            joined: 1,
+        }]);
         // Every process series, whatever this machine has (a cgroup memory limit or not).
         m.render_with(|out| crate::process::encode_values(out, Some(1), Some(1.0), Some(1)))
     }

@@ -342,6 +342,13 @@ impl Metrics {
             "Restarts of a background task after it panicked or ended (it restarts with backoff)",
             task_restarts.clone(),
         );
+        for task in crate::tasks::NAMES {
+            task_restarts
+                .get_or_create(&TaskLabels {
+                    task: task.to_string(),
+                })
+                .get();
+        }
         Self {
             api_calls_cut,
             watch_errors,

@@ -23,6 +23,17 @@ use crate::metrics::Metrics;
 #[cfg(test)]
 mod tests;
 
+/// The supervised tasks' names (their `task_restarts_total` series exist from the start, at 0).
+pub const NAMES: [&str; 7] = [
+    "retire at start",
+    "retire condition at start",
+    "warm-up",
+    "coverage",
+    "reservations",
+    "housekeeping",
+    "election sweep",
+];
+
 /// Whether a task's end is expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifetime {

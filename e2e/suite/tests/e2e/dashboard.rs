@@ -63,6 +63,16 @@ const TARGET_LABELS: [&str; 6] = [
     "service",
 ];
 
+/// Series this run does not export, checked live elsewhere: the container memory limit (only
+/// where a cgroup sets one, not for a process on this machine) and the reserved capacity (only
+/// with `--capacity-reservations` and reservations EC2 reports:
+/// `reserved_capacity_metrics_follow_the_reservations`).
+const ELSEWHERE: [&str; 3] = [
+    "ec2_topology_labeler_memory_limit_bytes",
+    "ec2_topology_labeler_reserved_instances",
+    "ec2_topology_labeler_reserved_instances_joined",
+];
+
 /// The label names of the series of `name` in a text exposition.
 fn label_names<'a>(scrape: &'a str, name: &str) -> std::collections::BTreeSet<&'a str> {
     scrape
@@ -124,13 +134,14 @@ pub async fn dashboard_queries_match_live_metrics(env: &Env) -> anyhow::Result<(
                 let expr = target["expr"].as_str().unwrap_or_default();
                 for name in metric_names(expr) {
                     checked += 1;
-                    if !exported.contains(name.as_str())
-                        && name != "ec2_topology_labeler_memory_limit_bytes"
-                    {
+                    if !exported.contains(name.as_str()) && !ELSEWHERE.contains(&name.as_str()) {
                         missing.push(format!("{} ({name})", panel["title"]));
                     }
                 }
                 for (name, labels) in grouped_by(expr) {
+                    if ELSEWHERE.contains(&name.as_str()) {
+                        continue;
+                    }
                     let have = label_names(&scrape, &name);
                     // Labels Prometheus attaches to every series of a target when it scrapes
                     // (Kubernetes service discovery), not ones the controller exports.

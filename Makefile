@@ -24,7 +24,8 @@ controlplane:
 	@e2e/controlplane/build.sh >/dev/null
 
 ## schedulers: build the pinned Kueue manager, Volcano's scheduler and controller-manager, and
-## KAI's scheduler, binder and pod grouper (from ../shared/upstream/kai), with their CRDs (cached)
+## KAI's scheduler, binder and pod grouper (KAI at a pinned commit: e2e/schedulers/kai/source.sh),
+## with their CRDs (cached)
 schedulers:
 	@e2e/schedulers/build.sh >/dev/null
 	@e2e/schedulers/volcano/build.sh >/dev/null
@@ -103,7 +104,7 @@ fuzz:
 e2e: build controlplane schedulers
 	cargo test --workspace --locked --test e2e
 
-SHELL_SCRIPTS := .ci/run hack/toolchain.sh hack/release.sh hack/shipped-binary.sh hack/zigbuild.sh e2e/kind/registry/registry.sh e2e/tools/cosign/build.sh e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
+SHELL_SCRIPTS := .ci/run hack/toolchain.sh e2e/schedulers/kai/source.sh hack/release.sh hack/shipped-binary.sh hack/zigbuild.sh e2e/kind/registry/registry.sh e2e/tools/cosign/build.sh e2e/slurm/install.sh e2e/image/build.sh e2e/controlplane/build.sh e2e/tools/build.sh e2e/kind/run.sh \
   e2e/kind/host.sh e2e/kind/node-image.sh e2e/kind/runc-wrapper.sh e2e/kind/images/kube-proxy/iptables-wrapper \
   e2e/schedulers/build.sh e2e/schedulers/volcano/build.sh e2e/schedulers/kai/build.sh \
   e2e/schedulers/karpenter/crds.sh e2e/tools/promtool/build.sh e2e/bench/tools.sh e2e/bench/chart.sh

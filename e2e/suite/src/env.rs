@@ -309,16 +309,16 @@ pub fn setup(prefix: &str) -> anyhow::Result<Env> {
                 .collect::<Vec<_>>(),
             )?;
             eprintln!("helm install of the chart succeeded");
-            // The schedulers' CRDs, from the pinned Kueue and Volcano modules, KAI's own Topology
-            // CRD (../shared/upstream/kai: KAI's module is not served here) and the rest of
-            // KAI's with its build (with the PyTorchJob CRD of the training operator it pins).
+            // The schedulers' CRDs, from the pinned Kueue and Volcano modules, and KAI's (its
+            // Topology CRD apart) with its build from the pinned commit (with the PyTorchJob CRD
+            // of the training operator it pins).
             let artifacts = crate::schedulers::artifacts()?;
             let volcano = crate::schedulers::volcano_artifacts()?;
             let kai = crate::schedulers::kai_artifacts()?;
             for dir in [
                 artifacts.join("crds/kueue"),
                 volcano.join("crds"),
-                crate::schedulers::kai_topology_crd(),
+                kai.join("topology"),
                 kai.join("crds"),
                 crate::schedulers::karpenter_crds()?,
             ] {

@@ -26,8 +26,9 @@ pub fn volcano_artifacts() -> anyhow::Result<PathBuf> {
     crate::built_by("e2e/schedulers/volcano/build.sh", "E2E_VOLCANO")
 }
 
-/// Build (or reuse) KAI's scheduler, binder, pod grouper and CRDs from the snapshot in
-/// `../shared/upstream/kai/`; returns their directory.
+/// Build (or reuse) KAI's scheduler, binder, pod grouper and CRDs from its source at the pinned
+/// commit (`e2e/schedulers/kai/source.sh`: the Go module proxy, or a snapshot for offline
+/// machines); returns their directory.
 pub fn kai_artifacts() -> anyhow::Result<PathBuf> {
     crate::built_by("e2e/schedulers/kai/build.sh", "E2E_KAI")
 }
@@ -37,12 +38,9 @@ pub fn karpenter_crds() -> anyhow::Result<PathBuf> {
     crate::built_by("e2e/schedulers/karpenter/crds.sh", "E2E_KARPENTER_CRDS")
 }
 
-/// KAI's own Topology CRD (`../shared/upstream/kai/`, beside the checkout).
-pub fn kai_topology_crd() -> PathBuf {
-    let upstream = std::env::var_os("EC2TL_UPSTREAM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::repo_root().join("../shared/upstream"));
-    upstream.join("kai/kai.scheduler_topologies.yaml")
+/// KAI's own Topology CRD, from KAI's source at the pinned commit (with its build).
+pub fn kai_topology_crd() -> anyhow::Result<PathBuf> {
+    Ok(kai_artifacts()?.join("topology/kai.scheduler_topologies.yaml"))
 }
 
 /// Apply every CRD YAML in `dir` (or the file `dir` names) and wait until the API server serves

@@ -1,5 +1,5 @@
-//! The KAI Scheduler (scheduler, binder and pod grouper built from the snapshot in
-//! ../shared/upstream/kai/) places gangs annotated `kai.scheduler/topology` +
+//! The KAI Scheduler (scheduler, binder and pod grouper built from KAI's source at the pinned
+//! commit, e2e/schedulers/kai/source.sh) places gangs annotated `kai.scheduler/topology` +
 //! `kai.scheduler/topology-required-placement` on the Topology our controller publishes.
 //!
 //! The gang is a Kubeflow PyTorchJob (KAI groups its pods into one PodGroup of all its

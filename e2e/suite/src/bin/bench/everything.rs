@@ -353,7 +353,7 @@ pub async fn run(
     for crds in [
         e2e::schedulers::artifacts()?.join("crds/kueue"),
         e2e::schedulers::volcano_artifacts()?.join("crds"),
-        e2e::schedulers::kai_topology_crd(),
+        e2e::schedulers::kai_topology_crd()?,
     ] {
         let k = e2e::schedulers::install_crds(&env.client, &crds)
             .await?

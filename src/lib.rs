@@ -109,7 +109,11 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) if s.code == 403 => "kube_forbidden",
             Error::Kube(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => "kube_conflict",
             Error::Kube(e) => match client::Cut::of(e) {
-                Some(client::Cut::NotLeading | client::Cut::LostLeadership) => "kube_fenced",
+                Some(
+                    client::Cut::NotLeading
+                    | client::Cut::LostLeadership
+                    | client::Cut::RenewDeadline,
+                ) => "kube_fenced",
                 Some(client::Cut::TimedOut(_)) => "kube_timeout",
                 None => "kube",
             },
@@ -130,7 +134,11 @@ impl Error {
             // next leader re-checks every node).
             Error::Kube(e) => !matches!(
                 client::Cut::of(e),
-                Some(client::Cut::NotLeading | client::Cut::LostLeadership)
+                Some(
+                    client::Cut::NotLeading
+                        | client::Cut::LostLeadership
+                        | client::Cut::RenewDeadline
+                )
             ),
             _ => false,
         }

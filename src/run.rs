@@ -132,7 +132,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &args.client,
         crate::client::Policy::new(&args.client)
             .fenced(leadership.clone())
-            .counted(metrics.clone()),
+            .counted(metrics.clone())
+            .watching(watch_health.clone()),
     )
     .await?;
     let limiter = Arc::new(Limiter::new(args.ec2.limiter()));
@@ -437,50 +438,25 @@ pub fn on_election(
     reader: crate::store::NodeCache,
     ctx: Arc<Context>,
 ) -> futures::channel::mpsc::UnboundedReceiver<Key> {
-    const CHUNK: usize = 256;
     let (tx, rx) = futures::channel::mpsc::unbounded();
     // Restarted if it panics: the receiver outlives a run (a panic drops the run's lock).
     let elected = Arc::new(tokio::sync::Mutex::new(elected));
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let metrics = ctx.metrics.clone();
     supervise("election sweep", Lifetime::Forever, metrics, move || {
         let (elected, reader, ctx, tx) = (elected.clone(), reader.clone(), ctx.clone(), tx.clone());
+        let restarted = runs.fetch_add(1, Ordering::SeqCst) > 0;
         async move {
             let mut elected = elected.lock().await;
+            // A restart after a panic mid-sweep: that election's message is spent; a replica
+            // that leads sweeps again rather than wait for the next election.
+            if restarted && ctx.leader.is_leader() && !sweep(&reader, &ctx, &tx).await {
+                return std::future::pending().await;
+            }
             while elected.next().await.is_some() {
-                let (first, rest): (Vec<_>, Vec<_>) = reader
-                    .state()
-                    .into_iter()
-                    .partition(|n| crate::reconcile::urgent(&n.expand(), &ctx));
-                if !first.is_empty() {
-                    debug!(
-                        nodes = first.len(),
-                        "reconciling the joining and held nodes first"
-                    );
-                }
-                let mut sent_at = ctx.metrics.reconciles_run();
-                let mut sent = 0u64;
-                let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
-                for (k, r) in refs.enumerate() {
-                    if k >= first.len() && (k - first.len()) % CHUNK == 0 {
-                        // The controller's queue is first come, first served: wait until most of
-                        // what was sent has run (at most a second) before sending the next chunk.
-                        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-                        while ctx.metrics.reconciles_run() < sent_at + sent / 2
-                            && tokio::time::Instant::now() < deadline
-                        {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        if !ctx.leader.is_leader() {
-                            break;
-                        }
-                        sent_at = ctx.metrics.reconciles_run();
-                        sent = 0;
-                    }
-                    if tx.unbounded_send(r).is_err() {
-                        // The queue stopped: shutting down.
-                        return std::future::pending().await;
-                    }
-                    sent += 1;
+                if !sweep(&reader, &ctx, &tx).await {
+                    // The queue stopped: shutting down.
+                    return std::future::pending().await;
                 }
             }
             // The election stopped: shutting down.
@@ -488,6 +464,51 @@ pub fn on_election(
         }
     });
     rx
+}
+
+/// One election's sweep: every node's key sent, the joining and held nodes' first, the rest in
+/// chunks. `false` once the queue no longer takes keys.
+async fn sweep(
+    reader: &crate::store::NodeCache,
+    ctx: &Context,
+    tx: &futures::channel::mpsc::UnboundedSender<Key>,
+) -> bool {
+    const CHUNK: usize = 256;
+    let (first, rest): (Vec<_>, Vec<_>) = reader
+        .state()
+        .into_iter()
+        .partition(|n| crate::reconcile::urgent(&n.expand(), ctx));
+    if !first.is_empty() {
+        debug!(
+            nodes = first.len(),
+            "reconciling the joining and held nodes first"
+        );
+    }
+    let mut sent_at = ctx.metrics.reconciles_run();
+    let mut sent = 0u64;
+    let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
+    for (k, r) in refs.enumerate() {
+        if k >= first.len() && (k - first.len()) % CHUNK == 0 {
+            // The controller's queue is first come, first served: wait until most of what was
+            // sent has run (at most a second) before sending the next chunk.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            while ctx.metrics.reconciles_run() < sent_at + sent / 2
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if !ctx.leader.is_leader() {
+                break;
+            }
+            sent_at = ctx.metrics.reconciles_run();
+            sent = 0;
+        }
+        if tx.unbounded_send(r).is_err() {
+            return false;
+        }
+        sent += 1;
+    }
+    true
 }
 
 /// Once leading with a synced cache, with `--node-condition` off: remove our `TopologyLabeled`

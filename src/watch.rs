@@ -158,11 +158,12 @@ pub fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
     }
 }
 
-/// How long after its last error a failing watch counts as recovered without an event: the
-/// watcher retries at least every 30 s (kube's default backoff) while the failure lasts, so
-/// errors that stop for three times that mean the watch resumed (a quiet cluster sends no
-/// event to prove it).
-pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(90);
+/// How long after its last error a failing watch counts as recovered without an event or a
+/// watch started (the client tells [`WatchHealth::ok`] when a Node watch request is answered):
+/// longer than the watcher's longest pause between attempts (30 s, jittered up to twice that)
+/// plus an attempt's own bounds (connect 10 s, request 30 s), so a failure that lasts keeps
+/// counting.
+pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// Whether the Node watch works: failing from the first error with no event since, while errors
 /// keep coming. Read by readiness and the `node_watch_unhealthy_seconds` gauge.
@@ -206,9 +207,9 @@ mod health_tests {
 
     use super::WatchHealth;
 
-    /// A persistent failure (a revoked `watch`: a 403 at every retry, up to 30 s apart) is
-    /// unhealthy from its first error on; an event makes it healthy at once; errors that stop
-    /// (the watch resumed in a quiet cluster) count as recovered after 90 s.
+    /// A persistent failure (a revoked `watch`: a 403 at every retry, up to 90 s apart) is
+    /// unhealthy from its first error on; an event (or a watch started) makes it healthy at
+    /// once; errors that stop count as recovered after 180 s.
     #[tokio::test(start_paused = true)]
     async fn a_watch_is_unhealthy_while_errors_keep_coming_and_healthy_after() {
         let health = WatchHealth::default();
@@ -221,13 +222,19 @@ mod health_tests {
         health.ok();
         assert_eq!(health.unhealthy_for(), Duration::ZERO, "an event: healthy");
         health.error();
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        health.error();
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(health.unhealthy_for(), Duration::from_secs(60));
-        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(
+            health.unhealthy_for(),
+            Duration::from_secs(150),
+            "errors 90 s apart (the longest backoff and an attempt's bounds) keep counting"
+        );
+        tokio::time::sleep(Duration::from_secs(121)).await;
         assert_eq!(
             health.unhealthy_for(),
             Duration::ZERO,
-            "no error for 90 s: the watch resumed"
+            "no error for 180 s: the watch resumed"
         );
         health.error();
         assert_eq!(

@@ -101,6 +101,10 @@ pub enum Cut {
     NotLeading,
     #[error("cancelled: this replica stopped leading while the write was in flight")]
     LostLeadership,
+    #[error(
+        "cut at the renew deadline it was sent with (a later renewal does not extend a write in flight)"
+    )]
+    RenewDeadline,
     #[error("the API server did not answer within {0:?} (--kube-request-timeout)")]
     TimedOut(Duration),
 }
@@ -124,7 +128,7 @@ impl Cut {
     /// The metric label.
     pub fn reason(&self) -> &'static str {
         match self {
-            Cut::NotLeading | Cut::LostLeadership => "fenced",
+            Cut::NotLeading | Cut::LostLeadership | Cut::RenewDeadline => "fenced",
             Cut::TimedOut(_) => "timeout",
         }
     }
@@ -137,6 +141,8 @@ pub struct Policy {
     pace: Option<Arc<Limiter>>,
     fence: Option<Leadership>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Told when a Node watch starts (a 2xx answer to the watch request).
+    watch: Option<Arc<crate::watch::WatchHealth>>,
 }
 
 impl Policy {
@@ -151,6 +157,7 @@ impl Policy {
             }))),
             fence: None,
             metrics: None,
+            watch: None,
         }
     }
 
@@ -165,6 +172,12 @@ impl Policy {
     /// Writes fenced by `leadership`.
     pub fn fenced(mut self, leadership: Leadership) -> Self {
         self.fence = Some(leadership);
+        self
+    }
+
+    /// Node watch starts told to `health`.
+    pub fn watching(mut self, health: Arc<crate::watch::WatchHealth>) -> Self {
+        self.watch = Some(health);
         self
     }
 
@@ -183,6 +196,11 @@ pub async fn connect(args: &ClientArgs, policy: Policy) -> crate::Result<kube::C
     config.connect_timeout = Some(args.kube_connect_timeout.0);
     // No read timeout on the connection: it would cut watches; calls are bounded per request.
     config.read_timeout = None;
+    // kube's own retries (429, 503, 504) run below this layer, each resent with the same
+    // `timeout`: a write retried just before its fence would get a fresh window at the API
+    // server. A failed call is retried by its caller instead (reconcile backoff, the next
+    // publish interval, the watcher's backoff).
+    config.default_retry = false;
     let builder = ClientBuilder::try_from(config)?;
     Ok(builder.with_layer(&BoundedLayer(policy)).build())
 }
@@ -253,25 +271,44 @@ fn is_watch(uri: &Uri) -> bool {
 }
 
 /// A write the fence applies to: any method but the reads, Events aside (an Event about what
-/// happened is no claim on the cluster's state, and a follower may tell why it waits).
+/// happened is no claim on the cluster's state, and a follower may tell why it waits). An Event
+/// is `/api/v1/namespaces/NS/events[/NAME]` or `/apis/events.k8s.io/VERSION/namespaces/NS/events
+/// [/NAME]`, segment for segment (a Node, a HyperNode or a namespace named `events` is not).
 fn is_fenced_write(method: &Method, uri: &Uri) -> bool {
     let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-    let event = uri.path().ends_with("/events") || uri.path().contains("/events/");
-    !read && !event
+    !read && !is_event(uri.path())
 }
 
-/// `uri` with the API server's `timeout` parameter (whole seconds, at least one).
+fn is_event(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let rest = match segments.as_slice() {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", "events.k8s.io", _, rest @ ..] => rest,
+        _ => return false,
+    };
+    matches!(
+        rest,
+        ["namespaces", _, "events"] | ["namespaces", _, "events", _]
+    )
+}
+
+/// `uri` with the API server's `timeout` parameter, in milliseconds (a Go duration: `850ms`).
 fn with_timeout(uri: &Uri, timeout: Duration) -> Option<Uri> {
-    let secs = timeout.as_secs().max(1);
+    let ms = timeout.as_millis().max(1);
     let pq = match uri.query() {
         Some(q) if q.split('&').any(|kv| kv.starts_with("timeout=")) => return None,
-        Some(q) => format!("{}?{q}&timeout={secs}s", uri.path()),
-        None => format!("{}?timeout={secs}s", uri.path()),
+        Some(q) => format!("{}?{q}&timeout={ms}ms", uri.path()),
+        None => format!("{}?timeout={ms}ms", uri.path()),
     };
     let mut parts = uri.clone().into_parts();
     parts.path_and_query = pq.parse().ok();
     Uri::from_parts(parts).ok()
 }
+
+/// A fenced write is not sent with less than this before the renew deadline: too little for
+/// the API server to apply it, and the margin the deadline keeps from another leader is the
+/// renew grace whatever happens.
+pub const LEAST_WRITE_TIME: Duration = Duration::from_millis(250);
 
 impl Service<Request<Body>> for Bounded {
     type Response = Response<ResponseBody>;
@@ -298,10 +335,28 @@ async fn send(
         pace.acquire().await;
     }
     if is_watch(req.uri()) {
-        return call(&inner, req).await;
+        // The stream is bounded by the API server's `timeoutSeconds` and the watcher's idle
+        // timeout; its start (the response's head) by the request timeout.
+        let node_watch = policy
+            .watch
+            .clone()
+            .filter(|_| req.uri().path() == "/api/v1/nodes");
+        let started = tokio::time::timeout(policy.request_timeout, call(&inner, req)).await;
+        let response = match started {
+            Ok(r) => r?,
+            Err(_) => return Err(policy.cut(Cut::TimedOut(policy.request_timeout))),
+        };
+        if let Some(health) = node_watch
+            && response.status().is_success()
+        {
+            // A watch resumed: in a quiet cluster no event would say so.
+            health.ok();
+        }
+        return Ok(response);
     }
     let now = Instant::now();
     let mut deadline = now + policy.request_timeout;
+    let mut fenced_at = None;
     let fence = policy
         .fence
         .clone()
@@ -310,7 +365,14 @@ async fn send(
         match leadership.fence() {
             Fence::Unfenced | Fence::UntilSteppedDown => {}
             Fence::Lost => return Err(policy.cut(Cut::NotLeading)),
-            Fence::Until(until) => deadline = deadline.min(until),
+            Fence::Until(until) if until.saturating_duration_since(now) < LEAST_WRITE_TIME => {
+                return Err(policy.cut(Cut::NotLeading));
+            }
+            Fence::Until(until) if until < deadline => {
+                deadline = until;
+                fenced_at = Some(until);
+            }
+            Fence::Until(_) => {}
         }
     }
     let bound = deadline.saturating_duration_since(now);
@@ -330,6 +392,7 @@ async fn send(
         done = tokio::time::timeout_at(deadline, exchange(inner, req)) => match done {
             Ok(r) => r,
             Err(_) if fence.is_some_and(|l| !l.is_leader()) => Err(policy.cut(Cut::LostLeadership)),
+            Err(_) if fenced_at.is_some() => Err(policy.cut(Cut::RenewDeadline)),
             Err(_) => Err(policy.cut(Cut::TimedOut(bound))),
         },
         () = lost => Err(policy.cut(Cut::LostLeadership)),

@@ -1,10 +1,7 @@
 //! The client's layer against a mocked API server (paused time): deadlines, the pace, and the
 //! lease fence on writes.
 
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicUsize, Ordering},
-};
+use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
@@ -46,8 +43,6 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: StatusCod
 struct Server {
     /// Request URIs, in order.
     seen: Mutex<Vec<(Method, String)>>,
-    /// Writes answered (the API server applied them).
-    applied: AtomicUsize,
 }
 
 /// An API server answering every request after `delay` (reads and writes alike).
@@ -62,12 +57,8 @@ fn slow_server(delay: Duration) -> (Service, Arc<Server>) {
                 .lock()
                 .expect("lock")
                 .push((method.clone(), req.uri().to_string()));
-            let server = seen.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                if method != Method::GET {
-                    server.applied.fetch_add(1, Ordering::SeqCst);
-                }
                 respond(send, StatusCode::OK, &node_json("n"));
             });
         }
@@ -225,21 +216,30 @@ async fn no_write_completes_after_the_renew_deadline_when_renewals_fail() {
             "a write outlived the renew deadline (4 s): ended {after:?} after the last renewal"
         );
     }
-    assert_eq!(server.applied.load(Ordering::SeqCst), 0);
-    // Each write told the API server its own bound: at most the renew deadline.
-    for (method, uri) in server.seen.lock().expect("lock").iter() {
+    // Each write told the API server its own bound: at most the renew deadline (4 s after the
+    // last renewal), in milliseconds.
+    let seen = server.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 8);
+    for (method, uri) in &seen {
         assert_eq!(method, Method::PATCH);
+        let ms: u64 = uri
+            .split("timeout=")
+            .nth(1)
+            .and_then(|t| t.strip_suffix("ms"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("a timeout in milliseconds: {uri}"));
         assert!(
-            uri.contains("timeout=3s") || uri.contains("timeout=4s"),
+            (1..=4000).contains(&ms),
             "the API server is told the write's deadline: {uri}"
         );
     }
     election.stop().await;
 }
 
-/// Reads are bounded by the request timeout (and the API server told it); a watch is not.
+/// Reads are bounded by the request timeout (and the API server told it); a watch's stream is
+/// not, only its start.
 #[tokio::test(start_paused = true)]
-async fn a_call_is_cut_at_the_request_timeout_but_a_watch_is_not() {
+async fn a_call_is_cut_at_the_request_timeout_but_a_watch_is_not_given_it() {
     let (service, server) = slow_server(Duration::from_secs(60));
     let client = over(service, "default", Policy::new(&args(30, 500.0, 1000.0)));
     let api: Api<Node> = Api::all(client.clone());
@@ -248,15 +248,20 @@ async fn a_call_is_cut_at_the_request_timeout_but_a_watch_is_not() {
     assert_eq!(Cut::of(&e), Some(&Cut::TimedOut(Duration::from_secs(30))));
     assert_eq!(started.elapsed(), Duration::from_secs(30));
     let (_, uri) = server.seen.lock().expect("lock")[0].clone();
-    assert_eq!(uri, "/api/v1/nodes/n?timeout=30s");
-    // A watch request streams for as long as the API server keeps it open.
+    assert_eq!(uri, "/api/v1/nodes/n?timeout=30000ms");
+    // A watch streams for as long as the API server keeps it open: it is not given the request
+    // timeout (only its start is bounded by it; see a_watch_that_never_starts_is_cut).
+    let (service, server) = slow_server(Duration::from_secs(20));
+    let client = over(service, "default", Policy::new(&args(30, 500.0, 1000.0)));
     let request = Request::get("/api/v1/nodes?watch=true&timeoutSeconds=290")
         .body(Body::empty())
         .expect("request");
-    let answered = client.send(request).await;
-    assert!(answered.is_ok(), "a watch outlives the request timeout");
+    assert!(
+        client.send(request).await.is_ok(),
+        "a watch started in time"
+    );
     assert_eq!(
-        server.seen.lock().expect("lock")[1].1,
+        server.seen.lock().expect("lock")[0].1,
         "/api/v1/nodes?watch=true&timeoutSeconds=290",
         "a watch is not given the request timeout"
     );
@@ -298,4 +303,51 @@ async fn calls_are_paced_by_the_bucket() {
         took >= Duration::from_secs(2) && took < Duration::from_millis(2100),
         "6 calls at 2/s after a burst of 2 took {took:?}"
     );
+}
+
+/// A watch whose answer never starts (a half-open connection) is cut at the request timeout:
+/// no silent stall.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_never_starts_is_cut() {
+    let (service, mut handle): (Service, Handle) = tower_test::mock::pair();
+    tokio::spawn(async move {
+        while let Some((_req, send)) = handle.next_request().await {
+            std::mem::forget(send);
+        }
+    });
+    let client = over(service, "default", Policy::new(&args(30, 500.0, 1000.0)));
+    let started = Instant::now();
+    let request = Request::get("/api/v1/nodes?watch=true&timeoutSeconds=290")
+        .body(Body::empty())
+        .expect("request");
+    let e = client.send(request).await.expect_err("cut");
+    assert_eq!(Cut::of(&e), Some(&Cut::TimedOut(Duration::from_secs(30))));
+    assert_eq!(started.elapsed(), Duration::from_secs(30));
+}
+
+/// Only Events are exempt from the fence, matched segment by segment: a Node, a HyperNode or a
+/// namespace named `events` is not an Event.
+#[test]
+fn only_events_are_exempt_from_the_fence() {
+    let post = Method::POST;
+    for (path, fenced) in [
+        ("/api/v1/namespaces/default/events", false),
+        ("/api/v1/namespaces/default/events/n.123", false),
+        ("/apis/events.k8s.io/v1/namespaces/default/events", false),
+        (
+            "/apis/events.k8s.io/v1/namespaces/default/events/n.123",
+            false,
+        ),
+        ("/api/v1/nodes/events", true),
+        ("/api/v1/nodes/events/status", true),
+        ("/apis/topology.volcano.sh/v1alpha1/hypernodes/events", true),
+        ("/api/v1/namespaces/events/configmaps/slurm", true),
+        ("/api/v1/namespaces/events", true),
+        ("/api/v1/nodes/n", true),
+    ] {
+        let uri: Uri = path.parse().expect("uri");
+        assert_eq!(is_fenced_write(&post, &uri), fenced, "{path}");
+    }
+    let get: Uri = "/api/v1/nodes/n".parse().expect("uri");
+    assert!(!is_fenced_write(&Method::GET, &get), "a read");
 }

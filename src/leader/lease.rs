@@ -110,8 +110,11 @@ impl Candidate {
                 .timings
                 .renew_deadline
                 .saturating_sub(renewed_at.elapsed());
+            // One attempt that hangs (a pooled connection to a dead API server) must not take
+            // the whole deadline: each gets a retry period, so the next starts in time.
+            let limit = remaining.min(self.timings.retry_period);
             let sent_at = Instant::now();
-            match tokio::time::timeout(remaining, self.renew()).await {
+            match tokio::time::timeout(limit, self.renew()).await {
                 Ok(Ok(Renewal::Renewed)) => {
                     renewed_at = sent_at;
                     self.leadership.renewed(sent_at);
@@ -143,6 +146,12 @@ impl Candidate {
                     warn!(error = %e, deadline_ms = self.timings.renew_deadline.as_millis() as u64,
                         "lost leadership: no successful lease renewal within the renew deadline; no longer writing");
                     return;
+                }
+                Err(_) if renewed_at.elapsed() < self.timings.renew_deadline => {
+                    warn!(
+                        limit_ms = limit.as_millis() as u64,
+                        "a lease renewal did not complete in time; retrying until the renew deadline"
+                    );
                 }
                 Err(_) => {
                     warn!(

@@ -148,15 +148,17 @@ impl Timings {
             renew_deadline: Duration::from_secs(duration) - grace,
             retry_period: (grace / 2).clamp(Duration::from_millis(200), Duration::from_secs(2)),
         };
-        if t.renew_deadline < t.retry_period * RENEWALS_PER_DEADLINE {
+        // Each attempt starts a retry period after the one before ended: the last of N starts
+        // at N periods and needs one more to finish.
+        if t.renew_deadline < t.retry_period * (RENEWALS_PER_DEADLINE + 1) {
             return Err(Error::Config(format!(
-                "the renew deadline (lease duration {} − renew grace {} = {}) must hold {RENEWALS_PER_DEADLINE} renewal attempts, one every {} (half the grace, at most 2s): lengthen the lease duration to at least {} or shorten the grace",
+                "the renew deadline (lease duration {} − renew grace {} = {}) must hold {RENEWALS_PER_DEADLINE} renewal attempts, each a retry period ({}: half the grace, at most 2s) after the last and given one to finish: lengthen the lease duration to at least {} or shorten the grace",
                 HumanDuration(t.lease_duration),
                 HumanDuration(grace),
                 HumanDuration(t.renew_deadline),
                 HumanDuration(t.retry_period),
                 HumanDuration(Duration::from_secs(
-                    (grace + t.retry_period * RENEWALS_PER_DEADLINE)
+                    (grace + t.retry_period * (RENEWALS_PER_DEADLINE + 1))
                         .as_secs_f64()
                         .ceil() as u64
                 )),
@@ -166,8 +168,9 @@ impl Timings {
     }
 }
 
-/// How many renewal attempts the renew deadline must hold (client-go asks for more than one
-/// jittered retry period; we ask for three, so two can fail or be slow).
+/// How many renewal attempts the renew deadline must hold, each with a retry period to finish
+/// (client-go asks for more than one jittered retry period; we ask for three, so two can fail
+/// or hang and the third still renews in time).
 pub const RENEWALS_PER_DEADLINE: u32 = 3;
 
 /// Whether this replica may act as leader, shared by everything that looks EC2 up or writes.

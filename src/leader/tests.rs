@@ -32,9 +32,10 @@ fn lease_settings_the_lease_library_would_panic_on_are_configuration_errors() {
     // Accepted by lease_seconds, but the deadline does not hold three renewals: a leader that
     // would flap. The error gives the rule and a duration that works.
     for (d, g, fix) in [
-        ("15s", "14s", "20s"),
+        ("15s", "14s", "22s"),
         ("2s", "1s", "3s"),
-        ("5s", "4s", "10s"),
+        ("5s", "4s", "12s"),
+        ("10s", "4s", "12s"),
     ] {
         let e = Timings::from_args(&args(d, g)).expect_err(&format!("{d}/{g} refused"));
         assert!(

@@ -109,12 +109,8 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) if s.code == 403 => "kube_forbidden",
             Error::Kube(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => "kube_conflict",
             Error::Kube(e) => match client::Cut::of(e) {
-                Some(
-                    client::Cut::NotLeading
-                    | client::Cut::LostLeadership
-                    | client::Cut::RenewDeadline,
-                ) => "kube_fenced",
-                Some(client::Cut::TimedOut(_)) => "kube_timeout",
+                Some(cut) if cut.is_fenced() => "kube_fenced",
+                Some(_) => "kube_timeout",
                 None => "kube",
             },
             Error::Config(_) => "config",
@@ -132,14 +128,7 @@ impl Error {
             }
             // A write fenced by the lease is about this replica, not the API server (the
             // next leader re-checks every node).
-            Error::Kube(e) => !matches!(
-                client::Cut::of(e),
-                Some(
-                    client::Cut::NotLeading
-                        | client::Cut::LostLeadership
-                        | client::Cut::RenewDeadline
-                )
-            ),
+            Error::Kube(e) => !client::Cut::of(e).is_some_and(client::Cut::is_fenced),
             _ => false,
         }
     }

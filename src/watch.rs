@@ -171,15 +171,22 @@ pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(
 pub struct WatchHealth {
     /// The first error of the current run of errors, and the latest.
     failing: std::sync::Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>,
+    /// Whether `failing` holds a run: every watch event calls [`WatchHealth::ok`], which
+    /// reads this alone while the watch works (no lock on the event path).
+    any: std::sync::atomic::AtomicBool,
 }
 
 impl WatchHealth {
     /// An event arrived: the watch works.
     pub fn ok(&self) {
-        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        if failing.is_some() {
-            *failing = None;
+        use std::sync::atomic::Ordering;
+        if !self.any.load(Ordering::Acquire) {
+            return;
         }
+        // Both under the lock, as `error` sets them: a concurrent error is never lost.
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        *failing = None;
+        self.any.store(false, Ordering::Release);
     }
 
     /// The watch failed (it restarts with backoff).
@@ -190,6 +197,7 @@ impl WatchHealth {
             Some((since, last)) if last.elapsed() < RECOVERED_AFTER => Some((since, now)),
             _ => Some((now, now)),
         };
+        self.any.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// How long the watch has been failing (zero while it works).

@@ -125,11 +125,17 @@ impl Cut {
         None
     }
 
+    /// Cut by the lease fence: about this replica's leadership, not about the API server.
+    pub fn is_fenced(&self) -> bool {
+        !matches!(self, Cut::TimedOut(_))
+    }
+
     /// The metric label.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Cut::NotLeading | Cut::LostLeadership | Cut::RenewDeadline => "fenced",
-            Cut::TimedOut(_) => "timeout",
+        if self.is_fenced() {
+            "fenced"
+        } else {
+            "timeout"
         }
     }
 }

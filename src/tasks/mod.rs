@@ -65,6 +65,11 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    // Its `task_restarts_total` series is created at 0 from NAMES (dashboards need it).
+    debug_assert!(
+        NAMES.contains(&name),
+        "task {name:?} is not in tasks::NAMES"
+    );
     tokio::spawn(run(name, lifetime, metrics, make))
 }
 

@@ -25,18 +25,13 @@ async fn a_panicking_task_restarts_with_backoff_and_is_counted() {
     let runs = Arc::new(AtomicU32::new(0));
     let seen = runs.clone();
     let started = tokio::time::Instant::now();
-    let _task = supervise(
-        "publishers",
-        Lifetime::Forever,
-        metrics.clone(),
-        move || {
-            let run = seen.fetch_add(1, Ordering::SeqCst);
-            async move {
-                assert!(run >= 2, "a bug met on run {run}");
-                std::future::pending::<()>().await;
-            }
-        },
-    );
+    let _task = supervise("coverage", Lifetime::Forever, metrics.clone(), move || {
+        let run = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            assert!(run >= 2, "a bug met on run {run}");
+            std::future::pending::<()>().await;
+        }
+    });
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -47,8 +42,8 @@ async fn a_panicking_task_restarts_with_backoff_and_is_counted() {
     assert_eq!(runs.load(Ordering::SeqCst), 3, "restarted after 2 s more");
     assert!(started.elapsed() < Duration::from_secs(4));
     assert_eq!(
-        restarts(&metrics, "publishers"),
-        "ec2_topology_labeler_task_restarts_total{task=\"publishers\"} 2"
+        restarts(&metrics, "coverage"),
+        "ec2_topology_labeler_task_restarts_total{task=\"coverage\"} 2"
     );
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(runs.load(Ordering::SeqCst), 3, "runs on once it works");

@@ -63,11 +63,11 @@ impl Cli {
         cli
     }
 
-    /// The checks across flags: the leader election's timings (see
-    /// [`crate::leader::Timings::from_args`]).
+    /// The checks across flags, made before anything starts (the chart makes the same ones
+    /// when it renders: `templates/_checks.tpl`, a test holds the two to the same answers).
     pub fn check(&self) -> std::result::Result<(), String> {
         if let Command::Run(args) = &self.command {
-            crate::leader::Timings::from_args(&args.leader).map_err(|e| e.to_string())?;
+            args.check()?;
         }
         Ok(())
     }
@@ -103,6 +103,20 @@ pub enum Command {
     /// Kueue Topologies no ResourceFlavor names; KAI Topologies are reported), under rights the
     /// running controller does not hold. The chart's post-upgrade hook runs it.
     Retire(RetireArgs),
+}
+
+impl RunArgs {
+    /// What `run` refuses beyond each flag's own range: the leader election's timings (see
+    /// [`crate::leader::Timings::from_args`]), the label keys as a whole (valid, none used
+    /// twice, uniform depth only with top-first numbering) and the Slurm ConfigMap's name.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        crate::leader::Timings::from_args(&self.leader).map_err(|e| e.to_string())?;
+        self.labels.scheme()?;
+        if let Some(at) = &self.publish.slurm_topology_configmap {
+            crate::publish::slurm::parse_target(at)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -2294,96 +2294,324 @@ fn chart_readme_is_generated_from_the_values() {
     }
 }
 
-/// The sizing table in the chart's README holds what `make bench-scale` measured: each row's
-/// peak is that size's measurement of the binary the image ships (`musl`) where there is one,
-/// else of the other build; its request covers every build's peak at that size and its limit
-/// leaves half as much again; the default limit does so for every size measured, and the
-/// default request up to 20,000 nodes.
-#[test]
-fn sizing_table_follows_the_measurements() {
-    let root = e2e::repo_root();
-    let csv = std::fs::read_to_string(root.join("docs/benchmarks-scale.csv")).unwrap();
-    let header = csv.lines().next().unwrap().split(',');
-    let col = |name: &str| header.clone().position(|h| h == name).unwrap();
-    let (nodes_at, peak_at, build_at) = (col("nodes"), col("peak_rss_mib"), col("build"));
-    // Per size: the shipped build's peak (else the other's), and the highest of any build.
-    let mut measured: BTreeMap<u64, f64> = BTreeMap::new();
-    let mut highest: BTreeMap<u64, f64> = BTreeMap::new();
-    for l in csv.lines().skip(1) {
-        let f: Vec<&str> = l.split(',').collect();
-        let (nodes, peak): (u64, f64) = (f[nodes_at].parse().unwrap(), f[peak_at].parse().unwrap());
-        if f[build_at] == "musl" || !measured.contains_key(&nodes) {
-            measured.insert(nodes, peak);
-        }
-        let h = highest.entry(nodes).or_insert(peak);
-        *h = h.max(peak);
+/// One row of docs/benchmarks-scale.csv (or -everything.csv): its columns by name.
+struct Row(BTreeMap<String, String>);
+
+impl Row {
+    fn get(&self, col: &str) -> &str {
+        self.0
+            .get(col)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no column {col}"))
     }
-    let mib = |q: &str| -> f64 {
-        let q = q.trim().trim_matches('`');
-        if let Some(g) = q.strip_suffix("Gi") {
-            g.parse::<f64>().unwrap() * 1024.0
-        } else {
-            q.strip_suffix("Mi")
-                .unwrap_or_else(|| panic!("{q}"))
-                .parse()
-                .unwrap()
-        }
-    };
-    let readme = std::fs::read_to_string(chart().join("README.md")).unwrap();
-    let table: BTreeMap<u64, (f64, f64, f64)> = readme
-        .lines()
-        .skip_while(|l| !l.starts_with("## Sizing"))
-        .take_while(|l| !l.starts_with("## Values"))
-        .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))
+    fn num(&self, col: &str) -> f64 {
+        self.get(col)
+            .parse()
+            .unwrap_or_else(|e| panic!("{col}={:?}: {e}", self.get(col)))
+    }
+    fn nodes(&self) -> u64 {
+        self.get("nodes").parse().expect("nodes")
+    }
+    /// The resident sizes after each steady resync, lowest and highest.
+    fn at_rest(&self, col: &str) -> (f64, f64) {
+        let v: Vec<f64> = self
+            .get(col)
+            .split(';')
+            .map(|x| x.parse().expect("steady RSS"))
+            .collect();
+        (
+            v.iter().copied().fold(f64::MAX, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        )
+    }
+}
+
+fn csv_rows(file: &str) -> Vec<Row> {
+    let csv = std::fs::read_to_string(e2e::repo_root().join(file)).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap_or_default().split(',').collect();
+    csv.lines()
+        .skip(1)
         .map(|l| {
-            let f: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
-            let nodes = f[0].replace(',', "").parse().unwrap();
-            // "64 MiB (what it was measured on)": the figure first.
-            let peak = f[1]
-                .split(" MiB")
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap_or_else(|e| panic!("{}: {e}", f[1]));
-            (nodes, (peak, mib(f[2]), mib(f[3])))
+            Row(header
+                .iter()
+                .zip(l.split(','))
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect())
         })
-        .collect();
-    assert_eq!(
-        table.keys().collect::<Vec<_>>(),
-        measured.keys().collect::<Vec<_>>(),
-        "one row per size measured"
-    );
-    for (nodes, (peak, request, limit)) in &table {
-        assert_eq!(
-            *peak,
-            measured[nodes].round(),
-            "{nodes}: the README says {peak}, the run {}",
-            measured[nodes]
-        );
-        let m = highest[nodes];
-        assert!(
-            *request >= m,
-            "{nodes}: request {request} below the peak {m}"
-        );
-        assert!(
-            *limit >= 1.5 * m,
-            "{nodes}: limit {limit} leaves less than half again over {m}"
-        );
+        .collect()
+}
+
+/// A whole number with thousands separated by commas (`20,000`).
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
     }
+    out
+}
+
+/// The smallest of Kubernetes' usual memory sizes at or above `mib`.
+fn quantity_at_least(mib: f64) -> u64 {
+    [96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+        .into_iter()
+        .find(|&q| q as f64 >= mib)
+        .unwrap_or(4096)
+}
+
+fn mebibytes(q: &str) -> f64 {
+    let q = q.trim().trim_matches('`');
+    if let Some(g) = q.strip_suffix("Gi") {
+        g.parse::<f64>().unwrap() * 1024.0
+    } else {
+        q.strip_suffix("Mi")
+            .unwrap_or_else(|| panic!("{q}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+/// The chart README's "Sizing" figures, written from the measurements (docs/benchmarks-scale.csv
+/// and docs/benchmarks-scale-everything.csv) and the chart's defaults (values.yaml): per size
+/// the shipped binary's (`musl`) peak where there is one, else the latest other build's; a
+/// request that covers every build's peak at that size (at least the default) and a limit half as
+/// much again (at least 256Mi).
+fn sizing_section() -> String {
+    let rows = csv_rows("docs/benchmarks-scale.csv");
+    let mut sizes: Vec<u64> = rows.iter().map(Row::nodes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let shown = |n: u64| -> &Row {
+        let at: Vec<&Row> = rows.iter().filter(|r| r.nodes() == n).collect();
+        at.iter()
+            .filter(|r| r.get("build") == "musl")
+            .max_by_key(|r| r.get("date").to_string())
+            .or_else(|| at.iter().max_by_key(|r| r.get("date").to_string()))
+            .copied()
+            .expect("a row")
+    };
+    let highest = |n: u64| {
+        rows.iter()
+            .filter(|r| r.nodes() == n)
+            .map(|r| r.num("peak_rss_mib"))
+            .fold(0.0, f64::max)
+    };
     let values: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(chart().join("values.yaml")).unwrap())
             .unwrap();
-    let limit = mib(values["resources"]["limits"]["memory"].as_str().unwrap());
-    let request = mib(values["resources"]["requests"]["memory"].as_str().unwrap());
-    for (nodes, m) in &highest {
-        assert!(
-            limit >= 1.5 * m,
-            "the default limit {limit} does not hold {nodes} nodes ({m})"
+    let request = mebibytes(values["resources"]["requests"]["memory"].as_str().unwrap());
+    let limit = mebibytes(values["resources"]["limits"]["memory"].as_str().unwrap());
+    let mut s = String::from(
+        "| Nodes | Peak RSS measured | `resources.requests.memory` | `resources.limits.memory` |\n\
+         | ---: | ---: | ---: | ---: |\n",
+    );
+    for &n in &sizes {
+        let r = shown(n);
+        let which = if r.get("build") == "musl" {
+            "the image's binary".to_string()
+        } else {
+            format!("a {} build", r.get("build"))
+        };
+        let (lo, hi) = r.at_rest("steady_rss_mib");
+        let rest = if lo == hi {
+            format!("{lo:.0}")
+        } else {
+            format!("{lo:.0}-{hi:.0}")
+        };
+        // The light shape: Nodes without container images in their status.
+        let shape = if r.get("shape") == "Light" {
+            ", Nodes without images"
+        } else {
+            ""
+        };
+        s += &format!(
+            "| {} | {:.0} MiB ({which}, {}{shape}; {rest} at rest) | {}Mi | {}Mi |\n",
+            thousands(n),
+            r.num("peak_rss_mib"),
+            r.get("date"),
+            quantity_at_least(highest(n).max(request)),
+            quantity_at_least((1.5 * highest(n)).max(256.0)),
         );
     }
+    let others: Vec<String> = sizes
+        .iter()
+        .flat_map(|&n| {
+            let kept = shown(n).get("build").to_string();
+            rows.iter()
+                .filter(move |r| r.nodes() == n && r.get("build") != kept)
+                .map(|r| {
+                    format!(
+                        "{} MiB at {} ({}, {})",
+                        r.num("peak_rss_mib").round(),
+                        thousands(r.nodes()),
+                        r.get("build"),
+                        r.get("date")
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let covered: Vec<u64> = sizes
+        .iter()
+        .copied()
+        .filter(|&n| highest(n) <= request)
+        .collect();
+    let all_held = sizes.iter().all(|&n| limit >= 1.5 * highest(n));
+    let largest = *sizes.last().expect("a size");
+    let smallest = sizes[0];
+    s += &format!(
+        "\n- Requests cover the highest peak measured at that size (of any build), so the scheduler\n  \
+         places the pod where that much memory is free. Limits leave at least half as much again: a\n  \
+         watch that has to list every Node again builds the new list beside the old cache until it\n  \
+         completes. Each row's figure is the binary the image ships (static musl) where it was\n  \
+         measured, else the build named; the other builds measured: {}.\n",
+        if others.is_empty() {
+            "none".to_string()
+        } else {
+            others.join("; ")
+        }
+    );
+    s += &format!(
+        "- The defaults (requests {}Mi, limits {}Mi) {} every size measured up to {} Nodes.{}\n  \
+         Below {} Nodes (a peak of {:.0} MiB at {}) `requests.memory: 96Mi` and\n  \
+         `limits.memory: 256Mi` are enough.\n",
+        request,
+        limit,
+        if all_held { "hold" } else { "do not hold" },
+        thousands(largest),
+        covered
+            .last()
+            .map(|&n| format!(
+                " Up to {} Nodes they request what is used; above, raise the request as in\n  \
+                 the table.",
+                thousands(n)
+            ))
+            .unwrap_or_default(),
+        thousands(smallest),
+        highest(smallest),
+        thousands(smallest),
+    );
+    if let Some(e) = csv_rows("docs/benchmarks-scale-everything.csv")
+        .into_iter()
+        .max_by_key(|r| r.get("date").to_string())
+    {
+        s += &format!(
+            "- Everything on (Kueue, Volcano, KAI, Slurm, Slinky, the condition and the startup taint: the\n  \
+             \"Everything on\" section of `docs/benchmarks-scale.md`) costs more while nodes join: at {}\n  \
+             Nodes the {} peaked at {:.0} MiB ({:.0} at rest); request `{}Mi` there. At rest its\n  \
+             publishers cost {:.2} CPU-seconds per publish interval (5 s) at that size, and write nothing.\n",
+            thousands(e.nodes()),
+            if e.get("build") == "musl" {
+                "image's binary".to_string()
+            } else {
+                format!("{} build", e.get("build"))
+            },
+            e.num("peak_rss_mib"),
+            e.num("steady_rss_end_mib"),
+            quantity_at_least(e.num("peak_rss_mib")),
+            e.num("cpu_per_publish_s"),
+        );
+    }
+    let shipped: Vec<&Row> = sizes.iter().map(|&n| shown(n)).collect();
+    let per_10k = shipped
+        .iter()
+        .map(|r| r.num("steady_cpu_s") * 10_000.0 / r.nodes() as f64)
+        .fold(0.0, f64::max);
+    let per_1k: Vec<f64> = shipped
+        .iter()
+        .map(|r| r.num("cpu_s") * 1000.0 / r.nodes() as f64)
+        .collect();
+    let cores: Vec<f64> = shipped
+        .iter()
+        .map(|r| r.num("cpu_s") / r.num("install_s"))
+        .collect();
+    let range = |v: &[f64], digits: usize| {
+        let (lo, hi) = (
+            v.iter().copied().fold(f64::MAX, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        );
+        if format!("{lo:.digits$}") == format!("{hi:.digits$}") {
+            format!("{lo:.digits$}")
+        } else {
+            format!("{lo:.digits$}-{hi:.digits$}")
+        }
+    };
+    s += &format!(
+        "- CPU: `requests.cpu: {}` covers the steady state (every Node re-checked once per resync\n  \
+         period, 1 h by default, from the cache: at most {per_10k:.1} CPU-seconds per 10,000 Nodes each\n  \
+         time). A first install uses {} of a core while it labels ({} CPU-seconds per 1,000\n  \
+         Nodes); with no CPU limit it takes what is free.\n",
+        values["resources"]["requests"]["cpu"]
+            .as_str()
+            .unwrap_or_default(),
+        range(&cores, 2),
+        range(&per_1k, 2),
+    );
+    s
+}
+
+/// The chart README's "Sizing" section is written from the measurements (`UPDATE_DOCS=1`
+/// rewrites it in README.md.gotmpl, then `make chart-docs`), its requests hold every build's
+/// peak and its limits half as much again, and the defaults in values.yaml hold what their
+/// comment says.
+#[test]
+fn sizing_follows_the_measurements() {
+    let want = sizing_section();
+    let path = chart().join("README.md.gotmpl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = (
+        "<!-- BEGIN GENERATED: sizing -->\n",
+        "<!-- END GENERATED: sizing -->",
+    );
+    let (head, rest) = text.split_once(begin).expect("sizing markers");
+    let (have, tail) = rest.split_once(end).expect("sizing end marker");
+    if std::env::var_os("UPDATE_DOCS").is_some() && have != want {
+        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).unwrap();
+    } else {
+        assert!(
+            have == want,
+            "{}'s sizing is stale: UPDATE_DOCS=1 cargo test --workspace --test chart -- sizing, then make chart-docs",
+            path.display()
+        );
+    }
+    for row in want
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))
+    {
+        let f: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let nodes: u64 = f[0].replace(',', "").parse().unwrap();
+        let highest = csv_rows("docs/benchmarks-scale.csv")
+            .iter()
+            .filter(|r| r.nodes() == nodes)
+            .map(|r| r.num("peak_rss_mib"))
+            .fold(0.0, f64::max);
+        assert!(mebibytes(f[2]) >= highest, "{row}: request below {highest}");
+        assert!(
+            mebibytes(f[3]) >= 1.5 * highest,
+            "{row}: limit below 1.5 × {highest}"
+        );
+    }
+    // values.yaml's comment on the defaults: "up to N nodes (peak P MiB ...": the largest size
+    // measured and the highest peak there.
+    let values = std::fs::read_to_string(chart().join("values.yaml")).unwrap();
+    let rows = csv_rows("docs/benchmarks-scale.csv");
+    let largest = rows.iter().map(Row::nodes).max().unwrap();
+    let highest = rows
+        .iter()
+        .filter(|r| r.nodes() == largest)
+        .map(|r| r.num("peak_rss_mib"))
+        .fold(0.0, f64::max);
+    let said = format!(
+        "up to {} nodes (peak {:.0} MiB",
+        thousands(largest),
+        highest
+    );
     assert!(
-        request >= highest[&20_000],
-        "the default request is below use at 20,000 nodes"
+        values.contains(&said),
+        "values.yaml's resources comment should say {said:?}"
     );
 }
 

@@ -4,6 +4,10 @@
 //! ```text
 //! <!-- doc-test: kind -->                          run against the kind cluster
 //! <!-- doc-test: kind; expect: nn- -->             run, and its output must hold `nn-`
+//! <!-- doc-test: kind-release -->                  the kind suite's release: e2e/kind/run.sh runs it
+//!                                                  (REGISTRY: the suite's registry)
+//! <!-- doc-test: kind-install -->                  the kind suite's install step runs it (REGISTRY
+//!                                                  as above; its `helm` adds the kind values)
 //! <!-- doc-test: aws-only: <why> -->               needs AWS itself (IAM, EKS, a real account)
 //! <!-- doc-test: not-run: <why> -->                anything else, with the reason
 //! ```
@@ -33,6 +37,10 @@ const SHELL: &[&str] = &["sh", "bash", "shell", "console"];
 pub enum Mark {
     /// Run against the kind cluster; its output must hold each of these.
     Kind { expect: Vec<String> },
+    /// The release the kind suite installs is made by this block (e2e/kind/run.sh).
+    KindRelease,
+    /// The kind suite installs the chart with this block.
+    KindInstall,
     /// Needs AWS itself.
     AwsOnly { why: String },
     /// Not run, for this reason.
@@ -81,9 +89,16 @@ pub fn parse_mark(line: &str) -> anyhow::Result<Option<Mark>> {
     if let Some(rest) = body.strip_prefix("not-run:") {
         return Ok(Some(Mark::NotRun { why: why(rest)? }));
     }
+    match body {
+        "kind-release" => return Ok(Some(Mark::KindRelease)),
+        "kind-install" => return Ok(Some(Mark::KindInstall)),
+        _ => {}
+    }
     let mut parts = body.split(';').map(str::trim);
     if parts.next() != Some("kind") {
-        bail!("{line:?}: a doc-test mark is `kind`, `aws-only: why` or `not-run: why`");
+        bail!(
+            "{line:?}: a doc-test mark is `kind`, `kind-release`, `kind-install`, `aws-only: why` or `not-run: why`"
+        );
     }
     let expect = parts
         .map(|p| {

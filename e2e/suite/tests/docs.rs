@@ -17,6 +17,19 @@ fn every_shell_block_of_the_docs_says_whether_it_is_run() {
         "shell blocks without a doc-test mark (`<!-- doc-test: kind -->` on the line before, or `aws-only: why` / `not-run: why`):\n{}",
         unmarked.join("\n")
     );
+    // The install from a clone before the first release is how the kind suite installs: one
+    // block makes the release (e2e/kind/run.sh runs it), one installs it (the install step).
+    for mark in [Mark::KindRelease, Mark::KindInstall] {
+        let at: Vec<String> = blocks
+            .iter()
+            .filter(|b| b.mark.as_ref() == Some(&mark))
+            .map(doctest::Block::at)
+            .collect();
+        assert!(
+            at.len() == 1 && at[0].starts_with("README.md:"),
+            "{mark:?}: one block, in README.md, not {at:?}"
+        );
+    }
     // The runbooks an operator reaches first are run, not only marked.
     for file in ["README.md", "docs/operations.md", "docs/install-eks.md"] {
         assert!(

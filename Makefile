@@ -209,7 +209,7 @@ bench: build build-release controlplane
 
 ## bench-scale: one size and one build per run (install, steady state, restart, one call per
 ## node), e.g. `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl`: replaces that row of
-## docs/benchmarks-scale.{md,png,csv} (which docs/benchmarks.md embeds) and keeps the others.
+## docs/benchmarks-scale.{md,png,csv} (which docs/benchmarks.md links) and keeps the others.
 ## SCALE_BUILD: musl (what the image ships) or glibc (the release build). SCALE_EVERYTHING=1: every
 ## feature on, as the chart turns them on (docs/benchmarks-scale-everything.csv). Not in CI.
 SCALE_SIZES ?= 20000

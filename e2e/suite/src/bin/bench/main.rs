@@ -1429,7 +1429,7 @@ fn report(rows: &[Row], builds: &[Build], out: &Path, started: &str) -> anyhow::
         )?;
         writeln!(
             md,
-            "**Through a restart**: the new process trusts each node's verification record and asks EC2 nothing about a fleet that has not changed. A node that joins while it starts waits for the new process's initial list of the whole fleet (pages of 500) before the watch delivers it, which is what the p99 at 5,000 nodes shows (the restart row: about a second from start to every node re-checked; the joiners created in that second wait for it). With the chart's two replicas a leader change skips that wait: the follower's cache is synced while it follows, and the fault suite's `leader_killed_during_a_join_wave` (docs/reliability.md) measures joiners after a kill at 5,000 nodes from the moment the follower leads.\n"
+            "**Through a restart**: the new process trusts each node's verification record and asks EC2 nothing about a fleet that has not changed. A node that joins while it starts waits for the new process's initial list of the whole fleet (in pages) before the watch delivers it, which is what the p99 at 5,000 nodes shows (the restart row: about a second from start to every node re-checked; the joiners created in that second wait for it). With the chart's two replicas a leader change skips that wait: the follower's cache is synced while it follows, and the fault suite's `leader_killed_during_a_join_wave` (docs/reliability.md) measures joiners after a kill at 5,000 nodes from the moment the follower leads.\n"
         )?;
     }
     writeln!(
@@ -1439,7 +1439,7 @@ fn report(rows: &[Row], builds: &[Build], out: &Path, started: &str) -> anyhow::
     if let Some(i) = rows.iter().find(|r| r.scenario.starts_with("install")) {
         writeln!(
             md,
-            "**Install into an existing cluster** ({} unlabelled nodes, the controller started cold — what every user does first): {:.1} s until every node carried its labels; {}. The floor is what the API server allows: a plain client applying one label per node by server-side apply, 32 in flight, measured in the same run under the same observer (a metadata-only watch). How the gap closed (5,000 nodes, each figure from one run of this scenario): main as it was, 15.9 s against a floor of 7.5 s measured with no watch open (2.14×); the observer watched whole Nodes and decoded them on the two cores the API server needs — it now watches metadata only, and the floor is measured under it; kube-runtime's event recorder kept every Event for six minutes and walked that cache on each publish (19 MiB of a 52 MiB heap at 5,000 nodes, quadratic CPU) — Events now go out from a small budgeted queue (100 back to back, 5/s per type; the rest counted and dropped); label writes ask for the written Node's metadata only (`as=PartialObjectMetadata`), not 15 kB of Node: with the dev build 1.65–1.85× over four runs; the release build, which the image ships and this benchmark now measures, spends 2.6 CPU-s instead of 6–7 on the cores the API server shares: 9.2 s against 6.5 s (1.41×). What remains is the API server's own work for a controller that must watch whole Nodes: its initial list (pages of 500; the start-up scan for retired labels lists metadata once more) and one watch event per write, which the floor's client does not pay for (control plane CPU in the row above).\n",
+            "**Install into an existing cluster** ({} unlabelled nodes, the controller started cold — what every user does first): {:.1} s until every node carried its labels; {}. The floor is what the API server allows: a plain client applying one label per node by server-side apply, 32 in flight, measured in the same run under the same observer (a metadata-only watch). How the gap closed (5,000 nodes, each figure from one run of this scenario): main as it was, 15.9 s against a floor of 7.5 s measured with no watch open (2.14×); the observer watched whole Nodes and decoded them on the two cores the API server needs — it now watches metadata only, and the floor is measured under it; kube-runtime's event recorder kept every Event for six minutes and walked that cache on each publish (19 MiB of a 52 MiB heap at 5,000 nodes, quadratic CPU) — Events now go out from a small budgeted queue (100 back to back, 5/s per type; the rest counted and dropped); label writes ask for the written Node's metadata only (`as=PartialObjectMetadata`), not 15 kB of Node: with the dev build 1.65–1.85× over four runs; the release build, which the image ships and this benchmark now measures, spends 2.6 CPU-s instead of 6–7 on the cores the API server shares: 9.2 s against 6.5 s (1.41×). What remains is the API server's own work for a controller that must watch whole Nodes: its initial list (in pages; the start-up scan for retired labels lists metadata once more) and one watch event per write, which the floor's client does not pay for (control plane CPU in the row above).\n",
             i.nodes, i.seconds, i.note
         )?;
     }
@@ -1464,10 +1464,11 @@ fn report(rows: &[Row], builds: &[Build], out: &Path, started: &str) -> anyhow::
             mark(i.ec2_calls as f64 <= calls_cap)
         )?;
     }
-    let scale = out.join("benchmarks-scale.md");
-    if let Ok(text) = std::fs::read_to_string(&scale) {
-        writeln!(md, "{text}")?;
-    }
+    // Linked, not copied: `make bench-scale` rewrites that page alone, and a copy here went stale.
+    writeln!(
+        md,
+        "## At scale: 10,000 to 100,000 nodes\n\n[benchmarks-scale.md](benchmarks-scale.md), built up by `make bench-scale` one size and one build per run, from docs/benchmarks-scale.csv.\n"
+    )?;
     writeln!(
         md,
         "Reproduce: `make bench` (about 10 minutes after the builds; the raw samples are in `docs/benchmarks.csv`); the section at scale: `make bench-scale`."

@@ -5,7 +5,7 @@
 //! restart with every node labelled. Beside it, what one EC2 call per node (EKS's cloud
 //! controller) costs against the same token bucket, measured on mock-ec2.
 //!
-//! Writes `docs/benchmarks-scale.md` (embedded in `docs/benchmarks.md` by `make bench`),
+//! Writes `docs/benchmarks-scale.md` (linked from `docs/benchmarks.md`),
 //! `docs/benchmarks-scale.csv` and, through `e2e/bench/chart.sh`, `docs/benchmarks-scale.png`.
 
 use std::{fmt::Write as _, path::Path, time::Duration};
@@ -35,8 +35,7 @@ about 1.3x the heap (musl's size classes). An install adds, per node written and
 watch shows the write, an echo of what was written (a hash and the resourceVersion). Since \
 2026-12-05 the instance and boot IDs of the record and of the answer cache are kept compact \
 (`src/compact.rs`: instance IDs inline, kernel boot IDs as their 16 bytes; four allocations a \
-node fewer): at 20,000 nodes the shipped binary rests at 44 MiB (1.44 KiB a node above idle; \
-46 before) and peaks at 61 (63 before).\n\n";
+node fewer; the table's rows from that day on are measured with them).\n\n";
 
 /// How long the one-call-per-node workers call EC2.
 const ONE_CALL_WINDOW: Duration = Duration::from_secs(40);

@@ -6,7 +6,7 @@ use ec2_topology_labeler::config::{Cli, Command, LogFormat};
 use tracing_subscriber::{EnvFilter, fmt};
 
 /// mimalloc instead of the C library's allocator, only when built with `--features mimalloc`:
-/// the image keeps musl's, which held peak RSS to less than half (docs/benchmarks-allocator.md).
+/// the image keeps musl's, which held peak RSS to about half (docs/benchmarks-allocator.md).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -2416,10 +2416,11 @@ fn sizing_section() -> String {
             format!("a {} build", r.get("build"))
         };
         let (lo, hi) = r.at_rest("steady_rss_mib");
+        let (lo, hi) = (lo.round(), hi.round());
         let rest = if lo == hi {
-            format!("{lo:.0}")
+            format!("{lo}")
         } else {
-            format!("{lo:.0}-{hi:.0}")
+            format!("{lo}-{hi}")
         };
         // The light shape: Nodes without container images in their status.
         let shape = if r.get("shape") == "Light" {
@@ -2430,7 +2431,7 @@ fn sizing_section() -> String {
         s += &format!(
             "| {} | {:.0} MiB ({which}, {}{shape}; {rest} at rest) | {}Mi | {}Mi |\n",
             thousands(n),
-            r.num("peak_rss_mib"),
+            r.num("peak_rss_mib").round(),
             r.get("date"),
             quantity_at_least(highest(n).max(request)),
             quantity_at_least((1.5 * highest(n)).max(256.0)),
@@ -2491,7 +2492,7 @@ fn sizing_section() -> String {
             ))
             .unwrap_or_default(),
         thousands(smallest),
-        highest(smallest),
+        highest(smallest).round(),
         thousands(smallest),
     );
     if let Some(e) = csv_rows("docs/benchmarks-scale-everything.csv")
@@ -2509,8 +2510,8 @@ fn sizing_section() -> String {
             } else {
                 format!("{} build", e.get("build"))
             },
-            e.num("peak_rss_mib"),
-            e.num("steady_rss_end_mib"),
+            e.num("peak_rss_mib").round(),
+            e.num("steady_rss_end_mib").round(),
             quantity_at_least(e.num("peak_rss_mib")),
             e.num("cpu_per_publish_s"),
         );

@@ -86,3 +86,221 @@ fn the_architecture_page_names_every_room_and_only_rooms_that_exist() {
         "modules the page does not name: {unnamed:?}"
     );
 }
+
+/// A figure a doc copies from a benchmark's CSV carries its source in a comment right after it,
+/// and equals it, written with as many decimals as the doc gives:
+///
+/// ```text
+/// 10,000 nodes installed in 23.0 s<!-- fig: scale nodes=10000 build=musl install_s -->
+/// about 430<!-- fig: scale nodes=100000 build=musl nodes/install_s --> nodes a second
+/// ```
+///
+/// `scale` is docs/benchmarks-scale.csv, `everything` docs/benchmarks-scale-everything.csv; each
+/// `column=value` picks rows (the latest date of those left); then one column, or one divided by
+/// another. `UPDATE_DOCS=1` writes the CSV's figures into the docs.
+#[test]
+fn figures_in_the_docs_are_the_measurements() {
+    let root = e2e::repo_root();
+    let mut files: Vec<std::path::PathBuf> = ["README.md", "CHANGELOG.md", "SECURITY.md"]
+        .iter()
+        .map(|f| root.join(f))
+        .collect();
+    for dir in ["docs", "charts/ec2-topology-labeler"] {
+        for entry in std::fs::read_dir(root.join(dir)).expect("a doc folder") {
+            let path = entry.expect("an entry").path();
+            let name = path.to_string_lossy();
+            if name.ends_with(".md") || name.ends_with(".gotmpl") {
+                files.push(path);
+            }
+        }
+    }
+    let update = std::env::var_os("UPDATE_DOCS").is_some();
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("a doc");
+        let mut out = String::new();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("<!-- fig:") {
+            let (before, from) = rest.split_at(at);
+            let end = from.find("-->").expect("a fig comment ends") + 3;
+            let spec = from[9..end - 3].trim();
+            let value = figure(&root, spec)
+                .unwrap_or_else(|e| panic!("{}: <!-- fig: {spec} -->: {e}", path.display()));
+            let (head, written) = number_before(before).unwrap_or_else(|| {
+                panic!("{}: no figure before <!-- fig: {spec} -->", path.display())
+            });
+            let decimals = written.split_once('.').map_or(0, |(_, d)| d.len());
+            let want = written_like(value, decimals, written.contains(','));
+            checked += 1;
+            if want != written {
+                wrong.push(format!(
+                    "{}: {written:?} where {spec} is {want}",
+                    path.strip_prefix(&root).unwrap_or(&path).display()
+                ));
+            }
+            let tail = &before[head.len() + written.len()..];
+            out.push_str(head);
+            out.push_str(if update { &want } else { written });
+            out.push_str(tail);
+            out.push_str(&from[..end]);
+            rest = &from[end..];
+        }
+        out.push_str(rest);
+        if update && out != text {
+            std::fs::write(&path, out).expect("the doc written");
+        }
+    }
+    assert!(
+        update || wrong.is_empty(),
+        "figures that differ from their measurements (UPDATE_DOCS=1 writes them):\n{}",
+        wrong.join("\n")
+    );
+    assert!(checked >= 5, "only {checked} figures are tied to the CSVs");
+}
+
+/// The text before `s`'s last number (within the last 16 characters: a unit may follow it) and
+/// that number as written (`23.0`, `100,000`).
+fn number_before(s: &str) -> Option<(&str, &str)> {
+    let window = s.len().saturating_sub(16);
+    let window = (window..=s.len()).find(|&i| s.is_char_boundary(i))?;
+    let tail = &s[window..];
+    let end = tail.rfind(|c: char| c.is_ascii_digit())? + 1;
+    let start = tail[..end]
+        .rfind(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+        .map_or(0, |i| i + 1);
+    let number = tail[start..end].trim_start_matches([',', '.']);
+    let start = end - number.len();
+    Some((&s[..window + start], &s[window + start..window + end]))
+}
+
+/// `value` with `decimals` decimals (halves away from zero), thousands separated when `commas`.
+fn written_like(value: f64, decimals: usize, commas: bool) -> String {
+    let scale = 10f64.powi(decimals as i32);
+    let s = format!("{:.decimals$}", (value * scale).round() / scale);
+    if !commas {
+        return s;
+    }
+    let (whole, frac) = s
+        .split_once('.')
+        .map_or((s.as_str(), None), |(w, f)| (w, Some(f)));
+    let mut out = String::new();
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if let Some(f) = frac {
+        out.push('.');
+        out.push_str(f);
+    }
+    out
+}
+
+/// The value a `fig` comment names (see [`figures_in_the_docs_are_the_measurements`]).
+fn figure(root: &std::path::Path, spec: &str) -> Result<f64, String> {
+    let mut words = spec.split_whitespace();
+    let file = match words.next() {
+        Some("scale") => "docs/benchmarks-scale.csv",
+        Some("everything") => "docs/benchmarks-scale-everything.csv",
+        other => return Err(format!("{other:?} is not a source (scale, everything)")),
+    };
+    let csv = std::fs::read_to_string(root.join(file)).map_err(|e| format!("{file}: {e}"))?;
+    let header: Vec<&str> = csv.lines().next().unwrap_or_default().split(',').collect();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| format!("{file} has no column {name}"))
+    };
+    let words: Vec<&str> = words.collect();
+    let (expr, filters) = words.split_last().ok_or("no column")?;
+    let mut picked: Vec<&Vec<&str>> = rows.iter().collect();
+    for f in filters {
+        let (k, v) = f
+            .split_once('=')
+            .ok_or_else(|| format!("{f:?} is not column=value"))?;
+        let i = col(k)?;
+        picked.retain(|r| r.get(i) == Some(&v));
+    }
+    let date = col("date")?;
+    let row = picked
+        .into_iter()
+        .max_by_key(|r| r.get(date).copied().unwrap_or_default())
+        .ok_or_else(|| format!("no row of {file} has {filters:?}"))?;
+    let num = |name: &str| -> Result<f64, String> {
+        let v = row.get(col(name)?).copied().unwrap_or_default();
+        v.parse()
+            .map_err(|_| format!("{name}={v:?} is not a number"))
+    };
+    match expr.split_once('/') {
+        Some((a, b)) => Ok(num(a)? / num(b)?),
+        None => num(expr),
+    }
+}
+
+/// docs/startup-taint.md's table of how long a node is held is the "join N/s, startup taint"
+/// rows of docs/benchmarks.md (`make bench` writes those); `UPDATE_DOCS=1` writes it.
+#[test]
+fn startup_taint_join_rates_are_the_benchmarks_rows() {
+    let root = e2e::repo_root();
+    let bench = std::fs::read_to_string(root.join("docs/benchmarks.md")).expect("benchmarks.md");
+    let mut want = String::from(
+        "| join rate | nodes | release p50 / p99 (s) | first label p50 / p99 (s) | EC2 calls | node writes |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut rows = 0;
+    for line in bench.lines() {
+        let f: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let Some(rate) = f
+            .first()
+            .and_then(|s| s.strip_prefix("join "))
+            .and_then(|s| s.strip_suffix(", startup taint"))
+        else {
+            continue;
+        };
+        let first_label = f[8]
+            .split("to the first label p50/p99 ")
+            .nth(1)
+            .and_then(|s| s.strip_suffix(" s"))
+            .expect("the first label's latency in the notes");
+        let calls = f[4].split(' ').next().unwrap_or_default();
+        let thousands = |n: &str| {
+            let n: u64 = n.parse().expect("a count");
+            if n >= 1000 {
+                format!("{},{:03}", n / 1000, n % 1000)
+            } else {
+                n.to_string()
+            }
+        };
+        want += &format!(
+            "| {rate} | {} | {} | {first_label} | {calls} | {} |\n",
+            thousands(f[1]),
+            f[3],
+            thousands(f[5])
+        );
+        rows += 1;
+    }
+    assert!(rows >= 3, "{rows} join-rate rows in benchmarks.md");
+    let path = root.join("docs/startup-taint.md");
+    let text = std::fs::read_to_string(&path).expect("startup-taint.md");
+    let (begin, end) = (
+        "<!-- BEGIN GENERATED: join-rates -->\n",
+        "<!-- END GENERATED: join-rates -->",
+    );
+    let (head, rest) = text.split_once(begin).expect("join-rates markers");
+    let (have, tail) = rest.split_once(end).expect("join-rates end marker");
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).expect("written");
+    } else {
+        assert!(
+            have == want,
+            "docs/startup-taint.md's join rates differ from docs/benchmarks.md: UPDATE_DOCS=1 cargo test --workspace --test docs"
+        );
+    }
+}

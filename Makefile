@@ -137,7 +137,7 @@ release: tools
 ## egress guard on the suite's own Docker networks, node image built locally, a local OCI
 ## registry that `make release` pushes to and the clusters pull from; IPv4, then IPv6;
 ## e2e/kind/run.sh). On a workstation: `make kind-down` undoes what it changed on the host.
-kind: build
+kind: build pictures
 	e2e/kind/run.sh
 
 ## kind-down: delete the kind clusters and the registry, and remove the egress guard, the suite's

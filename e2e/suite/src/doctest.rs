@@ -27,6 +27,12 @@ pub const DOCS: &[&str] = &[
     "docs/install-eks.md",
     "docs/operations.md",
     "docs/upgrading.md",
+    "docs/schedulers.md",
+    "docs/startup-taint.md",
+    "docs/migrating-from-hyperpod.md",
+    "docs/migrating-from-topograph.md",
+    "charts/ec2-topology-labeler/README.md",
+    "SECURITY.md",
 ];
 
 /// The languages of a shell block.

@@ -22,7 +22,7 @@ use e2e::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -206,6 +206,56 @@ async fn pod_waits_for_topology_before_install(env: &Env) -> anyhow::Result<()> 
     .await
 }
 
+/// `REGISTRY` as the README's blocks take it: where the suite's release is (its chart is at
+/// `oci://REGISTRY/charts/ec2-topology-labeler`).
+fn readme_registry(kind: &KindEnv) -> anyhow::Result<String> {
+    kind.release
+        .chart
+        .strip_prefix("oci://")
+        .and_then(|r| r.strip_suffix("/charts/ec2-topology-labeler"))
+        .map(str::to_string)
+        .with_context(|| {
+            format!(
+                "the release's chart {} is not in REGISTRY/charts",
+                kind.release.chart
+            )
+        })
+}
+
+/// A folder (under `dir`) holding the `helm` the docs' blocks run: Helm itself, with what this
+/// cluster needs and a platform team's does not added: `--plain-http` to a command that names
+/// the suite's registry (it has no TLS), and to `install` the kind values (EC2 is the in-cluster
+/// mock) and `--wait`.
+fn helm_as_the_docs_run_it(
+    kind: &KindEnv,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let bin = dir.join("helm-bin");
+    std::fs::create_dir_all(&bin)?;
+    let plain_http = if kind.release.plain_http {
+        format!(
+            "[[ \"$*\" == *oci://{}/* ]] && extra+=(--plain-http)\n",
+            readme_registry(kind)?
+        )
+    } else {
+        String::new()
+    };
+    let wrapper = bin.join("helm");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/usr/bin/env bash\nset -euo pipefail\nextra=()\n{plain_http}[[ ${{1:-}} == install ]] && extra+=(-f {values} --wait --timeout 180s)\nexec {helm} \"$@\" \"${{extra[@]}}\"\n",
+            helm = helm::helm_bin()?.display(),
+            values = kind.values.display(),
+        ),
+    )?;
+    std::fs::set_permissions(
+        &wrapper,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+    )?;
+    Ok(bin)
+}
+
 /// The README's install block (`<!-- doc-test: kind-install -->`) run as written: `REGISTRY` the
 /// suite's registry (where e2e/kind/run.sh ran the README's release block), and a `helm` that
 /// adds to `install` what this cluster needs and a platform team's does not: the kind values
@@ -216,39 +266,9 @@ fn install_as_the_readme_says(kind: &KindEnv) -> anyhow::Result<String> {
         .into_iter()
         .find(|b| b.mark == Some(Mark::KindInstall))
         .context("README.md has no kind-install block")?;
-    let registry = kind
-        .release
-        .chart
-        .strip_prefix("oci://")
-        .and_then(|r| r.strip_suffix("/charts/ec2-topology-labeler"))
-        .with_context(|| {
-            format!(
-                "the release's chart {} is not in REGISTRY/charts",
-                kind.release.chart
-            )
-        })?
-        .to_string();
+    let registry = readme_registry(kind)?;
     let dir = std::env::temp_dir().join(format!("ec2tl-readme-install-{}", std::process::id()));
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin)?;
-    let plain_http = if kind.release.plain_http {
-        "--plain-http"
-    } else {
-        ""
-    };
-    let wrapper = bin.join("helm");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/usr/bin/env bash\nset -euo pipefail\nif [[ ${{1:-}} == install ]]; then\n  exec {helm} \"$@\" {plain_http} -f {values} --wait --timeout 180s\nfi\nexec {helm} \"$@\"\n",
-            helm = helm::helm_bin()?.display(),
-            values = kind.values.display(),
-        ),
-    )?;
-    std::fs::set_permissions(
-        &wrapper,
-        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
-    )?;
+    let bin = helm_as_the_docs_run_it(kind, &dir)?;
     let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     )))?;
@@ -887,9 +907,39 @@ async fn helm_upgrade_rolls_without_label_loss(env: &Env) -> anyhow::Result<()> 
 /// pipefail`, with `kubectl`, `helm` and the released `ec2-topology-labeler` on the PATH, this cluster as the
 /// current context, in an empty directory. Each exits 0 within two minutes, and its output
 /// holds what its mark expects.
-async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
+async fn doc_commands_run_as_written(env: &Env) -> anyhow::Result<()> {
     use e2e::doctest::{self, Mark};
     let kind = KindEnv::from_env()?;
+    let c = env.admin().await?;
+    // NODE: a worker the controller labelled (the blocks that ask about one node). Each worker
+    // is given GPUs and EFA devices the way Kubernetes' docs advertise an extended resource (a
+    // patch of the Node's status), so that `fit` has a gang to place; taken off after.
+    let nodes: Api<Node> = Api::all(c.clone());
+    let workers: Vec<String> = nodes
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| n.labels().contains_key(LAYER_3))
+        .map(|n| n.name_any())
+        .collect();
+    let node = workers
+        .first()
+        .context("no node carries the third network layer")?
+        .clone();
+    let devices = |on: bool| {
+        let r = if on {
+            json!({ "nvidia.com/gpu": "128", "vpc.amazonaws.com/efa": "512" })
+        } else {
+            json!({ "nvidia.com/gpu": null, "vpc.amazonaws.com/efa": null })
+        };
+        Patch::Merge(json!({ "status": { "capacity": r.clone(), "allocatable": r } }))
+    };
+    for w in &workers {
+        nodes
+            .patch_status(w, &PatchParams::default(), &devices(true))
+            .await?;
+    }
     let dir = std::env::temp_dir().join(format!("ec2tl-doc-commands-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let parent = |p: &std::path::Path| {
@@ -904,9 +954,12 @@ async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
     let link = released.join("ec2-topology-labeler");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(kind.workstation_binary()?, &link)?;
+    let helm_bin = helm_as_the_docs_run_it(&kind, &dir)?;
+    let registry = readme_registry(&kind)?;
     let path = std::env::join_paths(
         [
             released,
+            helm_bin,
             parent(&kind.kubectl),
             parent(&helm::helm_bin()?),
             e2e::bin_dir(),
@@ -927,6 +980,8 @@ async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
                 .current_dir(&dir)
                 .env("KUBECONFIG", &kind.kubeconfig)
                 .env("PATH", &path)
+                .env("REGISTRY", &registry)
+                .env("NODE", &node)
                 .stdin(std::process::Stdio::null())
                 .output()
                 .context("running bash")?;
@@ -961,8 +1016,13 @@ async fn doc_commands_run_as_written(_env: &Env) -> anyhow::Result<()> {
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);
+    for w in &workers {
+        nodes
+            .patch_status(w, &PatchParams::default(), &devices(false))
+            .await?;
+    }
     result?;
-    ensure!(ran >= 8, "only {ran} doc blocks are marked to run");
+    ensure!(ran >= 12, "only {ran} doc blocks are marked to run");
     Ok(())
 }
 

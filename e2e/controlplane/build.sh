@@ -9,12 +9,20 @@
 #   e2e/controlplane/build.sh              build if needed, print the bin dir
 #   e2e/controlplane/build.sh --print-replaces   the replace block for a new k8s.io/kubernetes pin
 #   e2e/controlplane/build.sh --print-ldflags    the Go linker flags that stamp the version
+#   e2e/controlplane/build.sh --oldest [...]     the same for the oldest Kubernetes minor the
+#                                                chart accepts (pinned in oldest/go.mod)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+script="$here/build.sh"
 cd "$here"
+if [[ "${1:-}" == "--oldest" ]]; then
+  cd "$here/oldest"
+  shift
+fi
 
-k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' go.mod)
+k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }' go.mod)
+[[ $k8s_version == v1.* ]] || { echo "no k8s.io/kubernetes version in $PWD/go.mod" >&2; exit 1; }
 
 # Stamp the version into both places /version reads it from; without it a binary reports v0.0.0.
 # Also used for the kind node image's binaries (e2e/kind/node-image.sh: --print-ldflags).
@@ -45,7 +53,7 @@ if [[ "${1:-}" == "--print-replaces" ]]; then
 fi
 
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
-stamp=$(cat go.mod go.sum build.sh | sha256sum | cut -c1-12)
+stamp=$(cat go.mod go.sum "$script" | sha256sum | cut -c1-12)
 out="$cache/controlplane/${k8s_version}-${stamp}"
 
 if [[ -x "$out/kube-apiserver" && -x "$out/etcd" ]]; then

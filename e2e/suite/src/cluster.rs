@@ -158,8 +158,16 @@ impl ControlPlane {
             apiserver_args,
         };
         cp.start_apiserver().await?;
+        // Which Kubernetes the suite runs on (E2E_CONTROLPLANE_BIN picks another build).
+        let version = cp
+            .admin_client()
+            .await?
+            .apiserver_version()
+            .await
+            .map(|v| v.git_version)
+            .unwrap_or_else(|e| format!("unknown ({e})"));
         eprintln!(
-            "control plane ready at {} in {:.1}s ({})",
+            "control plane (kube-apiserver {version}) ready at {} in {:.1}s ({})",
             cp.server,
             started.elapsed().as_secs_f64(),
             cp.dir.display()

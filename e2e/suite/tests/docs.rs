@@ -304,3 +304,91 @@ fn startup_taint_join_rates_are_the_benchmarks_rows() {
         );
     }
 }
+
+/// The first word after `key` on a line of `file` that starts with it (`key v1.2.3 // ...`).
+fn pinned(file: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(e2e::repo_root().join(file)).expect("a pin file");
+    text.lines()
+        .map(str::trim)
+        .map(|l| l.strip_prefix("require ").unwrap_or(l))
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|v| v.trim_matches(['"', '=']).to_string())
+        .unwrap_or_else(|| panic!("{file}: no {key}"))
+}
+
+/// docs/compatibility.md's matrix is written from the pins the tests build: the two control
+/// planes the e2e suite runs on, the chart's kubeVersion, the schedulers, Helm, the
+/// architectures of the release.
+#[test]
+fn compatibility_matrix_is_the_pins() {
+    let newest = pinned("e2e/controlplane/go.mod", "k8s.io/kubernetes ");
+    let oldest = pinned("e2e/controlplane/oldest/go.mod", "k8s.io/kubernetes ");
+    let etcd_new = pinned("e2e/controlplane/go.mod", "go.etcd.io/etcd/server/v3 ");
+    let etcd_old = pinned(
+        "e2e/controlplane/oldest/go.mod",
+        "go.etcd.io/etcd/server/v3 ",
+    );
+    let kube_version = pinned("charts/ec2-topology-labeler/Chart.yaml", "kubeVersion: ");
+    let minor = |v: &str| {
+        v.trim_start_matches('v')
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    assert!(
+        kube_version.starts_with(&format!(">={}.0", minor(&oldest))),
+        "the chart accepts {kube_version}, the oldest tested is {oldest}"
+    );
+    // What the run at the oldest version leaves out (the Makefile's E2E_OLDEST_SKIP): KAI's
+    // scheduler, which needs a newer Kubernetes.
+    let skipped = pinned("Makefile", "E2E_OLDEST_SKIP := ");
+    assert_eq!(
+        skipped, "kai_places_gangs_on_our_topology",
+        "the matrix says why"
+    );
+    let kueue = pinned("e2e/schedulers/kueue/go.mod", "sigs.k8s.io/kueue ");
+    let volcano = pinned("e2e/schedulers/volcano/go.mod", "volcano.sh/volcano ");
+    let kai = pinned("e2e/schedulers/kai/source.sh", "KAI_COMMIT=");
+    let karpenter = pinned("e2e/schedulers/karpenter/crds.sh", "version=");
+    let helm = pinned("e2e/tools/go.mod", "helm.sh/helm/v3 ");
+    let release =
+        std::fs::read_to_string(e2e::repo_root().join("hack/release.sh")).expect("release.sh");
+    let platforms: Vec<&str> = ["linux/amd64", "linux/arm64"]
+        .into_iter()
+        .filter(|p| release.contains(&format!("]={p}")))
+        .collect();
+    assert_eq!(platforms.len(), 2, "hack/release.sh's platforms");
+    let want = format!(
+        "| Part | Tested | How |\n\
+         | --- | --- | --- |\n\
+         | Kubernetes | {newest} (etcd {etcd_new}) | the e2e suite on a real kube-apiserver and etcd (`make test`, e2e/controlplane/go.mod); the kind suite's nodes (`make kind`) |\n\
+         | Kubernetes, oldest the chart accepts (`kubeVersion: {kube_version}`) | {oldest} (etcd {etcd_old}) | the e2e suite again (`make test`, e2e/controlplane/oldest/go.mod), all but `{skipped}` (below) |\n\
+         | Kueue | {kueue} | its manager against the e2e API server: Topology, TAS admission (e2e/schedulers/kueue/go.mod) |\n\
+         | Volcano | {volcano} | its scheduler and controllers: HyperNodes and gang placement (e2e/schedulers/volcano/go.mod) |\n\
+         | KAI Scheduler | commit {short} | its scheduler, binder and pod grouper: Topology placement (e2e/schedulers/kai/source.sh), at {newest} only: KAI's scheduler lists `resource.k8s.io/v1` (GA in Kubernetes 1.34); our KAI Topologies are checked at both |\n\
+         | Karpenter | {karpenter} (CRDs) | the startup-taint recipes' NodePools accepted by its CRDs (e2e/schedulers/karpenter/crds.sh) |\n\
+         | Slurm | 22.05 (Debian bookworm) and Debian sid's (25.05 or later) | the real slurmctld reads our `topology.conf` and `topology.yaml` (e2e/slurm/install.sh) |\n\
+         | Helm | {helm} (3.14 or later for `--reset-then-reuse-values`) | install, upgrade, test, hooks (e2e/tools/go.mod) |\n\
+         | Architectures | {} | one image index; amd64 runs in every suite, arm64 is cross-built and its ELF machine checked (hack/release.sh) |\n",
+        platforms.join(", "),
+        short = &kai[..12.min(kai.len())],
+    );
+    let path = e2e::repo_root().join("docs/compatibility.md");
+    let text = std::fs::read_to_string(&path).expect("compatibility.md");
+    let (begin, end) = (
+        "<!-- BEGIN GENERATED: matrix -->\n",
+        "<!-- END GENERATED: matrix -->",
+    );
+    let (head, rest) = text.split_once(begin).expect("matrix markers");
+    let (have, tail) = rest.split_once(end).expect("matrix end marker");
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).expect("written");
+    } else {
+        assert!(
+            have == want,
+            "docs/compatibility.md is stale: UPDATE_DOCS=1 cargo test --workspace --test docs"
+        );
+    }
+}

@@ -36,9 +36,10 @@ fn id(n: usize) -> String {
     format!("i-{n:017x}")
 }
 
-async fn client_for(url: &str, timeout: Duration) -> AwsTopology {
+/// The SDK's configuration as the controller loads it, pointed at `url` with static keys.
+async fn sdk_config(url: &str, timeout: Duration) -> aws_config::SdkConfig {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let conf = AwsTopology::loader(timeout)
+    AwsTopology::loader(timeout)
         .endpoint_url(url)
         .region(Region::new("us-west-2"))
         .credentials_provider(Credentials::new(
@@ -49,8 +50,11 @@ async fn client_for(url: &str, timeout: Duration) -> AwsTopology {
             "test",
         ))
         .load()
-        .await;
-    AwsTopology::new(conf)
+        .await
+}
+
+async fn client_for(url: &str, timeout: Duration) -> AwsTopology {
+    AwsTopology::new(sdk_config(url, timeout).await)
 }
 
 async fn start(instances: Vec<Instance>) -> (MockEc2, AwsTopology) {
@@ -252,4 +256,88 @@ async fn the_lookup_stack_batches_250_instances_into_3_calls() {
     let stats = mock.stats();
     assert_eq!(stats.calls, 3);
     assert!(stats.ids_per_call.iter().all(|n| *n <= 100));
+}
+
+/// mock-ec2's Capacity Block calls as AWS's own SDK reads them: every field parses, the
+/// paginators walk the pages, and an interconnect that turns impaired is what the next status
+/// call says (what UltraServer health polling will rely on).
+#[tokio::test]
+async fn capacity_block_calls_parse_in_the_sdk() {
+    use aws_sdk_ec2::types::{CapacityBlockInterconnectStatus, CapacityBlockResourceState};
+    use mock_ec2::capacity_blocks::CapacityBlock;
+    let blocks: Vec<CapacityBlock> = (1..=3u32)
+        .map(|n| CapacityBlock {
+            capacity_block_id: format!("cb-{n:017x}"),
+            ultraserver_type: (n != 2).then(|| "u-p6e-gb200x72".to_string()),
+            availability_zone: "us-west-2a".into(),
+            availability_zone_id: "usw2-az1".into(),
+            capacity_reservation_ids: vec![format!("cr-{n:017x}")],
+            start_date: Some("2026-12-05T11:30:00.000Z".into()),
+            end_date: Some("2026-12-19T11:30:00.000Z".into()),
+            create_date: None,
+            state: "active".into(),
+            interconnect_status: "ok".into(),
+            total_capacity: 18,
+            total_available_capacity: 0,
+            total_unavailable_capacity: 1,
+        })
+        .collect();
+    let mock = MockEc2::new(Scenario {
+        capacity_blocks: blocks,
+        ..Default::default()
+    });
+    let url = mock_ec2::spawn(mock.clone())
+        .await
+        .expect("mock-ec2 starts");
+    let ec2 = aws_sdk_ec2::Client::new(&sdk_config(&url, Duration::from_secs(5)).await);
+    let found: Vec<_> = ec2
+        .describe_capacity_blocks()
+        .max_results(2)
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<Vec<_>, _>>()
+        .await
+        .expect("described");
+    assert_eq!(found.len(), 3, "two pages walked");
+    let first = &found[0];
+    assert_eq!(first.ultraserver_type(), Some("u-p6e-gb200x72"));
+    assert_eq!(found[1].ultraserver_type(), None, "a block of instances");
+    assert_eq!(first.state(), Some(&CapacityBlockResourceState::Active));
+    assert_eq!(first.capacity_reservation_ids(), ["cr-00000000000000001"]);
+    assert_eq!(
+        first.end_date().map(|d| d.secs()),
+        Some(1_797_679_800),
+        "2026-12-19T11:30:00Z"
+    );
+    let status = |ec2: aws_sdk_ec2::Client| async move {
+        ec2.describe_capacity_block_status()
+            .capacity_block_ids("cb-00000000000000001")
+            .send()
+            .await
+            .expect("status")
+            .capacity_block_statuses()
+            .first()
+            .cloned()
+            .expect("one block")
+    };
+    let ok = status(ec2.clone()).await;
+    assert_eq!(
+        ok.interconnect_status(),
+        Some(&CapacityBlockInterconnectStatus::Ok)
+    );
+    assert_eq!(
+        (ok.total_capacity(), ok.total_unavailable_capacity()),
+        (Some(18), Some(1))
+    );
+    assert!(mock.set_interconnect_status("cb-00000000000000001", "impaired"));
+    assert_eq!(
+        status(ec2.clone()).await.interconnect_status(),
+        Some(&CapacityBlockInterconnectStatus::Impaired)
+    );
+    let stats = mock.capacity_block_stats();
+    assert_eq!(
+        (stats.blocks_calls, stats.status_calls, stats.failed),
+        (2, 2, 0)
+    );
 }

@@ -14,6 +14,9 @@
 //!   (move an instance or change its depth by replacing it; its Capacity Reservations too).
 //! - `Action=DescribeCapacityReservationTopology` and `DescribeCapacityReservations`
 //!   ([`reservations`]; `GET /_admin/stats/reservations`).
+//! - `Action=DescribeCapacityBlocks` and `DescribeCapacityBlockStatus` ([`capacity_blocks`];
+//!   `GET /_admin/stats/capacity-blocks`; `PUT /_admin/capacity-blocks/{id}/interconnect` with
+//!   `ok`, `impaired` or `insufficient-data` as the body).
 //! - Credentials as EKS hands them out: STS `AssumeRoleWithWebIdentity` on `/` (IRSA, [`sts`]),
 //!   EKS Auth `AssumeRoleForPodIdentity` on `/clusters/{name}/assume-role-for-pod-identity`
 //!   (EKS Pod Identity, [`eks_auth`]; the node agent is [`agent`]), both checking the pod's
@@ -23,8 +26,10 @@
 
 pub mod agent;
 pub mod auth;
+pub mod capacity_blocks;
 pub mod eks_auth;
 pub mod oidc;
+mod query;
 pub mod reservations;
 pub mod sts;
 
@@ -84,6 +89,9 @@ pub struct Scenario {
     /// Capacity Reservations (`DescribeCapacityReservationTopology`, `DescribeCapacityReservations`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<reservations::CapacityReservation>,
+    /// Capacity Blocks (`DescribeCapacityBlocks`, `DescribeCapacityBlockStatus`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_blocks: Vec<capacity_blocks::CapacityBlock>,
 }
 
 impl Scenario {
@@ -138,6 +146,9 @@ pub struct Faults {
     /// Leave reservations neither active nor pending out of `DescribeCapacityReservationTopology`
     /// (by default they are listed without network nodes; the API Reference reads both ways).
     pub reservations_topology_active_only: bool,
+    /// Answer the Capacity Block calls `UnauthorizedOperation` (the role lacks
+    /// `ec2:DescribeCapacityBlocks` / `ec2:DescribeCapacityBlockStatus`).
+    pub capacity_blocks_unauthorized: bool,
 }
 
 /// What the mock saw.
@@ -205,6 +216,8 @@ struct Inner {
     request_seq: u64,
     reservations: BTreeMap<String, reservations::CapacityReservation>,
     reservation_stats: reservations::ReservationStats,
+    capacity_blocks: BTreeMap<String, capacity_blocks::CapacityBlock>,
+    capacity_block_stats: capacity_blocks::CapacityBlockStats,
 }
 
 /// Shared state of one mock.
@@ -221,6 +234,7 @@ impl MockEc2 {
         let mock = Self::default();
         mock.set_instances(scenario.instances);
         mock.set_reservations(scenario.reservations);
+        mock.set_capacity_blocks(scenario.capacity_blocks);
         mock
     }
 
@@ -274,6 +288,7 @@ impl MockEc2 {
         let mut inner = self.lock();
         inner.stats = Stats::default();
         inner.reservation_stats = reservations::ReservationStats::default();
+        inner.capacity_block_stats = capacity_blocks::CapacityBlockStats::default();
     }
 
     fn registry(&self) -> MutexGuard<'_, auth::Registry> {
@@ -822,6 +837,7 @@ async fn query_api(
         return sts::assume_role_with_web_identity(&mock, &params).await;
     }
     let reservations = action.and_then(|a| reservations::Action::of(a));
+    let blocks = action.and_then(|a| capacity_blocks::Action::of(a));
     let path = uri
         .path_and_query()
         .map(|p| p.as_str())
@@ -833,9 +849,10 @@ async fn query_api(
         headers: &headers,
         body: &body,
     };
-    let outcome = match reservations {
-        Some(action) => mock.handle_reservations(action, &params, Some(&signed)),
-        None => mock.handle_signed(&params, Some(&signed)),
+    let outcome = match (reservations, blocks) {
+        (Some(action), _) => mock.handle_reservations(action, &params, Some(&signed)),
+        (None, Some(action)) => mock.handle_capacity_blocks(action, &params, Some(&signed)),
+        (None, None) => mock.handle_signed(&params, Some(&signed)),
     };
     answer(outcome).await
 }
@@ -883,13 +900,38 @@ async fn get_instances(State(mock): State<MockEc2>) -> Json<Scenario> {
     Json(Scenario {
         instances: mock.instances(),
         reservations: mock.reservations(),
+        capacity_blocks: mock.capacity_blocks(),
     })
 }
 
 async fn put_instances(State(mock): State<MockEc2>, Json(s): Json<Scenario>) -> StatusCode {
     mock.set_instances(s.instances);
     mock.set_reservations(s.reservations);
+    mock.set_capacity_blocks(s.capacity_blocks);
     StatusCode::NO_CONTENT
+}
+
+async fn get_capacity_block_stats(
+    State(mock): State<MockEc2>,
+) -> Json<capacity_blocks::CapacityBlockStats> {
+    Json(mock.capacity_block_stats())
+}
+
+/// `PUT /_admin/capacity-blocks/{id}/interconnect` with the status as the body.
+async fn put_interconnect(
+    State(mock): State<MockEc2>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    status: String,
+) -> StatusCode {
+    let status = status.trim();
+    if !matches!(status, "ok" | "impaired" | "insufficient-data") {
+        return StatusCode::BAD_REQUEST;
+    }
+    if mock.set_interconnect_status(&id, status) {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::NOT_FOUND
+    }
 }
 
 async fn get_reservation_stats(
@@ -955,6 +997,14 @@ pub fn router(mock: MockEc2) -> Router {
         .route("/_admin/stats", get(get_stats))
         .route("/_admin/stats/reset", post(reset_stats))
         .route("/_admin/stats/reservations", get(get_reservation_stats))
+        .route(
+            "/_admin/stats/capacity-blocks",
+            get(get_capacity_block_stats),
+        )
+        .route(
+            "/_admin/capacity-blocks/{id}/interconnect",
+            axum::routing::put(put_interconnect),
+        )
         .route("/_admin/faults", get(get_faults).put(put_faults))
         .route("/_admin/instances", get(get_instances).put(put_instances))
         .route(

@@ -16,12 +16,12 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ApiError, MockEc2, Outcome, XMLNS, decode_token, encode_token, indexed, wildcard_match,
-    xml_escape,
+    ApiError, MockEc2, Outcome, XMLNS, indexed,
+    query::{self, element},
+    wildcard_match,
 };
 
 /// The IDs one `DescribeCapacityReservationTopology` call may name.
@@ -105,13 +105,7 @@ struct Request {
 }
 
 fn parse(action: Action, params: &[(String, String)]) -> Result<Request, ApiError> {
-    let get = |k: &str| params.iter().find(|(p, _)| p == k).map(|(_, v)| v.as_str());
-    if get("Version").is_none() {
-        return Err(ApiError::bad(
-            "MissingParameter",
-            "The request must contain the parameter Version",
-        ));
-    }
+    query::require_version(params)?;
     let ids: Vec<String> = indexed(params, "CapacityReservationId")
         .into_iter()
         .map(|(_, v)| v.to_string())
@@ -128,71 +122,31 @@ fn parse(action: Action, params: &[(String, String)]) -> Result<Request, ApiErro
             format!("Invalid id: \"{id}\" (expecting \"cr-...\")"),
         ));
     }
-    let (min, max, default) = match action {
-        Action::Topology => (1, TOPOLOGY_PAGE, TOPOLOGY_PAGE),
-        Action::Reservations => (RESERVATIONS_PAGE_MIN, RESERVATIONS_PAGE_MAX, usize::MAX),
-    };
-    let page = match get("MaxResults") {
-        None => default,
-        Some(_) if action == Action::Topology && !ids.is_empty() => {
-            return Err(ApiError::bad(
-                "InvalidParameterCombination",
-                "The parameter CapacityReservationIds cannot be used with the parameter MaxResults",
-            ));
-        }
-        Some(m) => match m.parse::<usize>() {
-            Ok(n) if (min..=max).contains(&n) => n,
-            _ => {
-                return Err(ApiError::bad(
-                    "InvalidParameterValue",
-                    format!(
-                        "Value ( {m} ) for parameter maxResults is invalid. Expecting a value between {min} and {max}."
-                    ),
-                ));
-            }
-        },
-    };
-    let offset = match get("NextToken") {
-        None => 0,
-        Some(t) => decode_token(t)
-            .ok_or_else(|| ApiError::bad("InvalidParameterValue", "The nextToken is invalid"))?,
+    if action == Action::Topology && !ids.is_empty() && query::get(params, "MaxResults").is_some() {
+        return Err(ApiError::bad(
+            "InvalidParameterCombination",
+            "The parameter CapacityReservationIds cannot be used with the parameter MaxResults",
+        ));
+    }
+    let page = match action {
+        Action::Topology => query::page_size(params, 1, TOPOLOGY_PAGE, TOPOLOGY_PAGE)?,
+        Action::Reservations => query::page_size(
+            params,
+            RESERVATIONS_PAGE_MIN,
+            RESERVATIONS_PAGE_MAX,
+            usize::MAX,
+        )?,
     };
     let allowed: &[&str] = match action {
         Action::Topology => &["availability-zone", "instance-type"],
         Action::Reservations => &["availability-zone", "instance-type", "state"],
     };
-    let mut indices: Vec<u32> = params
-        .iter()
-        .filter_map(|(k, _)| k.strip_prefix("Filter.")?.split('.').next()?.parse().ok())
-        .collect();
-    indices.sort_unstable();
-    indices.dedup();
-    let mut filters = Vec::new();
-    for n in indices {
-        let name = get(&format!("Filter.{n}.Name")).ok_or_else(|| {
-            ApiError::bad(
-                "InvalidParameterValue",
-                format!("Filter.{n}.Name is missing"),
-            )
-        })?;
-        if !allowed.contains(&name) {
-            return Err(ApiError::bad(
-                "InvalidParameterValue",
-                format!("The filter '{name}' is invalid"),
-            ));
-        }
-        let values = indexed(params, &format!("Filter.{n}.Value"))
-            .into_iter()
-            .map(|(_, v)| v.to_string())
-            .collect();
-        filters.push((name.to_string(), values));
-    }
     Ok(Request {
-        dry_run: get("DryRun") == Some("true"),
+        dry_run: query::dry_run(params),
         ids,
-        filters,
+        filters: query::filters(params, allowed)?,
         page,
-        offset,
+        offset: query::offset(params)?,
     })
 }
 
@@ -270,32 +224,8 @@ impl MockEc2 {
             Ok(r) => r,
             Err(e) => return refuse(&mut inner, e),
         };
-        if let Some(signed) = signed
-            && let Err(e) = self
-                .registry()
-                .authenticate(signed, std::time::SystemTime::now())
-        {
-            return refuse(&mut inner, e);
-        }
-        if inner.faults.unauthorized || inner.faults.reservations_unauthorized {
-            let e = ApiError::new(
-                StatusCode::FORBIDDEN,
-                "UnauthorizedOperation",
-                format!(
-                    "You are not authorized to perform this operation. User: arn:aws:sts::111122223333:assumed-role/labeler is not authorized to perform: ec2:{}",
-                    action.name()
-                ),
-            );
-            return refuse(&mut inner, e);
-        }
-        // As documented: a dry run says whether the call would be allowed, once the caller's
-        // credentials and permission are known.
-        if request.dry_run {
-            let e = ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                "DryRunOperation",
-                "Request would have succeeded, but DryRun flag is set.",
-            );
+        let denied = inner.faults.unauthorized || inner.faults.reservations_unauthorized;
+        if let Err(e) = self.admit(signed, denied, action.name(), request.dry_run) {
             return refuse(&mut inner, e);
         }
         if let Some(unknown) = request
@@ -319,23 +249,13 @@ impl MockEc2 {
             .filter(|r| request.matches(r))
             .filter(|r| !active_only || matches!(r.state.as_str(), "active" | "pending"))
             .collect();
-        let end = request
-            .offset
-            .saturating_add(request.page)
-            .min(matching.len());
-        let items = matching.get(request.offset..end).unwrap_or_default();
-        let next = (end < matching.len()).then(|| encode_token(end));
+        let (items, next) = query::page(&matching, request.offset, request.page);
         let body = match action {
             Action::Topology => topology_xml(&request_id, items, next.as_deref()),
             Action::Reservations => reservations_xml(&request_id, items, next.as_deref()),
         };
         Outcome::Raw(body, latency)
     }
-}
-
-fn element(s: &mut String, indent: &str, tag: &str, value: &str) {
-    use std::fmt::Write;
-    let _ = writeln!(s, "{indent}<{tag}>{}</{tag}>", xml_escape(value));
 }
 
 fn topology_xml(request_id: &str, items: &[&CapacityReservation], next: Option<&str>) -> String {
@@ -443,6 +363,7 @@ fn reservations_xml(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::query::testing::{body, params, refused};
 
     fn cr(n: u32, state: &str, nodes: &[&str]) -> CapacityReservation {
         CapacityReservation {
@@ -457,31 +378,6 @@ mod tests {
             total_instance_count: 4,
             available_instance_count: 1,
             start_date: None,
-        }
-    }
-
-    fn params(action: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-        let mut p = vec![
-            ("Action".to_string(), action.to_string()),
-            ("Version".to_string(), super::super::API_VERSION.to_string()),
-        ];
-        p.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        p
-    }
-
-    fn body(outcome: Outcome) -> String {
-        match outcome {
-            Outcome::Raw(body, _) => body,
-            Outcome::Error(e, _) | Outcome::Delayed(e, _, _) => {
-                panic!("refused: {} {}", e.code, e.message)
-            }
-        }
-    }
-
-    fn refused(outcome: Outcome) -> &'static str {
-        match outcome {
-            Outcome::Error(e, _) | Outcome::Delayed(e, _, _) => e.code,
-            Outcome::Raw(body, _) => panic!("answered: {body}"),
         }
     }
 

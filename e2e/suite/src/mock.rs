@@ -192,13 +192,10 @@ impl MockAdmin {
         .map(drop)
     }
 
-    /// The Capacity Reservations the mock describes, replaced (its instances kept).
-    pub async fn set_reservations(
-        &self,
-        reservations: &[mock_ec2::reservations::CapacityReservation],
-    ) -> anyhow::Result<()> {
+    /// The scenario as the mock holds it, changed by `change` and put back.
+    async fn change_scenario(&self, change: impl FnOnce(&mut Scenario)) -> anyhow::Result<()> {
         let mut scenario = self.scenario().await?;
-        scenario.reservations = reservations.to_vec();
+        change(&mut scenario);
         self.call(
             http::Method::PUT,
             "/_admin/instances",
@@ -208,12 +205,52 @@ impl MockAdmin {
         .map(drop)
     }
 
+    /// The Capacity Reservations the mock describes, replaced (its instances kept).
+    pub async fn set_reservations(
+        &self,
+        reservations: &[mock_ec2::reservations::CapacityReservation],
+    ) -> anyhow::Result<()> {
+        self.change_scenario(|s| s.reservations = reservations.to_vec())
+            .await
+    }
+
     pub async fn reservation_stats(
         &self,
     ) -> anyhow::Result<mock_ec2::reservations::ReservationStats> {
         Ok(serde_json::from_slice(
             &self
                 .call(http::Method::GET, "/_admin/stats/reservations", None)
+                .await?,
+        )?)
+    }
+
+    /// The Capacity Blocks the mock describes, replaced (its instances and reservations kept).
+    pub async fn set_capacity_blocks(
+        &self,
+        blocks: &[mock_ec2::capacity_blocks::CapacityBlock],
+    ) -> anyhow::Result<()> {
+        self.change_scenario(|s| s.capacity_blocks = blocks.to_vec())
+            .await
+    }
+
+    /// One Capacity Block's interconnect: `ok`, `impaired` or `insufficient-data`.
+    pub async fn set_interconnect(
+        &self,
+        capacity_block_id: &str,
+        status: &str,
+    ) -> anyhow::Result<()> {
+        let path = format!("/_admin/capacity-blocks/{capacity_block_id}/interconnect");
+        self.call(http::Method::PUT, &path, Some(status.as_bytes().to_vec()))
+            .await
+            .map(drop)
+    }
+
+    pub async fn capacity_block_stats(
+        &self,
+    ) -> anyhow::Result<mock_ec2::capacity_blocks::CapacityBlockStats> {
+        Ok(serde_json::from_slice(
+            &self
+                .call(http::Method::GET, "/_admin/stats/capacity-blocks", None)
                 .await?,
         )?)
     }

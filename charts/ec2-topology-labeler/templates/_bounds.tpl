@@ -98,6 +98,12 @@ for the checks in _checks.tpl. */ -}}
     "max": 3600000000000,
     "min": 1000000000,
     "range": "1s to 1h"
+  },
+  "uninstallHook.waitForLease": {
+    "flag": "wait-for-lease",
+    "max": 3600000000000,
+    "min": 0,
+    "range": "0s to 1h"
   }
 }
 {{- end -}}

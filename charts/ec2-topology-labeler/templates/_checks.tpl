@@ -84,6 +84,12 @@ characters and `/`, then a name of 1 to 63 characters. Prints "true" or nothing.
 {{- end }}
 {{- end }}
 {{- $le := .Values.leaderElection }}
+{{- /* The uninstall hook passes the lease duration and its own wait whether or not the
+controller elects a leader: a value its Job would refuse fails the install, not the uninstall. */ -}}
+{{- if .Values.uninstallHook.enabled }}
+{{- include "ec2tl.checkDuration" (dict "key" "uninstallHook.waitForLease" "value" .Values.uninstallHook.waitForLease "bound" (get $bounds "uninstallHook.waitForLease")) }}
+{{- include "ec2tl.checkDuration" (dict "key" "leaderElection.leaseDuration" "value" $le.leaseDuration "bound" (get $bounds "leaderElection.leaseDuration")) }}
+{{- end }}
 {{- if $le.enabled }}
 {{- range $key := list "leaseDuration" "renewGrace" }}
 {{- include "ec2tl.checkDuration" (dict "key" (printf "leaderElection.%s" $key) "value" (get $le $key) "bound" (get $bounds (printf "leaderElection.%s" $key))) }}
@@ -109,10 +115,11 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- $preset := $c.labelPreset | default "eks" }}
 {{- $eksPrefix := "topology.k8s.aws/network-node-layer-" }}
 {{- $defaultBlock := "ec2-topology-labeler.io/capacity-block-id" }}
-{{- $prefix := $c.layerLabelPrefix | default $eksPrefix }}
+{{- /* A key set to "" is passed as "" (and refused as a label key): hasKey, not default. */ -}}
+{{- $prefix := ternary $c.layerLabelPrefix $eksPrefix (hasKey $c "layerLabelPrefix") }}
 {{- $numbering := $c.layerNumbering | default "top-first" }}
 {{- $first := 1 }}
-{{- $block := $c.capacityBlockLabelKey | default $defaultBlock }}
+{{- $block := ternary $c.capacityBlockLabelKey $defaultBlock (hasKey $c "capacityBlockLabelKey") }}
 {{- if eq $preset "hyperpod" }}
 {{- if eq $block $defaultBlock }}{{ $block = "topology.k8s.aws/ultraserver-id" }}{{ end }}
 {{- else if eq $preset "topograph" }}
@@ -122,9 +129,9 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- $first = 0 }}
 {{- end }}
 {{- $extras := list }}
-{{- if ne (toString $c.zoneIdLabel) "false" }}{{ $extras = append $extras ($c.zoneIdLabelKey | default "topology.k8s.aws/zone-id") }}{{ end }}
+{{- if ne (toString $c.zoneIdLabel) "false" }}{{ $extras = append $extras (ternary $c.zoneIdLabelKey "topology.k8s.aws/zone-id" (hasKey $c "zoneIdLabelKey")) }}{{ end }}
 {{- if ne (toString $c.capacityBlockLabel) "false" }}{{ $extras = append $extras $block }}{{ end }}
-{{- if ne (toString $c.placementGroupLabel) "false" }}{{ $extras = append $extras ($c.placementGroupLabelKey | default "ec2-topology-labeler.io/placement-group") }}{{ end }}
+{{- if ne (toString $c.placementGroupLabel) "false" }}{{ $extras = append $extras (ternary $c.placementGroupLabelKey "ec2-topology-labeler.io/placement-group" (hasKey $c "placementGroupLabelKey")) }}{{ end }}
 {{- range prepend $extras (printf "%s%d" $prefix (add 16 $first -1)) }}
 {{- if not (include "ec2tl.validLabelKey" .) }}
 {{- fail (printf "config: %q is not a valid label key (the layer keys are layerLabelPrefix and a number up to 16)" .) }}
@@ -140,6 +147,16 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- end }}
 {{- if and (hasKey $c "uniformDepth") (ne $numbering "top-first") }}
 {{- fail "config: uniformDepth needs top-first layer numbering (with leaf-first, layer 1 is already the switch above every node; the topograph preset numbers leaf-first)" }}
+{{- end }}
+{{- /* Slinky's annotation names its topologies: non-empty, without ':', ',' or spaces. */ -}}
+{{- if eq (toString $c.slinkyAnnotation) "true" }}
+{{- $names := list (ternary $c.slurmTopologyName "topo-switch" (hasKey $c "slurmTopologyName")) }}
+{{- if hasKey $c "slinkyBlockTopology" }}{{ $names = append $names $c.slinkyBlockTopology }}{{ end }}
+{{- range $names }}
+{{- if or (eq (toString .) "") (regexMatch "[:, ]" (toString .)) }}
+{{- fail (printf "config: Slurm topology name %q must be non-empty, without ':', ',' or spaces" (toString .)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with $c.slurmTopologyConfigmap }}
 {{- $dns := "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$" }}

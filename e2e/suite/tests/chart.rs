@@ -3008,6 +3008,8 @@ fn bounded_durations() -> Vec<(String, String)> {
                 "leaderElection.renewGrace".into(),
                 "leader-election-renew-grace".into(),
             ),
+            // The uninstall hook's own (a flag of `uninstall`).
+            ("uninstallHook.waitForLease".into(), "wait-for-lease".into()),
         ])
         .filter(|(_, flag)| {
             matches!(
@@ -3070,22 +3072,36 @@ fn chart_values_schema_matches_the_flags() {
 
 /// Whether the binary starts with the chart's default command line changed by `sets` (values
 /// keys as `--set` takes them): each flag parsed with its range, then `run`'s checks across
-/// flags.
+/// flags; the uninstall hook's wait by `uninstall`, which the hook runs.
 fn binary_takes(sets: &[(&str, &str)]) -> Result<(), String> {
     let mut args = args_of(&render(&[]));
+    let parse = |args: Vec<String>| -> Result<(), String> {
+        Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
+            .map_err(|e| e.to_string())?
+            .check()
+    };
     for (key, value) in sets {
         let flag = match key.split_once('.') {
             Some(("config", k)) => format!("--{}", kebab(k)),
             Some(("leaderElection", "leaseDuration")) => "--leader-election-lease-duration".into(),
             Some(("leaderElection", "renewGrace")) => "--leader-election-renew-grace".into(),
+            Some(("uninstallHook", "enabled")) => continue,
+            // Only a hook that is on runs `uninstall`.
+            Some(("uninstallHook", "waitForLease")) => {
+                if sets.contains(&("uninstallHook.enabled", "true")) {
+                    parse(vec![
+                        "uninstall".into(),
+                        format!("--wait-for-lease={value}"),
+                    ])?;
+                }
+                continue;
+            }
             _ => panic!("no flag for {key}"),
         };
         args.retain(|a| !a.starts_with(&format!("{flag}=")));
         args.push(format!("{flag}={value}"));
     }
-    let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
-        .map_err(|e| e.to_string())?;
-    cli.check()
+    parse(args)
 }
 
 /// A duration one nanosecond from `d` (below when `below`), as humantime writes it.
@@ -3115,6 +3131,8 @@ fn the_chart_refuses_what_the_binary_refuses() {
                 case.push(("leaderElection.renewGrace".into(), "1s".into()));
             } else if key == "leaderElection.renewGrace" {
                 case.push(("leaderElection.leaseDuration".into(), "1h".into()));
+            } else if key == "uninstallHook.waitForLease" {
+                case.push(("uninstallHook.enabled".into(), "true".into()));
             }
             case
         };
@@ -3185,6 +3203,15 @@ fn the_chart_refuses_what_the_binary_refuses() {
         ("config.slurmTopologyConfigmap", "slurm/Topology"),
     ] {
         cases.push(one(k, v));
+    }
+    // A key set to nothing is passed as nothing, and refused.
+    for k in [
+        "zoneIdLabelKey",
+        "capacityBlockLabelKey",
+        "placementGroupLabelKey",
+        "layerLabelPrefix",
+    ] {
+        cases.push(vec![(format!("config.{k}"), String::new())]);
     }
     let segment = "a".repeat(64);
     cases.push(one("config.zoneIdLabelKey", &format!("{segment}.com/zone")));
@@ -3269,6 +3296,43 @@ fn the_chart_refuses_what_the_binary_refuses() {
             ("leaderElection.leaseDuration", "1h"),
             ("leaderElection.renewGrace", "59m 52s"),
         ],
+        &[
+            ("config.layerLabelPrefix", ""),
+            ("config.zoneIdLabelKey", "3"),
+        ],
+        &[
+            ("config.labelPreset", "topograph"),
+            ("config.layerLabelPrefix", ""),
+            ("config.zoneIdLabelKey", "fabric.topograph.run/tier-0"),
+        ],
+        &[
+            ("config.slinkyAnnotation", "true"),
+            ("config.slurmTopologyName", "topo switch"),
+        ],
+        &[
+            ("config.slinkyAnnotation", "true"),
+            ("config.slurmTopologyName", ""),
+        ],
+        &[
+            ("config.slinkyAnnotation", "true"),
+            ("config.slinkyBlockTopology", "topo,block"),
+        ],
+        &[
+            ("config.slinkyAnnotation", "true"),
+            ("config.slinkyBlockTopology", "topo-block"),
+        ],
+        &[
+            ("config.slinkyAnnotation", "false"),
+            ("config.slurmTopologyName", "topo switch"),
+        ],
+        &[
+            ("uninstallHook.enabled", "true"),
+            ("uninstallHook.waitForLease", "90m"),
+        ],
+        &[
+            ("uninstallHook.enabled", "false"),
+            ("uninstallHook.waitForLease", "90m"),
+        ],
     ] {
         cases.push(
             case.iter()
@@ -3283,10 +3347,26 @@ fn the_chart_refuses_what_the_binary_refuses() {
             case.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let binary = binary_takes(&borrowed);
         match render_result(&sets) {
-            Ok(_) => {
+            Ok(rendered) => {
                 assert!(
                     binary.is_ok(),
                     "{sets:?}: the chart renders it, the binary refuses it: {binary:?}"
+                );
+                // And what the chart rendered starts: the Deployment's arguments themselves.
+                let docs: Vec<Value> = serde_saphyr::from_multiple::<Value>(&rendered)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(Value::is_object)
+                    .collect();
+                let args = args_of(&docs);
+                let cli = Cli::try_parse_from(
+                    std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
+                )
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.check());
+                assert!(
+                    cli.is_ok(),
+                    "{sets:?}: the rendered {args:?} refused: {cli:?}"
                 );
                 taken += 1;
             }

@@ -232,21 +232,25 @@ fn helm_as_the_docs_run_it(
 ) -> anyhow::Result<std::path::PathBuf> {
     let bin = dir.join("helm-bin");
     std::fs::create_dir_all(&bin)?;
+    // Each value single-quoted for bash; the registry is matched as a literal, not a pattern.
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
     let plain_http = if kind.release.plain_http {
         format!(
-            "[[ \"$*\" == *oci://{}/* ]] && extra+=(--plain-http)\n",
-            readme_registry(kind)?
+            "[[ \"$*\" == *\"oci://\"{}\"/\"* ]] && extra+=(--plain-http)\n",
+            quote(&readme_registry(kind)?)
         )
     } else {
         String::new()
     };
     let wrapper = bin.join("helm");
+    // `install` gets the kind values and waits; `upgrade` waits less than a doc block may run
+    // (120 s), so that a slow roll fails the block instead of leaving the release pending.
     std::fs::write(
         &wrapper,
         format!(
-            "#!/usr/bin/env bash\nset -euo pipefail\nextra=()\n{plain_http}[[ ${{1:-}} == install ]] && extra+=(-f {values} --wait --timeout 180s)\nexec {helm} \"$@\" \"${{extra[@]}}\"\n",
-            helm = helm::helm_bin()?.display(),
-            values = kind.values.display(),
+            "#!/usr/bin/env bash\nset -euo pipefail\nextra=()\n{plain_http}case \"${{1:-}}\" in\n  install) extra+=(-f {values} --wait --timeout 180s) ;;\n  upgrade) extra+=(--timeout 100s) ;;\nesac\nexec {helm} \"$@\" ${{extra[@]+\"${{extra[@]}}\"}}\n",
+            helm = quote(&helm::helm_bin()?.to_string_lossy()),
+            values = quote(&kind.values.to_string_lossy()),
         ),
     )?;
     std::fs::set_permissions(
@@ -293,6 +297,7 @@ fn install_as_the_readme_says(kind: &KindEnv) -> anyhow::Result<String> {
         out.status.code(),
         block.code
     );
+    let _ = std::fs::remove_dir_all(&dir);
     eprintln!("    {}: ran as written (REGISTRY={registry})", block.at());
     Ok(text)
 }
@@ -935,11 +940,6 @@ async fn doc_commands_run_as_written(env: &Env) -> anyhow::Result<()> {
         };
         Patch::Merge(json!({ "status": { "capacity": r.clone(), "allocatable": r } }))
     };
-    for w in &workers {
-        nodes
-            .patch_status(w, &PatchParams::default(), &devices(true))
-            .await?;
-    }
     let dir = std::env::temp_dir().join(format!("ec2tl-doc-commands-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let parent = |p: &std::path::Path| {
@@ -971,6 +971,11 @@ async fn doc_commands_run_as_written(env: &Env) -> anyhow::Result<()> {
     )?;
     let mut ran = 0;
     let result = async {
+        for w in &workers {
+            nodes
+                .patch_status(w, &PatchParams::default(), &devices(true))
+                .await?;
+        }
         for b in doctest::blocks(&e2e::repo_root())? {
             let Some(Mark::Kind { expect }) = &b.mark else {
                 continue;
@@ -1016,12 +1021,23 @@ async fn doc_commands_run_as_written(env: &Env) -> anyhow::Result<()> {
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);
+    // Every worker's devices taken off whatever happened (the later scenarios run on them); a
+    // block's own failure is the one reported.
+    let mut cleanup = Vec::new();
     for w in &workers {
-        nodes
+        if let Err(e) = nodes
             .patch_status(w, &PatchParams::default(), &devices(false))
-            .await?;
+            .await
+        {
+            cleanup.push(format!("{w}: {e}"));
+        }
     }
     result?;
+    ensure!(
+        cleanup.is_empty(),
+        "the advertised devices stay on: {}",
+        cleanup.join("; ")
+    );
     ensure!(ran >= 12, "only {ran} doc blocks are marked to run");
     Ok(())
 }

@@ -190,6 +190,8 @@ check-manifests: tools
 ## docs: regenerate every generated file (docs tables from the code, chart schema, chart README, deploy/)
 docs:
 	UPDATE_DOCS=1 cargo test --workspace --locked --lib docs
+	UPDATE_DOCS=1 cargo test --workspace --locked --test docs
+	UPDATE_DOCS=1 cargo test --workspace --locked --test chart -- sizing
 	$(MAKE) schema chart-docs manifests
 
 ## chart-docs: regenerate the chart's README.md from values.yaml and README.md.gotmpl (helm-docs)

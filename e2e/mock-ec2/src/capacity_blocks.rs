@@ -197,8 +197,7 @@ impl MockEc2 {
         signed: Option<&super::auth::SignedRequest<'_>>,
     ) -> Outcome {
         let mut inner = self.lock();
-        inner.request_seq += 1;
-        let request_id = format!("00000000-0000-4000-8000-{:012x}", inner.request_seq);
+        let request_id = inner.next_request_id();
         let latency = Duration::from_millis(inner.faults.latency_ms);
         match action {
             Action::Blocks => inner.capacity_block_stats.blocks_calls += 1,

@@ -220,6 +220,14 @@ struct Inner {
     capacity_block_stats: capacity_blocks::CapacityBlockStats,
 }
 
+impl Inner {
+    /// The `requestId` of the next answer, as EC2 writes them (a UUID).
+    fn next_request_id(&mut self) -> String {
+        self.request_seq += 1;
+        format!("00000000-0000-4000-8000-{:012x}", self.request_seq)
+    }
+}
+
 /// Shared state of one mock.
 #[derive(Clone, Default)]
 pub struct MockEc2 {
@@ -300,9 +308,7 @@ impl MockEc2 {
     }
 
     fn next_request_id(&self) -> String {
-        let mut inner = self.lock();
-        inner.request_seq += 1;
-        format!("00000000-0000-4000-8000-{:012x}", inner.request_seq)
+        self.lock().next_request_id()
     }
 
     pub fn set_auth(&self, config: AuthConfig) {
@@ -336,8 +342,7 @@ impl MockEc2 {
         signed: Option<&auth::SignedRequest<'_>>,
     ) -> Outcome {
         let mut inner = self.lock();
-        inner.request_seq += 1;
-        let request_id = format!("00000000-0000-4000-8000-{:012x}", inner.request_seq);
+        let request_id = inner.next_request_id();
         let request = match parse_request(params) {
             Ok(r) => r,
             Err(e) => {

@@ -202,8 +202,7 @@ impl MockEc2 {
         signed: Option<&super::auth::SignedRequest<'_>>,
     ) -> Outcome {
         let mut inner = self.lock();
-        inner.request_seq += 1;
-        let request_id = format!("00000000-0000-4000-8000-{:012x}", inner.request_seq);
+        let request_id = inner.next_request_id();
         let latency = Duration::from_millis(inner.faults.latency_ms);
         let request = parse(action, params);
         let stats = &mut inner.reservation_stats;

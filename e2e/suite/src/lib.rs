@@ -12,6 +12,7 @@ pub mod credentials;
 pub mod doctest;
 pub mod env;
 pub mod fixtures;
+pub mod generated;
 pub mod helm;
 pub mod incluster;
 pub mod kube_util;

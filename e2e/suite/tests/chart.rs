@@ -2561,23 +2561,12 @@ fn sizing_section() -> String {
 #[test]
 fn sizing_follows_the_measurements() {
     let want = sizing_section();
-    let path = chart().join("README.md.gotmpl");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let (begin, end) = (
-        "<!-- BEGIN GENERATED: sizing -->\n",
-        "<!-- END GENERATED: sizing -->",
+    e2e::generated::check(
+        "charts/ec2-topology-labeler/README.md.gotmpl",
+        "sizing",
+        &want,
+        "cargo test --workspace --test chart -- sizing, then make chart-docs",
     );
-    let (head, rest) = text.split_once(begin).expect("sizing markers");
-    let (have, tail) = rest.split_once(end).expect("sizing end marker");
-    if std::env::var_os("UPDATE_DOCS").is_some() && have != want {
-        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).unwrap();
-    } else {
-        assert!(
-            have == want,
-            "{}'s sizing is stale: UPDATE_DOCS=1 cargo test --workspace --test chart -- sizing, then make chart-docs",
-            path.display()
-        );
-    }
     for row in want
         .lines()
         .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))

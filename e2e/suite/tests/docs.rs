@@ -292,22 +292,12 @@ fn startup_taint_join_rates_are_the_benchmarks_rows() {
         rows += 1;
     }
     assert!(rows >= 3, "{rows} join-rate rows in benchmarks.md");
-    let path = root.join("docs/startup-taint.md");
-    let text = std::fs::read_to_string(&path).expect("startup-taint.md");
-    let (begin, end) = (
-        "<!-- BEGIN GENERATED: join-rates -->\n",
-        "<!-- END GENERATED: join-rates -->",
+    e2e::generated::check(
+        "docs/startup-taint.md",
+        "join-rates",
+        &want,
+        "cargo test --workspace --test docs",
     );
-    let (head, rest) = text.split_once(begin).expect("join-rates markers");
-    let (have, tail) = rest.split_once(end).expect("join-rates end marker");
-    if std::env::var_os("UPDATE_DOCS").is_some() {
-        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).expect("written");
-    } else {
-        assert!(
-            have == want,
-            "docs/startup-taint.md's join rates differ from docs/benchmarks.md: UPDATE_DOCS=1 cargo test --workspace --test docs"
-        );
-    }
 }
 
 /// The first word after `key` on a line of `file` that starts with it (`key v1.2.3 // ...`).
@@ -385,20 +375,10 @@ fn compatibility_matrix_is_the_pins() {
         platforms.join(", "),
         short = &kai[..12.min(kai.len())],
     );
-    let path = e2e::repo_root().join("docs/compatibility.md");
-    let text = std::fs::read_to_string(&path).expect("compatibility.md");
-    let (begin, end) = (
-        "<!-- BEGIN GENERATED: matrix -->\n",
-        "<!-- END GENERATED: matrix -->",
+    e2e::generated::check(
+        "docs/compatibility.md",
+        "matrix",
+        &want,
+        "cargo test --workspace --test docs",
     );
-    let (head, rest) = text.split_once(begin).expect("matrix markers");
-    let (have, tail) = rest.split_once(end).expect("matrix end marker");
-    if std::env::var_os("UPDATE_DOCS").is_some() {
-        std::fs::write(&path, format!("{head}{begin}{want}{end}{tail}")).expect("written");
-    } else {
-        assert!(
-            have == want,
-            "docs/compatibility.md is stale: UPDATE_DOCS=1 cargo test --workspace --test docs"
-        );
-    }
 }

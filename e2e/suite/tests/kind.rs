@@ -260,6 +260,45 @@ fn helm_as_the_docs_run_it(
     Ok(bin)
 }
 
+/// Run a doc block as written: `bash -e -o pipefail`, cut after `seconds`, in `dir`, with
+/// `env` (KUBECONFIG, PATH, REGISTRY, ...), no input; its output (stdout and stderr), or why it
+/// failed.
+fn run_block(
+    b: &e2e::doctest::Block,
+    seconds: u32,
+    dir: &std::path::Path,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> anyhow::Result<String> {
+    let out = std::process::Command::new("timeout")
+        .args([
+            &seconds.to_string(),
+            "bash",
+            "-e",
+            "-o",
+            "pipefail",
+            "-c",
+            &b.code,
+        ])
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running bash")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "{} exited {:?}:\n{}\n--- output:\n{text}",
+        b.at(),
+        out.status.code(),
+        b.code
+    );
+    Ok(text)
+}
+
 /// The README's install block (`<!-- doc-test: kind-install -->`) run as written: `REGISTRY` the
 /// suite's registry (where e2e/kind/run.sh ran the README's release block), and a `helm` that
 /// adds to `install` what this cluster needs and a platform team's does not: the kind values
@@ -276,27 +315,17 @@ fn install_as_the_readme_says(kind: &KindEnv) -> anyhow::Result<String> {
     let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     )))?;
-    let out = std::process::Command::new("timeout")
-        .args(["240", "bash", "-e", "-o", "pipefail", "-c", &block.code])
-        .current_dir(&dir)
-        .env("KUBECONFIG", &kind.kubeconfig)
-        .env("REGISTRY", &registry)
-        .env("PATH", &path)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .context("running bash")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ensure!(
-        out.status.success(),
-        "{} (REGISTRY={registry}) exited {:?}:\n{}\n--- output:\n{text}",
-        block.at(),
-        out.status.code(),
-        block.code
-    );
+    let text = run_block(
+        &block,
+        240,
+        &dir,
+        &[
+            ("KUBECONFIG", kind.kubeconfig.as_os_str()),
+            ("REGISTRY", registry.as_ref()),
+            ("PATH", path.as_os_str()),
+        ],
+    )
+    .with_context(|| format!("REGISTRY={registry}"))?;
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("    {}: ran as written (REGISTRY={registry})", block.at());
     Ok(text)
@@ -980,28 +1009,17 @@ async fn doc_commands_run_as_written(env: &Env) -> anyhow::Result<()> {
             let Some(Mark::Kind { expect }) = &b.mark else {
                 continue;
             };
-            let out = std::process::Command::new("timeout")
-                .args(["120", "bash", "-e", "-o", "pipefail", "-c", &b.code])
-                .current_dir(&dir)
-                .env("KUBECONFIG", &kind.kubeconfig)
-                .env("PATH", &path)
-                .env("REGISTRY", &registry)
-                .env("NODE", &node)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .context("running bash")?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            ensure!(
-                out.status.success(),
-                "{} exited {:?}:\n{}\n--- output:\n{text}",
-                b.at(),
-                out.status.code(),
-                b.code
-            );
+            let text = run_block(
+                &b,
+                120,
+                &dir,
+                &[
+                    ("KUBECONFIG", kind.kubeconfig.as_os_str()),
+                    ("PATH", path.as_os_str()),
+                    ("REGISTRY", registry.as_ref()),
+                    ("NODE", node.as_ref()),
+                ],
+            )?;
             for e in expect {
                 ensure!(
                     text.contains(e.as_str()),

@@ -111,7 +111,14 @@ impl RunArgs {
     /// twice, uniform depth only with top-first numbering) and the Slurm ConfigMap's name.
     pub fn check(&self) -> std::result::Result<(), String> {
         crate::leader::Timings::from_args(&self.leader).map_err(|e| e.to_string())?;
-        self.labels.scheme()?;
+        let scheme = self.labels.scheme()?;
+        if self.publish.ultraserver_level == crate::publish::topology::UltraServerLevel::On
+            && scheme.capacity_block_key.is_none()
+        {
+            return Err(
+                "--ultraserver-level=on needs the capacity block label (--capacity-block-label=true): the UltraServer level is that label".into(),
+            );
+        }
         if let Some(at) = &self.publish.slurm_topology_configmap {
             crate::publish::slurm::parse_target(at)?;
         }

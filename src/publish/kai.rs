@@ -6,7 +6,10 @@
 //! for a 3-layer node, even for a placement required at layer 1. So the 3-level Topology
 //! (`<name>`) is always kept, and when nodes with more layers are labelled (p6-b200: 4) a
 //! Topology of their depth is created beside it, `<name>-<depth>-layer` (said in a log line and
-//! an Event); workloads for those nodes name it in `kai.scheduler/topology`. KAI's levels are
+//! an Event); workloads for those nodes name it in `kai.scheduler/topology`. Likewise, UltraServer
+//! members (nodes carrying the capacity block label) get `<name>-ultraserver` (or
+//! `<name>-<depth>-layer-ultraserver`), whose levels hold the capacity block between the deepest
+//! layer and the hostname (`--ultraserver-level`). KAI's levels are
 //! immutable (a validation rule refuses any change), so nothing is ever updated in place.
 //!
 //! Owns: the KAI Topologies we create. Never changes or deletes any Topology.
@@ -26,7 +29,10 @@ use tracing::{error, info, warn};
 use super::{
     Publisher,
     plugin::{Item, Purpose, Scope, Setup, delete, labelled},
-    topology::{Outcome, ensure_in, levels, report_mismatch, served_resource},
+    topology::{
+        Outcome, UltraServerLevel, ensure_in, in_ultraserver, levels, report_mismatch,
+        served_resource, ultraserver_levels,
+    },
 };
 use crate::{
     labels::{LabelScheme, MAX_LAYERS},
@@ -49,27 +55,79 @@ fn label_depth(scheme: &LabelScheme, node: &NodeView) -> usize {
         .count()
 }
 
-/// The depths of the Topologies these nodes need: the base, and every deeper depth a node has.
-/// (A node with fewer layers than the base fits none; EC2 describes 3 or 4.)
-pub fn depths_for(scheme: &LabelScheme, nodes: &[NodeView]) -> BTreeSet<usize> {
-    let base = base_depth(scheme);
-    nodes
-        .iter()
-        .map(|n| label_depth(scheme, n))
-        .filter(|d| *d > base)
-        .chain([base])
-        .collect()
+/// What a Topology is for: nodes this many layers deep, in an UltraServer or any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Shape {
+    pub depth: usize,
+    /// The capacity block (the UltraServer) is a level between the deepest layer and the
+    /// hostname: only UltraServer members fit it.
+    pub ultraserver: bool,
 }
 
-/// The Topology's name for `depth` levels: `name` at the base depth, `<name>-<depth>-layer`
-/// otherwise.
-pub fn name_for(scheme: &LabelScheme, name: &str, depth: usize) -> String {
-    if depth == base_depth(scheme) {
+/// The Topologies these nodes need: the base depth's, one for every deeper depth a node has,
+/// and (as `--ultraserver-level` says) one with the UltraServer level for each depth an
+/// UltraServer member has. (A node with fewer layers than the base fits none; EC2 describes 3
+/// or 4.)
+pub fn shapes_for(
+    scheme: &LabelScheme,
+    nodes: &[NodeView],
+    level: UltraServerLevel,
+) -> BTreeSet<Shape> {
+    let base = base_depth(scheme);
+    let ultraservers = level != UltraServerLevel::Off && scheme.capacity_block_key.is_some();
+    let mut out = BTreeSet::from([Shape {
+        depth: base,
+        ultraserver: false,
+    }]);
+    if ultraservers && level == UltraServerLevel::On {
+        out.insert(Shape {
+            depth: base,
+            ultraserver: true,
+        });
+    }
+    for n in nodes {
+        let depth = label_depth(scheme, n);
+        if depth < base {
+            continue;
+        }
+        out.insert(Shape {
+            depth,
+            ultraserver: false,
+        });
+        if ultraservers && in_ultraserver(scheme, n) {
+            out.insert(Shape {
+                depth,
+                ultraserver: true,
+            });
+        }
+    }
+    out
+}
+
+/// The Topology's name for a shape: `name` at the base depth, `<name>-<depth>-layer` deeper,
+/// and `-ultraserver` after either for UltraServer members.
+pub fn name_for(scheme: &LabelScheme, name: &str, shape: Shape) -> String {
+    let mut out = if shape.depth == base_depth(scheme) {
         name.to_string()
     } else {
-        format!("{name}-{depth}-layer")
+        format!("{name}-{}-layer", shape.depth)
+    };
+    if shape.ultraserver {
+        out.push_str(ULTRASERVER_SUFFIX);
+    }
+    out
+}
+
+/// The levels of a shape's Topology (`None`: an UltraServer shape with no capacity block label).
+pub fn levels_for(scheme: &LabelScheme, shape: Shape) -> Option<Vec<String>> {
+    if shape.ultraserver {
+        ultraserver_levels(scheme, shape.depth, true)
+    } else {
+        Some(levels(scheme, shape.depth, true))
     }
 }
+
+const ULTRASERVER_SUFFIX: &str = "-ultraserver";
 
 /// An existing Topology is checked again every this many publish intervals.
 const RECHECK_INTERVALS: u32 = 12;
@@ -79,6 +137,7 @@ pub struct KaiPublisher {
     client: Client,
     scheme: LabelScheme,
     name: String,
+    ultraserver_level: UltraServerLevel,
     recheck: std::time::Duration,
     /// Name → the levels last found in place, and when.
     checked: BTreeMap<String, (Vec<String>, std::time::Instant)>,
@@ -97,6 +156,7 @@ impl KaiPublisher {
             client: s.client.clone(),
             scheme: s.scheme.clone(),
             name: s.args.kai_topology_name.clone(),
+            ultraserver_level: s.args.ultraserver_level,
             recheck: s.args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: BTreeMap::new(),
             reported: BTreeSet::new(),
@@ -121,15 +181,26 @@ impl KaiPublisher {
         Ok((outcome, obj.map(|o| (o, ar))))
     }
 
-    async fn check(&mut self, depth: usize, name: String, want: Vec<String>) {
+    async fn check(&mut self, shape: Shape, name: String, want: Vec<String>) {
         match self.ensure(&name, &want).await {
             Ok((Outcome::Created, obj)) => {
                 self.metrics.kai_topology_mismatch(&name, false);
-                if depth == base_depth(&self.scheme) {
+                let depth = shape.depth;
+                if shape
+                    == (Shape {
+                        depth: base_depth(&self.scheme),
+                        ultraserver: false,
+                    })
+                {
                     info!(topology = %name, levels = ?want, "created KAI Topology");
                 } else {
+                    let whose = if shape.ultraserver {
+                        format!("nodes in UltraServers ({depth} layers deep) are labelled")
+                    } else {
+                        format!("nodes {depth} layers deep are labelled")
+                    };
                     let message = format!(
-                        "nodes {depth} layers deep are labelled: created KAI Topology {name} with levels {want:?} for them ({} stays for the others: KAI leaves out of a Topology every node lacking one of its levels); point their workloads' kai.scheduler/topology at {name}",
+                        "{whose}: created KAI Topology {name} with levels {want:?} for them ({} stays for the others: KAI leaves out of a Topology every node lacking one of its levels); point their workloads' kai.scheduler/topology at {name}",
                         self.name
                     );
                     warn!(topology = %name, ?want, "{message}");
@@ -188,15 +259,17 @@ impl Publisher for KaiPublisher {
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for depth in depths_for(&self.scheme, nodes) {
-                let name = name_for(&self.scheme, &self.name, depth);
-                let want = levels(&self.scheme, depth, true);
+            for shape in shapes_for(&self.scheme, nodes, self.ultraserver_level) {
+                let name = name_for(&self.scheme, &self.name, shape);
+                let Some(want) = levels_for(&self.scheme, shape) else {
+                    continue;
+                };
                 let due = self
                     .checked
                     .get(&name)
                     .is_none_or(|(l, at)| *l != want || at.elapsed() >= self.recheck);
                 if due {
-                    self.check(depth, name, want).await;
+                    self.check(shape, name, want).await;
                 }
             }
         })
@@ -234,7 +307,8 @@ impl super::plugin::Plugin for Plugin {
             .then(|| Box::new(KaiPublisher::new(s)) as Box<dyn Publisher>))
     }
 
-    /// Turned off, the Topologies of the name configured (and its deeper `-<depth>-layer`
+    /// Turned off, the Topologies of the name configured (and its deeper `-<depth>-layer` and
+    /// `-ultraserver`
     /// ones) are listed as kept: workloads name them; `uninstall` removes them.
     fn leftovers<'a>(
         &'a self,
@@ -257,6 +331,7 @@ impl super::plugin::Plugin for Plugin {
                 Purpose::TurnedOff(args) => {
                     let name = args.kai_topology_name.as_str();
                     let of_the_name = |n: &str| {
+                        let n = n.strip_suffix(ULTRASERVER_SUFFIX).unwrap_or(n);
                         n == name
                             || n.strip_prefix(name)
                                 .and_then(|rest| rest.strip_prefix('-'))
@@ -298,10 +373,29 @@ mod tests {
         NodeView::labelled("n", &LabelScheme::default(), &path)
     }
 
+    fn shape(depth: usize, ultraserver: bool) -> Shape {
+        Shape { depth, ultraserver }
+    }
+
+    /// Network shapes only (the UltraServer ones are tested below).
+    fn depths_for(s: &LabelScheme, nodes: &[NodeView]) -> Vec<usize> {
+        shapes_for(s, nodes, UltraServerLevel::Auto)
+            .into_iter()
+            .filter(|sh| !sh.ultraserver)
+            .map(|sh| sh.depth)
+            .collect()
+    }
+
+    fn in_block(mut n: NodeView, block: &str) -> NodeView {
+        n.labels
+            .insert(crate::labels::CAPACITY_BLOCK_KEY.into(), block.into());
+        n
+    }
+
     #[test]
     fn the_base_topology_is_kept_and_each_deeper_depth_gets_its_own() {
         let s = LabelScheme::default();
-        let depths = |nodes: &[NodeView]| depths_for(&s, nodes).into_iter().collect::<Vec<_>>();
+        let depths = |nodes: &[NodeView]| depths_for(&s, nodes);
         assert_eq!(depths(&[]), [3], "3 levels before any node is labelled");
         assert_eq!(depths(&[view(3), view(3)]), [3]);
         assert_eq!(
@@ -319,8 +413,11 @@ mod tests {
             [3],
             "a 2-layer answer fits none"
         );
-        assert_eq!(name_for(&s, "aws-network", 3), "aws-network");
-        assert_eq!(name_for(&s, "aws-network", 4), "aws-network-4-layer");
+        assert_eq!(name_for(&s, "aws-network", shape(3, false)), "aws-network");
+        assert_eq!(
+            name_for(&s, "aws-network", shape(4, false)),
+            "aws-network-4-layer"
+        );
         let want = levels(&s, 4, true);
         assert_eq!(want.len(), 5);
         assert_eq!(want[3], "topology.k8s.aws/network-node-layer-4");
@@ -336,11 +433,79 @@ mod tests {
             uniform_depth: Some(4),
             ..LabelScheme::default()
         };
+        assert_eq!(depths_for(&s, &[view(4)]), [4]);
+        assert_eq!(name_for(&s, "aws-network", shape(4, false)), "aws-network");
         assert_eq!(
-            depths_for(&s, &[view(4)]).into_iter().collect::<Vec<_>>(),
-            [4]
+            name_for(&s, "aws-network", shape(5, false)),
+            "aws-network-5-layer"
         );
-        assert_eq!(name_for(&s, "aws-network", 4), "aws-network");
-        assert_eq!(name_for(&s, "aws-network", 5), "aws-network-5-layer");
+        assert_eq!(
+            name_for(&s, "aws-network", shape(4, true)),
+            "aws-network-ultraserver"
+        );
+    }
+
+    #[test]
+    fn ultraserver_members_get_a_topology_of_their_own_with_the_block_as_a_level() {
+        let s = LabelScheme::default();
+        let fleet = [view(3), in_block(view(3), "cr-1")];
+        let shapes = |nodes: &[NodeView], level| {
+            shapes_for(&s, nodes, level).into_iter().collect::<Vec<_>>()
+        };
+        assert_eq!(
+            shapes(&fleet, UltraServerLevel::Auto),
+            [shape(3, false), shape(3, true)],
+            "auto: the UltraServer Topology beside the one every node fits"
+        );
+        assert_eq!(
+            shapes(&[view(3)], UltraServerLevel::Auto),
+            [shape(3, false)],
+            "auto: none before a node is in an UltraServer"
+        );
+        assert_eq!(
+            shapes(&[in_block(view(3), "")], UltraServerLevel::Auto),
+            [shape(3, false)],
+            "an empty capacity block is none"
+        );
+        assert_eq!(
+            shapes(&[view(3)], UltraServerLevel::On),
+            [shape(3, false), shape(3, true)],
+            "on: from the start"
+        );
+        assert_eq!(shapes(&fleet, UltraServerLevel::Off), [shape(3, false)]);
+        let no_block_label = LabelScheme {
+            capacity_block_key: None,
+            ..LabelScheme::default()
+        };
+        assert_eq!(
+            shapes_for(&no_block_label, &fleet, UltraServerLevel::On).len(),
+            1,
+            "no capacity block label: no UltraServer level to give"
+        );
+        assert_eq!(
+            name_for(&s, "aws-network", shape(3, true)),
+            "aws-network-ultraserver"
+        );
+        assert_eq!(
+            levels_for(&s, shape(3, true)).unwrap(),
+            [
+                "topology.k8s.aws/network-node-layer-1",
+                "topology.k8s.aws/network-node-layer-2",
+                "topology.k8s.aws/network-node-layer-3",
+                crate::labels::CAPACITY_BLOCK_KEY,
+                "kubernetes.io/hostname",
+            ],
+            "the block between the deepest layer and the hostname, which KAI requires last"
+        );
+        // A 4-layer UltraServer member (none is sold today) gets the 4-layer UltraServer one.
+        let deep = [in_block(view(4), "cr-2")];
+        assert_eq!(
+            shapes(&deep, UltraServerLevel::Auto),
+            [shape(3, false), shape(4, false), shape(4, true)]
+        );
+        assert_eq!(
+            name_for(&s, "aws-network", shape(4, true)),
+            "aws-network-4-layer-ultraserver"
+        );
     }
 }

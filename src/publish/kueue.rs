@@ -24,6 +24,7 @@ pub const GROUP: &str = "kueue.x-k8s.io";
 
 use super::topology::served_resource;
 pub use super::topology::{Outcome, levels};
+use super::topology::{UltraServerLevel, in_ultraserver, ultraserver_levels};
 use super::topology::{ensure_in, report_mismatch};
 
 /// The Topology API the cluster serves, preferring v1beta2.
@@ -56,6 +57,11 @@ pub struct KueuePublisher {
     client: Client,
     /// Name and levels of each Topology.
     topologies: Vec<(String, Vec<String>)>,
+    /// The UltraServer members' Topology, until it joins `topologies` (with
+    /// `--ultraserver-level=auto`: once a published node carries a capacity block).
+    ultraserver: Option<(String, Vec<String>)>,
+    /// How the labels say a node is in an UltraServer.
+    scheme: crate::labels::LabelScheme,
     recheck: std::time::Duration,
     checked: Option<std::time::Instant>,
     /// The Topologies found mismatched at the last check (each reported once).
@@ -88,9 +94,22 @@ impl KueuePublisher {
                 levels(scheme, 4, hostname),
             ));
         }
+        // UltraServer members: the base depth's layers, the capacity block, the hostname.
+        let mut ultraserver = match args.ultraserver_level {
+            UltraServerLevel::Off => None,
+            UltraServerLevel::Auto | UltraServerLevel::On => {
+                ultraserver_levels(scheme, depth, hostname)
+                    .map(|l| (args.kueue_topology_ultraserver_name.clone(), l))
+            }
+        };
+        if args.ultraserver_level == UltraServerLevel::On {
+            topologies.extend(ultraserver.take());
+        }
         Self {
             client: s.client.clone(),
             topologies,
+            ultraserver,
+            scheme: scheme.clone(),
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: None,
             reported: None,
@@ -148,17 +167,31 @@ impl Publisher for KueuePublisher {
         "kueue"
     }
 
+    /// Only while the UltraServer Topology waits for its first member.
     fn needs_nodes(&self) -> bool {
-        false
+        self.ultraserver.is_some()
     }
 
-    fn publish<'a>(&'a mut self, _nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+    fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            if self.ultraserver.is_some() && nodes.iter().any(|n| in_ultraserver(&self.scheme, n)) {
+                if let Some((name, levels)) = self.ultraserver.take() {
+                    info!(topology = %name, ?levels, "a published node is in an UltraServer: adding the UltraServer members' Kueue Topology");
+                    self.topologies.push((name, levels));
+                }
+                self.checked = None;
+            }
             if self.checked.is_none_or(|t| t.elapsed() >= self.recheck) {
                 self.checked = Some(std::time::Instant::now());
                 self.check().await;
             }
         })
+    }
+
+    /// Checked within the recheck interval: nothing to do until a node's labels change (a
+    /// first UltraServer member) or the recheck is due.
+    fn fresh(&self) -> bool {
+        self.checked.is_some_and(|t| t.elapsed() < self.recheck)
     }
 
     fn reset(&mut self) {
@@ -195,6 +228,7 @@ impl super::plugin::Plugin for Plugin {
                     let names = [
                         &args.kueue_topology_name,
                         &args.kueue_topology_four_layer_name,
+                        &args.kueue_topology_ultraserver_name,
                     ];
                     Ok(topologies(client, false, scope)
                         .await?
@@ -282,6 +316,7 @@ mod tests {
     use super::*;
     use crate::{
         labels::{LabelScheme, LayerNumbering},
+        leader::Leadership,
         publish::topology::{levels_of, topology_object},
     };
 
@@ -311,6 +346,108 @@ mod tests {
                 "example.com/tier-1"
             ]
         );
+    }
+
+    /// The Topologies (names and levels) a Kueue publisher of these flags keeps, after it
+    /// published each of `rounds` in turn, and whether it still needs the nodes.
+    async fn kept(flags: &[&str], rounds: &[&[NodeView]]) -> (Vec<(String, Vec<String>)>, bool) {
+        use crate::publish::plugin::tests::{flags as parse, unreachable};
+        let args = parse(flags);
+        let (client, metrics) = (unreachable(), Arc::new(Metrics::new()));
+        let setup = Setup {
+            client: &client,
+            args: &args,
+            owner: "ns/lease",
+            scheme: &LabelScheme::default(),
+            slurm_files: &crate::slurm::Files {
+                tree_topology: "default".into(),
+                switches_only: false,
+            },
+            metrics: &metrics,
+            events: &crate::events::Events::default(),
+            leader: &Leadership::always(),
+        };
+        let mut p = KueuePublisher::new(&setup);
+        for nodes in rounds {
+            // The API server answers nothing: each check fails, what is kept is the point.
+            p.publish(nodes).await;
+        }
+        (p.topologies.clone(), p.needs_nodes())
+    }
+
+    #[tokio::test]
+    async fn the_ultraserver_topology_joins_once_a_published_node_is_in_an_ultraserver() {
+        let s = LabelScheme::default();
+        let plain = NodeView::labelled("a", &s, &["nn-1", "nn-2", "nn-3"]);
+        let mut member = NodeView::labelled("b", &s, &["nn-1", "nn-2", "nn-4"]);
+        member
+            .labels
+            .insert(crate::labels::CAPACITY_BLOCK_KEY.into(), "cr-1".into());
+        let names =
+            |t: &[(String, Vec<String>)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+
+        let (t, needs) = kept(
+            &["--kueue-topology", "true"],
+            &[std::slice::from_ref(&plain)],
+        )
+        .await;
+        assert_eq!(
+            names(&t),
+            ["aws-network"],
+            "auto: no UltraServer member yet"
+        );
+        assert!(needs, "auto: it watches the nodes for the first member");
+
+        let (t, needs) = kept(
+            &["--kueue-topology", "true"],
+            &[
+                std::slice::from_ref(&plain),
+                &[plain.clone(), member.clone()],
+                std::slice::from_ref(&plain),
+            ],
+        )
+        .await;
+        assert_eq!(
+            names(&t),
+            ["aws-network", "aws-network-ultraserver"],
+            "auto: added with the first member and kept (a ResourceFlavor may name it)"
+        );
+        assert_eq!(
+            t[1].1,
+            [
+                "topology.k8s.aws/network-node-layer-1",
+                "topology.k8s.aws/network-node-layer-2",
+                "topology.k8s.aws/network-node-layer-3",
+                crate::labels::CAPACITY_BLOCK_KEY,
+                "kubernetes.io/hostname",
+            ],
+            "the capacity block between the deepest layer and the hostname"
+        );
+        assert!(!needs, "decided: the nodes are no longer needed");
+        assert_eq!(t[0].1.len(), 4, "the Topology every node fits is unchanged");
+
+        let (t, needs) = kept(
+            &[
+                "--kueue-topology",
+                "true",
+                "--ultraserver-level",
+                "on",
+                "--kueue-topology-ultraserver-name",
+                "gb200",
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(names(&t), ["aws-network", "gb200"], "on: from the start");
+        assert!(!needs);
+
+        let (t, needs) = kept(
+            &["--kueue-topology", "true", "--ultraserver-level", "off"],
+            &[&[member.clone()]],
+        )
+        .await;
+        assert_eq!(names(&t), ["aws-network"], "off: never");
+        assert!(!needs);
     }
 
     #[test]

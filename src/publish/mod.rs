@@ -59,6 +59,21 @@ pub struct PublishArgs {
         default_value = "aws-network-4-layer"
     )]
     pub kueue_topology_four_layer_name: String,
+    /// Name of the Topology for UltraServer members: the layers, then the capacity block (one
+    /// NVLink domain), then the hostname (see `--ultraserver-level`).
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_ULTRASERVER_NAME",
+        default_value = "aws-network-ultraserver"
+    )]
+    pub kueue_topology_ultraserver_name: String,
+    /// Give UltraServer members (nodes carrying the capacity block label) a Kueue and a KAI
+    /// Topology with the capacity block as a level between the deepest layer and the hostname,
+    /// beside the ones every node fits: auto (once a verified node has a capacity block), on
+    /// (always), off. Kueue and KAI leave out of a Topology every node lacking one of its levels.
+    #[arg(long, env = "LABELER_ULTRASERVER_LEVEL", value_enum, default_value_t)]
+    #[serde(default)]
+    pub ultraserver_level: topology::UltraServerLevel,
     /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
     #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub kueue_topology_hostname_level: bool,

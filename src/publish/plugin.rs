@@ -201,7 +201,7 @@ pub fn gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use clap::Parser;
     use http::{Request, Response};
     use kube::client::Body;
@@ -215,7 +215,7 @@ mod tests {
         publish: PublishArgs,
     }
 
-    fn flags(args: &[&str]) -> PublishArgs {
+    pub(crate) fn flags(args: &[&str]) -> PublishArgs {
         Flags::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .expect("flags parse")
             .publish
@@ -233,7 +233,7 @@ mod tests {
     ];
 
     /// A client whose API server answers nothing: any request fails.
-    fn unreachable() -> Client {
+    pub(crate) fn unreachable() -> Client {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         drop(handle);
         Client::new(service, "default")

@@ -19,6 +19,63 @@ use crate::{
 
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
 
+/// Whether the Kueue and KAI Topologies get an UltraServer level: the capacity block's label
+/// (EC2's `capacityBlockId`, set only for UltraServer instances: one NVLink domain) between the
+/// deepest network layer and the hostname.
+///
+/// Kueue and KAI leave out of a Topology every node lacking one of its level labels, so the
+/// level never goes into the Topology every node uses: UltraServer members get a Topology of
+/// their own beside it (Kueue: `--kueue-topology-ultraserver-name`; KAI: `<name>-ultraserver`),
+/// which their ResourceFlavors or workloads name. Domains are named by every level above, so an
+/// UltraServer whose instances sit under two leaves is two domains, never one.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum UltraServerLevel {
+    /// Once a published node carries a capacity block (a verified EC2 answer gave one).
+    #[default]
+    Auto,
+    /// Always (refused when the capacity block label is turned off).
+    On,
+    /// Never.
+    Off,
+}
+
+/// [`levels`] with the capacity block's label between the deepest layer and the hostname;
+/// `None` when no capacity block label is written (`--capacity-block-label=false`).
+pub fn ultraserver_levels(
+    scheme: &LabelScheme,
+    depth: usize,
+    hostname: bool,
+) -> Option<Vec<String>> {
+    let key = scheme.capacity_block_key.as_ref()?;
+    let mut out = levels(scheme, depth, false);
+    out.push(key.clone());
+    if hostname {
+        out.push(HOSTNAME.into());
+    }
+    Some(out)
+}
+
+/// Whether a published node is in an UltraServer: it carries the capacity block's label (only
+/// nodes an EC2 answer vouches for carry topology in what the publishers see).
+pub fn in_ultraserver(scheme: &LabelScheme, node: &crate::tree::NodeView) -> bool {
+    scheme
+        .capacity_block_key
+        .as_ref()
+        .is_some_and(|k| node.labels.get(k).is_some_and(|v| !v.is_empty()))
+}
+
 /// Levels, coarsest first, for instances `depth` layers deep: the layer labels, then (if asked,
 /// as Kueue advises) `kubernetes.io/hostname`.
 pub fn levels(scheme: &LabelScheme, depth: usize, hostname: bool) -> Vec<String> {

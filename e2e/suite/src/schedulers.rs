@@ -124,6 +124,11 @@ fn self_signed(dir: &Path) -> anyhow::Result<()> {
 pub const KUEUE_METRICS_CERTS: &str = "/etc/kueue/metrics/certs";
 
 impl Kueue {
+    /// The last `n` lines of its log, for a failure's message.
+    pub fn log_tail(&self, n: usize) -> String {
+        format!("kueue log tail:\n{}", tail(&self.log, n))
+    }
+
     pub async fn start(
         bin: &Path,
         kubeconfig: &Path,

@@ -3210,9 +3210,18 @@ fn the_chart_refuses_what_the_binary_refuses() {
     ));
     for case in [
         &[
+            ("config.ultraserverLevel", "on"),
+            ("config.capacityBlockLabel", "false"),
+        ][..],
+        &[
+            ("config.ultraserverLevel", "auto"),
+            ("config.capacityBlockLabel", "false"),
+        ],
+        &[("config.ultraserverLevel", "off")],
+        &[
             ("config.uniformDepth", "4"),
             ("config.layerNumbering", "leaf-first"),
-        ][..],
+        ],
         &[
             ("config.uniformDepth", "4"),
             ("config.labelPreset", "topograph"),

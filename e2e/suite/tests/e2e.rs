@@ -1412,6 +1412,86 @@ async fn hypernodes_follow_nodes(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// No controller-manager or kubelet here: clear the taints the API server put on new Nodes.
+async fn schedulable(c: &Client, specs: &[NodeSpec]) -> anyhow::Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    for s in specs {
+        nodes
+            .patch(
+                &s.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// A ResourceFlavor of one instance type on `topology`, and a ClusterQueue and a LocalQueue
+/// (in `ns`), both named `queue`, taking 1000 CPUs of it.
+fn kueue_queue(flavor: &str, instance_type: &str, topology: &str, queue: &str, ns: &str) -> String {
+    format!(
+        r#"
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{ name: {flavor} }}
+spec:
+  nodeLabels: {{ node.kubernetes.io/instance-type: {instance_type} }}
+  topologyName: {topology}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{ name: {queue} }}
+spec:
+  namespaceSelector: {{}}
+  resourceGroups:
+    - coveredResources: ["cpu"]
+      flavors:
+        - name: {flavor}
+          resources: [{{ name: cpu, nominalQuota: 1000 }}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{ name: {queue}, namespace: {ns} }}
+spec: {{ clusterQueue: {queue} }}
+"#
+    )
+}
+
+/// A Workload in `queue` of `count` pods of 100 CPUs (one a node here) whose pod set asks
+/// `request` (the topologyRequest's fields, as YAML at that indentation).
+fn kueue_workload(name: &str, ns: &str, queue: &str, count: u32, request: &str) -> String {
+    format!(
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec:\n  queueName: {queue}\n  podSets:\n    - name: workers\n      count: {count}\n      topologyRequest:\n        {request}\n      template:\n        spec:\n          restartPolicy: Never\n          containers:\n            - name: w\n              image: registry.k8s.io/pause:3.10\n              resources: {{ requests: {{ cpu: \"100\" }} }}\n"
+    )
+}
+
+/// The topology assignment of Workload `name`'s first pod set, once Kueue admits it (60 s).
+async fn kueue_assignment(
+    workloads: &Api<kube::api::DynamicObject>,
+    name: &str,
+) -> anyhow::Result<serde_json::Value> {
+    eventually(
+        &format!("Kueue admits {name}"),
+        Duration::from_secs(60),
+        || async {
+            let w = workloads.get(name).await?;
+            let ta =
+                w.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"].clone();
+            Ok(ta.is_object().then_some(ta))
+        },
+    )
+    .await
+}
+
+fn kueue_workloads(c: &Client, ns: &str) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    );
+    Api::namespaced_with(c.clone(), ns, &ar)
+}
+
 fn topology_api(c: &Client) -> Api<kube::api::DynamicObject> {
     let ar = kube::api::ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Topology"),
@@ -1526,53 +1606,26 @@ async fn kueue_admits_into_one_layer3_domain(env: &Env) -> anyhow::Result<()> {
         .map(|(s, l)| (s.clone(), s.instance(&["nn-ks", "nn-ka", l])))
         .collect();
     label_and_wait(env, &c, &pairs).await?;
-    // No controller-manager or kubelet here: clear the taint the API server put on new Nodes.
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
-    for s in &specs {
-        nodes
-            .patch(
-                &s.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": null}})),
-            )
-            .await?;
-    }
+    schedulable(&c, &specs).await?;
     kube_util::ensure_namespace(&c, "ml").await?;
-    let objects = r#"
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: { name: p5e-e2e }
-spec:
-  nodeLabels: { node.kubernetes.io/instance-type: p5e-e2e.48xlarge }
-  topologyName: aws-network
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: { name: training }
-spec:
-  namespaceSelector: {}
-  resourceGroups:
-    - coveredResources: ["cpu"]
-      flavors:
-        - name: p5e-e2e
-          resources: [{ name: cpu, nominalQuota: 1000 }]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: { name: training, namespace: ml }
-spec: { clusterQueue: training }
-"#;
-    kube_util::apply_yaml(&c, objects, "e2e").await?;
+    let objects = kueue_queue(
+        "p5e-e2e",
+        "p5e-e2e.48xlarge",
+        "aws-network",
+        "training",
+        "ml",
+    );
+    kube_util::apply_yaml(&c, &objects, "e2e").await?;
     let workload = |name: &str, count: u32, layer: u32| {
-        format!(
-            "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {{ name: {name}, namespace: ml }}\nspec:\n  queueName: training\n  podSets:\n    - name: workers\n      count: {count}\n      topologyRequest:\n        required: {L}{layer}\n      template:\n        spec:\n          restartPolicy: Never\n          containers:\n            - name: w\n              image: registry.k8s.io/pause:3.10\n              resources: {{ requests: {{ cpu: \"100\" }} }}\n"
+        kueue_workload(
+            name,
+            "ml",
+            "training",
+            count,
+            &format!("required: {L}{layer}"),
         )
     };
-    let wl_ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
-        "workloads",
-    );
-    let workloads: Api<kube::api::DynamicObject> = Api::namespaced_with(c.clone(), "ml", &wl_ar);
+    let workloads = kueue_workloads(&c, "ml");
     kube_util::apply_yaml(&c, &workload("fits-one-leaf", 2, 3), "e2e").await?;
     let admitted = eventually(
         "Kueue admits the 2-pod workload",
@@ -1590,17 +1643,7 @@ spec: { clusterQueue: training }
         Ok(w) => w,
         Err(e) => {
             kueue.stop();
-            let tail: Vec<String> = std::fs::read_to_string(&kueue.log)
-                .unwrap_or_default()
-                .lines()
-                .rev()
-                .take(15)
-                .map(String::from)
-                .collect();
-            anyhow::bail!(
-                "{e:#}\nkueue log tail:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
+            anyhow::bail!("{e:#}\n{}", kueue.log_tail(15));
         }
     };
     let ta = &admitted.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"];
@@ -1669,6 +1712,142 @@ spec: { clusterQueue: training }
     );
     eprintln!("    the same 3 pods requiring one layer-1 domain are admitted: {spine}");
     Ok(())
+}
+
+/// `--ultraserver-level` (auto, the suite's default): once UltraServer members are labelled the
+/// controller creates the Kueue Topology `aws-network-ultraserver` (layers, capacity block,
+/// hostname) beside `aws-network`, and the real Kueue places pod-set slices inside one
+/// UltraServer each. Three UltraServers of two nodes: A and B under one leaf each, C split
+/// across both leaves (its halves are two domains, as every level above names a domain). Four
+/// pods in slices of two land on A and B; six in slices of two stay pending (C has no domain
+/// of two) though the six nodes have room, which the same six pods without slices show.
+async fn kueue_places_slices_inside_one_ultraserver(env: &Env) -> anyhow::Result<()> {
+    use e2e::schedulers::Kueue;
+    const ULTRA: &str = "aws-network-ultraserver";
+    const BLOCK: &str = "ec2-topology-labeler.io/capacity-block-id";
+    let c = env.admin().await?;
+    let specs: Vec<NodeSpec> = (0..6)
+        .map(|k| NodeSpec::ec2(0x140, k, "p6e-gb200-e2e.36xlarge"))
+        .collect();
+    let placement = [
+        ("nn-gl1", "cr-0a0000000000000a1"),
+        ("nn-gl1", "cr-0a0000000000000a1"),
+        ("nn-gl2", "cr-0b0000000000000b2"),
+        ("nn-gl2", "cr-0b0000000000000b2"),
+        ("nn-gl1", "cr-0c0000000000000c3"),
+        ("nn-gl2", "cr-0c0000000000000c3"),
+    ];
+    let pairs: Vec<(NodeSpec, Instance)> = specs
+        .iter()
+        .zip(placement)
+        .map(|(s, (leaf, block))| {
+            let mut i = s.instance(&["nn-gs", "nn-ga", leaf]);
+            i.capacity_block_id = Some(block.into());
+            (s.clone(), i)
+        })
+        .collect();
+    label_and_wait(env, &c, &pairs).await?;
+    schedulable(&c, &specs).await?;
+    let api = topology_api(&c);
+    let ultra = eventually("Topology aws-network-ultraserver", WAIT, || async {
+        Ok(api.get_opt(ULTRA).await?)
+    })
+    .await?;
+    ensure!(
+        levels(&ultra)
+            == [
+                format!("{L}1"),
+                format!("{L}2"),
+                format!("{L}3"),
+                BLOCK.into(),
+                "kubernetes.io/hostname".into()
+            ],
+        "the capacity block between the deepest layer and the hostname: {:?}",
+        levels(&ultra)
+    );
+    ensure!(
+        levels(&api.get("aws-network").await?).len() == 4,
+        "the Topology every node fits keeps its levels"
+    );
+    let artifacts = e2e::schedulers::artifacts()?;
+    let mut kueue = Kueue::start(
+        &artifacts.join("kueue"),
+        &env.cluster.admin_kubeconfig,
+        &env.dir.join("kueue-ultraserver"),
+        &c,
+    )
+    .await?;
+    kube_util::ensure_namespace(&c, "gb200").await?;
+    let objects = kueue_queue(
+        "gb200-e2e",
+        "p6e-gb200-e2e.36xlarge",
+        ULTRA,
+        "gb200",
+        "gb200",
+    );
+    kube_util::apply_yaml(&c, &objects, "e2e").await?;
+    let workload = |name: &str, count: u32, slices: bool| {
+        let mut request = format!("required: {L}1");
+        if slices {
+            request.push_str(&format!(
+                "\n        podSetSliceRequiredTopology: {BLOCK}\n        podSetSliceSize: 2"
+            ));
+        }
+        kueue_workload(name, "gb200", "gb200", count, &request)
+    };
+    let workloads = kueue_workloads(&c, "gb200");
+    let assignment = |name: &'static str| kueue_assignment(&workloads, name);
+    let result = async {
+        let host = |s: &NodeSpec| s.name.split('.').next().unwrap_or_default().to_string();
+        let block_of: BTreeMap<String, &str> = specs
+            .iter()
+            .zip(placement)
+            .map(|(s, (_, b))| (host(s), b))
+            .collect();
+        kube_util::apply_yaml(&c, &workload("four-in-slices", 4, true), "e2e").await?;
+        let ta = assignment("four-in-slices").await?;
+        let hosts = decode_assignment(&ta);
+        let blocks: std::collections::BTreeSet<&str> = hosts
+            .iter()
+            .filter_map(|h| block_of.get(h).copied())
+            .collect();
+        ensure!(hosts.len() == 4, "four hosts: {hosts:?} from {ta}");
+        ensure!(
+            blocks
+                == ["cr-0a0000000000000a1", "cr-0b0000000000000b2"]
+                    .into_iter()
+                    .collect(),
+            "two slices of two, each inside one UltraServer under one leaf (never C, split): {blocks:?} {ta}"
+        );
+        eprintln!("    Kueue placed 2 slices of 2 pods in UltraServers A and B: {ta}");
+        workloads
+            .delete("four-in-slices", &Default::default())
+            .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        kube_util::apply_yaml(&c, &workload("six-in-slices", 6, true), "e2e").await?;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let w = workloads.get("six-in-slices").await?;
+        ensure!(
+            w.data["status"]["admission"].is_null(),
+            "six pods in slices of two were admitted though UltraServer C is split: {}",
+            w.data["status"]
+        );
+        workloads
+            .delete("six-in-slices", &Default::default())
+            .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        kube_util::apply_yaml(&c, &workload("six-anywhere", 6, false), "e2e").await?;
+        let ta = assignment("six-anywhere").await?;
+        ensure!(
+            decode_assignment(&ta).len() == 6,
+            "without slices the six fit: {ta}"
+        );
+        eprintln!("    6 pods in slices of 2 stay pending (C split across leaves); without slices they fit");
+        anyhow::Ok(())
+    }
+    .await;
+    kueue.stop();
+    result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", kueue.log_tail(15)))
 }
 
 /// `--uniform-depth=4`: one 4-level Kueue Topology covers a fleet of 3- and 4-layer nodes. A
@@ -1954,38 +2133,16 @@ spec: {{ clusterQueue: uniform }}
     );
     kube_util::apply_yaml(c, &objects, "e2e").await?;
     let workload = |name: &str, count: u32| {
-        format!(
-            "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {{ name: {name}, namespace: ml }}\nspec:\n  queueName: uniform\n  podSets:\n    - name: workers\n      count: {count}\n      topologyRequest:\n        required: {L}4\n      template:\n        spec:\n          restartPolicy: Never\n          containers:\n            - name: w\n              image: registry.k8s.io/pause:3.10\n              resources: {{ requests: {{ cpu: \"100\" }} }}\n"
-        )
+        kueue_workload(name, "ml", "uniform", count, &format!("required: {L}4"))
     };
-    let wl_ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
-        "workloads",
-    );
-    let workloads: Api<kube::api::DynamicObject> = Api::namespaced_with(c.clone(), "ml", &wl_ar);
+    let workloads = kueue_workloads(c, "ml");
     let hosts_of = |specs: &[NodeSpec]| -> std::collections::BTreeSet<String> {
         specs
             .iter()
             .map(|s| s.name.split('.').next().unwrap_or_default().to_string())
             .collect()
     };
-    let admitted = |name: &'static str| {
-        let workloads = workloads.clone();
-        async move {
-            eventually(
-                &format!("Kueue admits {name}"),
-                Duration::from_secs(60),
-                || async {
-                    let w = workloads.get(name).await?;
-                    let ta =
-                        w.data["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
-                            .clone();
-                    Ok(ta.is_object().then_some(ta))
-                },
-            )
-            .await
-        }
-    };
+    let admitted = |name: &'static str| kueue_assignment(&workloads, name);
     let result = async {
         // Three pods under one switch: only the 3-layer switch has three nodes. Without the
         // padding Kueue would leave those nodes out of a 4-level Topology and never admit it.
@@ -2016,20 +2173,7 @@ spec: {{ clusterQueue: uniform }}
     }
     .await;
     kueue.stop();
-    if let Err(e) = result {
-        let tail: Vec<String> = std::fs::read_to_string(&kueue.log)
-            .unwrap_or_default()
-            .lines()
-            .rev()
-            .take(15)
-            .map(String::from)
-            .collect();
-        anyhow::bail!(
-            "{e:#}\nkueue log tail:\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    Ok(())
+    result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", kueue.log_tail(15)))
 }
 
 fn kai_topologies(c: &Client) -> Api<kube::api::DynamicObject> {
@@ -2283,9 +2427,22 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
                     .flatten()
                     .filter_map(|l| l["nodeLabel"].as_str().map(String::from))
                     .collect();
-                let depth = levels.len().saturating_sub(1);
+                let scheme = LabelScheme::default();
+                let ultraserver = scheme
+                    .capacity_block_key
+                    .as_ref()
+                    .is_some_and(|k| levels.contains(k));
+                let depth = levels.len().saturating_sub(1 + usize::from(ultraserver));
+                let published = if ultraserver {
+                    ec2_topology_labeler::publish::topology::ultraserver_levels(
+                        &scheme, depth, true,
+                    )
+                    .unwrap_or_default()
+                } else {
+                    kueue::levels(&scheme, depth, true)
+                };
                 ensure!(
-                    levels == kueue::levels(&LabelScheme::default(), depth, true),
+                    levels == published,
                     "{kind} {name} in the doc has levels the controller would not publish: {levels:?}"
                 );
                 checked += 1;
@@ -2341,6 +2498,9 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
     );
     for want in [
         "Topology/aws-network-uniform",
+        "Topology/aws-network-ultraserver",
+        "ResourceFlavor/gb200",
+        "Job/nvl72-slices",
         "ResourceFlavor/gpu",
         "PyTorchJob/allreduce-kai",
         "Queue/training",
@@ -2598,6 +2758,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_topology_published_and_never_changed, true),
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
+        scenario!(kueue_places_slices_inside_one_ultraserver, true),
         scenario!(fit_agrees_with_kueue, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
         scenario!(volcano_places_gangs_by_its_label_discovery, true),

@@ -285,7 +285,7 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
         { "nodeLabel": "kubernetes.io/hostname" }
     ]);
     let pp = kube::api::PatchParams::apply("e2e-retire");
-    for name in ["ret-unnamed", "ret-named", "ret-other"] {
+    for name in ["ret-unnamed", "ret-ultra", "ret-named", "ret-other"] {
         let t = serde_json::json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
             "metadata": {"name": name, "labels": ours_label, "annotations": this_installation},
             "spec": {"levels": levels}});
@@ -307,11 +307,11 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
         .patch("ret-kai", &pp, &kube::api::Patch::Apply(&k))
         .await?;
     let unclaimed = "ec2tl-ret-unclaimed";
-    // What stays: every Kueue Topology but the one of this configuration's names that no
+    // What stays: every Kueue Topology but the two of this configuration's names that no
     // ResourceFlavor names; `ret-other` (another installation's name, by our label too) is not
     // this installation's to judge, and stays though no flavor names it.
     let mut kueue_kept: Vec<String> = ours(&crate::topology_api(&c)).await?;
-    kueue_kept.retain(|t| t != "ret-unnamed");
+    kueue_kept.retain(|t| t != "ret-unnamed" && t != "ret-ultra");
     ensure!(
         kueue_kept.contains(&"ret-named".to_string())
             && kueue_kept.contains(&"ret-other".to_string())
@@ -326,6 +326,7 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
         // The names this configuration publishes under.
         "config.kueueTopologyName=ret-named",
         "config.kueueTopologyFourLayerName=ret-unnamed",
+        "config.kueueTopologyUltraserverName=ret-ultra",
         "config.kaiTopologyName=ret-kai",
     ];
     let chart_with = |sets: &[&str]| -> anyhow::Result<()> {

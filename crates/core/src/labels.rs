@@ -297,7 +297,9 @@ pub fn family_fingerprint<'a>(
             (k, v).hash(&mut h);
         }
     }
-    h.finish()
+    // Never 0 (the lowest bit set), so that a per-node record keeps it in 8 bytes as a
+    // `NonZeroU64`.
+    h.finish() | 1
 }
 
 /// [`family_fingerprint`] of what `desired` vouches for: its labels, and none of the keys the

@@ -45,22 +45,40 @@ impl Fleet {
         prefix: u32,
         groups: &[(&str, &[&str], u32)],
     ) -> anyhow::Result<Self> {
+        let groups: Vec<_> = groups.iter().map(|(t, p, n)| (*t, *p, *n, None)).collect();
+        Self::create_in_blocks(env, c, pool, prefix, &groups).await
+    }
+
+    /// [`Fleet::create`] with each group's instances in a capacity block (an UltraServer) or
+    /// none, as EC2 answers.
+    pub async fn create_in_blocks(
+        env: &Env,
+        c: &Client,
+        pool: &str,
+        prefix: u32,
+        groups: &[(&str, &[&str], u32, Option<&str>)],
+    ) -> anyhow::Result<Self> {
         let mut nodes = Vec::new();
+        let mut blocks = Vec::new();
         let mut k = 0;
-        for (instance_type, path, count) in groups {
+        for (instance_type, path, count, block) in groups {
             for _ in 0..*count {
                 k += 1;
                 nodes.push((
                     NodeSpec::ec2(prefix, k, instance_type),
                     path.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
                 ));
+                blocks.push(block.map(str::to_string));
             }
         }
         let pairs: Vec<(NodeSpec, Instance)> = nodes
             .iter()
-            .map(|(s, p)| {
+            .zip(blocks)
+            .map(|((s, p), block)| {
                 let p: Vec<&str> = p.iter().map(String::as_str).collect();
-                (s.clone(), s.instance(&p))
+                let mut i = s.instance(&p);
+                i.capacity_block_id = block;
+                (s.clone(), i)
             })
             .collect();
         label_and_wait(env, c, &pairs).await?;

@@ -269,6 +269,41 @@ pub async fn kai_places_gangs_on_our_topology(env: &Env) -> anyhow::Result<()> {
             )],
         )
         .await?;
+        // Three UltraServers of two nodes (a pool of their own): A and B under one leaf each, C
+        // split across both.
+        let ultra = Fleet::create_in_blocks(
+            env,
+            &c,
+            "kai-ultra",
+            0x141,
+            &[
+                (
+                    "p6e-gb200.36xlarge",
+                    &["nn-ku-s", "nn-ku-a", "nn-ku-l1"],
+                    2,
+                    Some(BLOCK_A),
+                ),
+                (
+                    "p6e-gb200.36xlarge",
+                    &["nn-ku-s", "nn-ku-a", "nn-ku-l2"],
+                    2,
+                    Some(BLOCK_B),
+                ),
+                (
+                    "p6e-gb200.36xlarge",
+                    &["nn-ku-s", "nn-ku-a", "nn-ku-l1"],
+                    1,
+                    Some(BLOCK_C),
+                ),
+                (
+                    "p6e-gb200.36xlarge",
+                    &["nn-ku-s", "nn-ku-a", "nn-ku-l2"],
+                    1,
+                    Some(BLOCK_C),
+                ),
+            ],
+        )
+        .await?;
         gangs::workload_namespace(env, &c, NS).await?;
         for node in fleet.under("nn-ka-l11").iter().take(2) {
             gangs::busy(&c, NS, node).await?;
@@ -299,6 +334,20 @@ pub async fn kai_places_gangs_on_our_topology(env: &Env) -> anyhow::Result<()> {
             || async { Ok(topologies.get_opt(&format!("{TOPOLOGY}-4-layer")).await?) },
         )
         .await?;
+        // UltraServer members have their Topology beside it, the capacity block a level.
+        let ultra_levels = eventually(&format!("KAI Topology {ULTRA}"), WAIT, || async {
+            Ok(topologies
+                .get_opt(ULTRA)
+                .await?
+                .map(|t| t.data["spec"]["levels"].clone()))
+        })
+        .await?;
+        ensure!(
+            ultra_levels.as_array().map(Vec::len) == Some(5)
+                && ultra_levels[3]["nodeLabel"] == BLOCK
+                && ultra_levels[4]["nodeLabel"] == "kubernetes.io/hostname",
+            "levels of {ULTRA}: {ultra_levels}"
+        );
         for q in gangs::doc_objects()?
             .into_iter()
             .filter(|d| d["kind"] == "Queue")
@@ -313,18 +362,82 @@ pub async fn kai_places_gangs_on_our_topology(env: &Env) -> anyhow::Result<()> {
             &c,
         )
         .await?;
-        let seen = kai_gangs(&c, NS, &fleet).await;
+        let seen = match kai_gangs(&c, NS, &fleet).await {
+            Ok(mut seen) => kai_ultraserver_gangs(&c, NS, &ultra).await.map(|more| {
+                seen.extend(more);
+                seen
+            }),
+            Err(e) => Err(e),
+        };
         kai.stop();
         let seen = seen.map_err(|e| anyhow::anyhow!("{e:#}\n{}", kai.log_tails(20)))?;
         for line in seen {
             eprintln!("    KAI: {line}");
         }
         deeper.delete(&c).await?;
+        ultra.delete(&c).await?;
         fleet.delete(&c).await
     }
     .await;
     e2e::env::restart_labeler_with(env, &[]).await?;
     result
+}
+
+const ULTRA: &str = "aws-network-ultraserver";
+const BLOCK: &str = "ec2-topology-labeler.io/capacity-block-id";
+const BLOCK_A: &str = "cr-0a000000000000ka1";
+const BLOCK_B: &str = "cr-0b000000000000kb2";
+const BLOCK_C: &str = "cr-0c000000000000kc3";
+
+/// KAI places gangs requiring one UltraServer (the capacity block, a level of our
+/// `aws-network-ultraserver`): two gangs of 2 land in UltraServers A and B, each inside one;
+/// a third gang of 2 stays pending although C's two nodes are free, as C's halves sit under two
+/// leaves (two domains, each named by the levels above it).
+async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::Result<Vec<String>> {
+    let pool = &fleet.pool;
+    let block_of = |node: &str| {
+        fleet
+            .nodes
+            .iter()
+            .position(|(s, _)| s.name == node)
+            .map(|i| [BLOCK_A, BLOCK_A, BLOCK_B, BLOCK_B, BLOCK_C, BLOCK_C][i])
+    };
+    let mut seen = Vec::new();
+    let mut used = BTreeSet::new();
+    for name in ["ultra-pair-1", "ultra-pair-2"] {
+        submit(c, ns, pool, name, 2, (ULTRA, BLOCK)).await?;
+        let nodes = gangs::wait_bound(
+            c,
+            ns,
+            &format!("{JOB_LABEL}={name}"),
+            2,
+            Duration::from_secs(90),
+        )
+        .await
+        .with_context(|| format!("KAI places {name}"))?;
+        let blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| block_of(n)).collect();
+        ensure!(
+            blocks.len() == 1 && !blocks.contains(&Some(BLOCK_C)),
+            "{name}: 2 pods requiring one UltraServer landed in {blocks:?}"
+        );
+        used.extend(blocks.iter().copied());
+        seen.push(format!(
+            "2 pods requiring the capacity block -> {blocks:?}: {:?}",
+            Fleet::short(&nodes)
+        ));
+    }
+    ensure!(
+        used.len() == 2,
+        "the two gangs share an UltraServer: {used:?}"
+    );
+    let why = stays_pending(c, ns, pool, "ultra-pair-3", 2, (ULTRA, BLOCK)).await?;
+    seen.push(format!(
+        "2 more pods requiring the capacity block, C's two nodes free under two leaves -> pending: {why}"
+    ));
+    for name in ["ultra-pair-1", "ultra-pair-2"] {
+        delete_job(c, ns, name).await?;
+    }
+    Ok(seen)
 }
 
 async fn kai_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::Result<Vec<String>> {

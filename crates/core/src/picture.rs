@@ -111,6 +111,7 @@ fn draw(forest: &Forest, mut sink: impl Sink) -> String {
                 ready: Some(true),
                 note: forest.missing_notes.get(name).cloned(),
                 tainted: forest.missing_tainted.contains(name),
+                ultraserver: None,
             })
             .collect();
         let id = ids.next("u");

@@ -70,6 +70,9 @@ pub struct TreeNode {
     pub note: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub tainted: bool,
+    /// Its UltraServer (the capacity block's label), if it is in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ultraserver: Option<String>,
 }
 
 /// The whole cluster's topology as its labels describe it.
@@ -142,6 +145,12 @@ impl Forest {
                         ready: node.ready,
                         note: node.note.clone(),
                         tainted: node.tainted,
+                        ultraserver: scheme
+                            .capacity_block_key
+                            .as_ref()
+                            .and_then(|k| node.labels.get(k))
+                            .filter(|b| !b.is_empty())
+                            .cloned(),
                     });
                 }
                 level = &mut d.children;
@@ -218,31 +227,54 @@ fn render_domain(out: &mut String, d: &Domain, prefix: &str, last: bool, root: b
         d.id, d.layer, d.nodes_total, d.nodes_ready
     ));
     let child_prefix = format!("{prefix}{next}");
-    let total = d.children.len() + d.nodes.len();
+    // The nodes in an UltraServer under it (one NVLink domain), the others directly.
+    let mut ultraservers: BTreeMap<&str, Vec<&TreeNode>> = BTreeMap::new();
+    let mut direct = Vec::new();
+    for n in &d.nodes {
+        match &n.ultraserver {
+            Some(u) => ultraservers.entry(u).or_default().push(n),
+            None => direct.push(n),
+        }
+    }
+    let total = d.children.len() + ultraservers.len() + direct.len();
     let mut i = 0;
     for c in d.children.values() {
         i += 1;
         render_domain(out, c, &child_prefix, i == total, false);
     }
-    for n in &d.nodes {
+    for (id, nodes) in &ultraservers {
         i += 1;
-        let branch = if i == total {
-            "└── "
+        let (branch, next) = if i == total {
+            ("└── ", "    ")
         } else {
-            "├── "
+            ("├── ", "│   ")
         };
-        let state = match n.ready {
-            Some(true) => "Ready",
-            Some(false) => "NotReady",
-            None => "Unknown",
-        };
-        match &n.note {
-            Some(note) => out.push_str(&format!(
-                "{child_prefix}{branch}{} ({state}, {note})\n",
-                n.name
-            )),
-            None => out.push_str(&format!("{child_prefix}{branch}{} ({state})\n", n.name)),
+        let ready = nodes.iter().filter(|n| n.ready == Some(true)).count();
+        out.push_str(&format!(
+            "{child_prefix}{branch}UltraServer {id} [{} nodes, {ready} ready]\n",
+            nodes.len()
+        ));
+        let inner = format!("{child_prefix}{next}");
+        for (j, n) in nodes.iter().enumerate() {
+            render_node(out, n, &inner, j + 1 == nodes.len());
         }
+    }
+    for n in direct {
+        i += 1;
+        render_node(out, n, &child_prefix, i == total);
+    }
+}
+
+fn render_node(out: &mut String, n: &TreeNode, prefix: &str, last: bool) {
+    let branch = if last { "└── " } else { "├── " };
+    let state = match n.ready {
+        Some(true) => "Ready",
+        Some(false) => "NotReady",
+        None => "Unknown",
+    };
+    match &n.note {
+        Some(note) => out.push_str(&format!("{prefix}{branch}{} ({state}, {note})\n", n.name)),
+        None => out.push_str(&format!("{prefix}{branch}{} ({state})\n", n.name)),
     }
 }
 
@@ -316,6 +348,37 @@ mod tests {
         );
         assert!(text.contains("l1 [layer 3: 2 nodes, 1 ready]"), "{text}");
         assert!(text.contains("n2 (NotReady)"));
+    }
+
+    #[test]
+    fn ultraserver_members_are_drawn_under_their_ultraserver() {
+        let s = LabelScheme::default();
+        let key = s.capacity_block_key.clone().unwrap();
+        let member = |name: &str, block: &str| {
+            let mut v = view(name, true, &["a", "b", "c"]);
+            v.labels.insert(key.clone(), block.into());
+            v
+        };
+        let forest = Forest::build(
+            &s,
+            &[
+                member("n1", "cr-1"),
+                member("n2", "cr-1"),
+                member("n3", "cr-2"),
+                view("n4", false, &["a", "b", "c"]),
+            ],
+        );
+        let text = forest.render();
+        assert!(
+            text.contains(
+                "        ├── UltraServer cr-1 [2 nodes, 2 ready]\n        │   ├── n1 (Ready)\n        │   └── n2 (Ready)\n        ├── UltraServer cr-2 [1 nodes, 1 ready]\n        │   └── n3 (Ready)\n        └── n4 (NotReady)\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&forest).unwrap();
+        let leaf = &json["roots"]["a"]["children"]["b"]["children"]["c"];
+        assert_eq!(leaf["nodes"][0]["ultraserver"], "cr-1");
+        assert!(leaf["nodes"][3].get("ultraserver").is_none());
     }
 
     #[test]

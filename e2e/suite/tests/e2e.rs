@@ -1769,6 +1769,22 @@ async fn kueue_places_slices_inside_one_ultraserver(env: &Env) -> anyhow::Result
         levels(&api.get("aws-network").await?).len() == 4,
         "the Topology every node fits keeps its levels"
     );
+    // `tree` draws each UltraServer under its leaf: C once under each.
+    let out = std::process::Command::new(e2e::bin_dir().join("ec2-topology-labeler"))
+        .arg("tree")
+        .env("KUBECONFIG", &env.cluster.admin_kubeconfig)
+        .env("RUST_LOG", "error")
+        .output()?;
+    let tree = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && tree.contains("UltraServer cr-0a0000000000000a1 [2 nodes, ")
+            && tree
+                .matches("UltraServer cr-0c0000000000000c3 [1 nodes, ")
+                .count()
+                == 2,
+        "tree: {tree}"
+    );
     let artifacts = e2e::schedulers::artifacts()?;
     let mut kueue = Kueue::start(
         &artifacts.join("kueue"),

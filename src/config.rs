@@ -112,11 +112,11 @@ impl RunArgs {
     pub fn check(&self) -> std::result::Result<(), String> {
         crate::leader::Timings::from_args(&self.leader).map_err(|e| e.to_string())?;
         let scheme = self.labels.scheme()?;
-        if self.publish.ultraserver_level == crate::publish::topology::UltraServerLevel::On
+        if self.publish.ultraserver_level == crate::publish::topology::UltraServerLevel::Always
             && scheme.capacity_block_key.is_none()
         {
             return Err(
-                "--ultraserver-level=on needs the capacity block label (--capacity-block-label=true): the UltraServer level is that label".into(),
+                "--ultraserver-level=always needs the capacity block label (--capacity-block-label=true): the UltraServer level is that label".into(),
             );
         }
         if let Some(at) = &self.publish.slurm_topology_configmap {

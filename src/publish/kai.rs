@@ -74,12 +74,12 @@ pub fn shapes_for(
     level: UltraServerLevel,
 ) -> BTreeSet<Shape> {
     let base = base_depth(scheme);
-    let ultraservers = level != UltraServerLevel::Off && scheme.capacity_block_key.is_some();
+    let ultraservers = level != UltraServerLevel::Never && scheme.capacity_block_key.is_some();
     let mut out = BTreeSet::from([Shape {
         depth: base,
         ultraserver: false,
     }]);
-    if ultraservers && level == UltraServerLevel::On {
+    if ultraservers && level == UltraServerLevel::Always {
         out.insert(Shape {
             depth: base,
             ultraserver: true,
@@ -301,10 +301,12 @@ impl super::plugin::Plugin for Plugin {
         "kai-topology"
     }
 
-    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
+    fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
         Ok(s.args
             .kai_topology
-            .then(|| Box::new(KaiPublisher::new(s)) as Box<dyn Publisher>))
+            .then(|| Box::new(KaiPublisher::new(s)) as Box<dyn Publisher>)
+            .into_iter()
+            .collect())
     }
 
     /// Turned off, the Topologies of the name configured (and its deeper `-<depth>-layer` and
@@ -331,12 +333,16 @@ impl super::plugin::Plugin for Plugin {
                 Purpose::TurnedOff(args) => {
                     let name = args.kai_topology_name.as_str();
                     let of_the_name = |n: &str| {
-                        let n = n.strip_suffix(ULTRASERVER_SUFFIX).unwrap_or(n);
-                        n == name
-                            || n.strip_prefix(name)
-                                .and_then(|rest| rest.strip_prefix('-'))
-                                .and_then(|rest| rest.strip_suffix("-layer"))
-                                .is_some_and(|depth| depth.parse::<u8>().is_ok())
+                        let of = |n: &str| {
+                            n == name
+                                || n.strip_prefix(name)
+                                    .and_then(|rest| rest.strip_prefix('-'))
+                                    .and_then(|rest| rest.strip_suffix("-layer"))
+                                    .is_some_and(|depth| depth.parse::<u8>().is_ok())
+                        };
+                        // A name of ours, or one of ours with the UltraServer suffix (the
+                        // configured name may end in it too).
+                        of(n) || n.strip_suffix(ULTRASERVER_SUFFIX).is_some_and(of)
                     };
                     Ok(ours
                         .filter(|i| of_the_name(&i.name))
@@ -468,17 +474,17 @@ mod tests {
             "an empty capacity block is none"
         );
         assert_eq!(
-            shapes(&[view(3)], UltraServerLevel::On),
+            shapes(&[view(3)], UltraServerLevel::Always),
             [shape(3, false), shape(3, true)],
-            "on: from the start"
+            "always: from the start"
         );
-        assert_eq!(shapes(&fleet, UltraServerLevel::Off), [shape(3, false)]);
+        assert_eq!(shapes(&fleet, UltraServerLevel::Never), [shape(3, false)]);
         let no_block_label = LabelScheme {
             capacity_block_key: None,
             ..LabelScheme::default()
         };
         assert_eq!(
-            shapes_for(&no_block_label, &fleet, UltraServerLevel::On).len(),
+            shapes_for(&no_block_label, &fleet, UltraServerLevel::Always).len(),
             1,
             "no capacity block label: no UltraServer level to give"
         );

@@ -60,6 +60,9 @@ pub struct KueuePublisher {
     /// The UltraServer members' Topology, until it joins `topologies` (with
     /// `--ultraserver-level=auto`: once a published node carries a capacity block).
     ultraserver: Option<(String, Vec<String>)>,
+    /// This is that publisher (see [`KueuePublisher::ultraserver_when_seen`]): it reads the
+    /// published nodes, from the first interval on (`unpublished_nodes` stays current).
+    watches: bool,
     /// How the labels say a node is in an UltraServer.
     scheme: crate::labels::LabelScheme,
     recheck: std::time::Duration,
@@ -94,22 +97,37 @@ impl KueuePublisher {
                 levels(scheme, 4, hostname),
             ));
         }
-        // UltraServer members: the base depth's layers, the capacity block, the hostname.
-        let mut ultraserver = match args.ultraserver_level {
-            UltraServerLevel::Off => None,
-            UltraServerLevel::Auto | UltraServerLevel::On => {
-                ultraserver_levels(scheme, depth, hostname)
-                    .map(|l| (args.kueue_topology_ultraserver_name.clone(), l))
-            }
-        };
-        if args.ultraserver_level == UltraServerLevel::On {
-            topologies.extend(ultraserver.take());
+        if args.ultraserver_level == UltraServerLevel::Always {
+            topologies.extend(ultraserver_topology(s));
         }
+        Self::with(s, topologies, None)
+    }
+
+    /// With `--ultraserver-level=auto`: the publisher of the UltraServer members' Topology
+    /// alone, created once a published node (one an EC2 answer vouches for) carries a capacity
+    /// block. A publisher of its own, the only Kueue one that reads the nodes, so that the
+    /// Topologies every node fits are kept as before: never held while nodes wait for
+    /// verification.
+    pub fn ultraserver_when_seen(s: &Setup<'_>) -> Option<Self> {
+        if s.args.ultraserver_level != UltraServerLevel::Auto {
+            return None;
+        }
+        let wanted = ultraserver_topology(s)?;
+        Some(Self::with(s, Vec::new(), Some(wanted)))
+    }
+
+    fn with(
+        s: &Setup<'_>,
+        topologies: Vec<(String, Vec<String>)>,
+        ultraserver: Option<(String, Vec<String>)>,
+    ) -> Self {
+        let args = s.args;
         Self {
             client: s.client.clone(),
+            watches: ultraserver.is_some(),
             topologies,
             ultraserver,
-            scheme: scheme.clone(),
+            scheme: s.scheme.clone(),
             recheck: args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: None,
             reported: None,
@@ -167,9 +185,8 @@ impl Publisher for KueuePublisher {
         "kueue"
     }
 
-    /// Only while the UltraServer Topology waits for its first member.
     fn needs_nodes(&self) -> bool {
-        self.ultraserver.is_some()
+        self.watches
     }
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
@@ -199,6 +216,14 @@ impl Publisher for KueuePublisher {
     }
 }
 
+/// The UltraServer members' Topology: the layers of the Topology every node fits (three, or
+/// `--uniform-depth`), the capacity block, the hostname; `None` without a capacity block label.
+fn ultraserver_topology(s: &Setup<'_>) -> Option<(String, Vec<String>)> {
+    let depth = s.scheme.uniform_depth.unwrap_or(3);
+    ultraserver_levels(s.scheme, depth, s.args.kueue_topology_hostname_level)
+        .map(|l| (s.args.kueue_topology_ultraserver_name.clone(), l))
+}
+
 /// Kueue's Topology as a plug-in.
 pub struct Plugin;
 
@@ -207,10 +232,15 @@ impl super::plugin::Plugin for Plugin {
         "kueue-topology"
     }
 
-    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
-        Ok(s.args
-            .kueue_topology
-            .then(|| Box::new(KueuePublisher::new(s)) as Box<dyn Publisher>))
+    fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
+        if !s.args.kueue_topology {
+            return Ok(Vec::new());
+        }
+        let mut out: Vec<Box<dyn Publisher>> = vec![Box::new(KueuePublisher::new(s))];
+        out.extend(
+            KueuePublisher::ultraserver_when_seen(s).map(|p| Box::new(p) as Box<dyn Publisher>),
+        );
+        Ok(out)
     }
 
     /// Turned off, the Topologies of the names configured are listed (a ResourceFlavor may
@@ -348,9 +378,13 @@ mod tests {
         );
     }
 
-    /// The Topologies (names and levels) a Kueue publisher of these flags keeps, after it
-    /// published each of `rounds` in turn, and whether it still needs the nodes.
-    async fn kept(flags: &[&str], rounds: &[&[NodeView]]) -> (Vec<(String, Vec<String>)>, bool) {
+    /// The Topologies (names and levels) the Kueue publishers of these flags keep after they
+    /// published each of `rounds` in turn, and which of them read the nodes (the publisher of
+    /// the Topologies every node fits never does: it is never held for them).
+    async fn kept(
+        flags: &[&str],
+        rounds: &[&[NodeView]],
+    ) -> (Vec<(String, Vec<String>)>, Vec<bool>) {
         use crate::publish::plugin::tests::{flags as parse, unreachable};
         let args = parse(flags);
         let (client, metrics) = (unreachable(), Arc::new(Metrics::new()));
@@ -367,12 +401,29 @@ mod tests {
             events: &crate::events::Events::default(),
             leader: &Leadership::always(),
         };
-        let mut p = KueuePublisher::new(&setup);
+        let mut publishers: Vec<KueuePublisher> = std::iter::once(KueuePublisher::new(&setup))
+            .chain(KueuePublisher::ultraserver_when_seen(&setup))
+            .collect();
+        assert_eq!(
+            super::super::plugin::Plugin::build(&Plugin, &setup)
+                .unwrap()
+                .len(),
+            publishers.len(),
+            "the plug-in builds these"
+        );
         for nodes in rounds {
-            // The API server answers nothing: each check fails, what is kept is the point.
-            p.publish(nodes).await;
+            for p in &mut publishers {
+                // The API server answers nothing: each check fails, what is kept is the point.
+                p.publish(nodes).await;
+            }
         }
-        (p.topologies.clone(), p.needs_nodes())
+        (
+            publishers
+                .iter()
+                .flat_map(|p| p.topologies.clone())
+                .collect(),
+            publishers.iter().map(|p| p.needs_nodes()).collect(),
+        )
     }
 
     #[tokio::test]
@@ -396,7 +447,11 @@ mod tests {
             ["aws-network"],
             "auto: no UltraServer member yet"
         );
-        assert!(needs, "auto: it watches the nodes for the first member");
+        assert_eq!(
+            needs,
+            [false, true],
+            "auto: a second publisher watches the nodes for the first member; the first never waits for them"
+        );
 
         let (t, needs) = kept(
             &["--kueue-topology", "true"],
@@ -421,33 +476,41 @@ mod tests {
                 crate::labels::CAPACITY_BLOCK_KEY,
                 "kubernetes.io/hostname",
             ],
-            "the capacity block between the deepest layer and the hostname"
+            "the capacity block after the layers, before the hostname"
         );
-        assert!(!needs, "decided: the nodes are no longer needed");
         assert_eq!(t[0].1.len(), 4, "the Topology every node fits is unchanged");
+        assert_eq!(needs, [false, true]);
 
         let (t, needs) = kept(
             &[
                 "--kueue-topology",
                 "true",
                 "--ultraserver-level",
-                "on",
+                "always",
                 "--kueue-topology-ultraserver-name",
                 "gb200",
             ],
             &[],
         )
         .await;
-        assert_eq!(names(&t), ["aws-network", "gb200"], "on: from the start");
-        assert!(!needs);
+        assert_eq!(
+            names(&t),
+            ["aws-network", "gb200"],
+            "always: from the start"
+        );
+        assert_eq!(
+            needs,
+            [false],
+            "always: one publisher, not reading the nodes"
+        );
 
         let (t, needs) = kept(
-            &["--kueue-topology", "true", "--ultraserver-level", "off"],
+            &["--kueue-topology", "true", "--ultraserver-level", "never"],
             &[&[member.clone()]],
         )
         .await;
-        assert_eq!(names(&t), ["aws-network"], "off: never");
-        assert!(!needs);
+        assert_eq!(names(&t), ["aws-network"], "never");
+        assert_eq!(needs, [false]);
     }
 
     #[test]

@@ -68,9 +68,10 @@ pub struct PublishArgs {
     )]
     pub kueue_topology_ultraserver_name: String,
     /// Give UltraServer members (nodes carrying the capacity block label) a Kueue and a KAI
-    /// Topology with the capacity block as a level between the deepest layer and the hostname,
-    /// beside the ones every node fits: auto (once a verified node has a capacity block), on
-    /// (always), off. Kueue and KAI leave out of a Topology every node lacking one of its levels.
+    /// Topology with the capacity block as a level after the network layers and before the
+    /// hostname, beside the ones every node fits: auto (once a verified node has a capacity
+    /// block), always, never. Kueue and KAI leave out of a Topology every node lacking one of
+    /// its levels.
     #[arg(long, env = "LABELER_ULTRASERVER_LEVEL", value_enum, default_value_t)]
     #[serde(default)]
     pub ultraserver_level: topology::UltraServerLevel,
@@ -267,7 +268,9 @@ impl Publishers {
                 .iter()
                 .zip(&due)
                 .any(|(p, d)| *d && p.needs_nodes());
-            let nodes: Vec<NodeView> = if synced && wanted {
+            // `None`: held (nodes awaiting verification, or an implausible view); the
+            // publishers that do not read the nodes go on meanwhile.
+            let nodes: Option<Vec<NodeView>> = if synced && wanted {
                 let selection = trusted::select(&self.scheme, reader.state(), &records);
                 if !first_done
                     && ((selection.waiting > 0 && since.elapsed() < FIRST_PASS_WAIT)
@@ -281,34 +284,38 @@ impl Publishers {
                         );
                     }
                     last = None;
-                    continue;
-                }
-                first_done = true;
-                self.metrics.unpublished_nodes(&selection.counts());
-                if reports.round(&selection.left, &self.events) {
-                    // A node left out for a reason not told yet: look again next interval.
-                    last = None;
-                }
-                let implausible = selection.implausible();
-                self.metrics.publish_halted(implausible);
-                if implausible {
-                    if !std::mem::replace(&mut told_implausible, true) {
-                        tracing::warn!(
-                            vouched = selection.vouched,
-                            "not publishing: more than a tenth of the verified nodes disagree with the rest on where a network node sits (EC2's answers mid-change?); what was published stays"
-                        );
+                    None
+                } else {
+                    first_done = true;
+                    self.metrics.unpublished_nodes(&selection.counts());
+                    if reports.round(&selection.left, &self.events) {
+                        // A node left out for a reason not told yet: look again next interval.
+                        last = None;
                     }
-                    last = None;
-                    continue;
+                    let implausible = selection.implausible();
+                    self.metrics.publish_halted(implausible);
+                    if implausible {
+                        if !std::mem::replace(&mut told_implausible, true) {
+                            tracing::warn!(
+                                vouched = selection.vouched,
+                                "not publishing: more than a tenth of the verified nodes disagree with the rest on where a network node sits (EC2's answers mid-change?); what was published stays"
+                            );
+                        }
+                        last = None;
+                        None
+                    } else {
+                        told_implausible = false;
+                        Some(selection.views)
+                    }
                 }
-                told_implausible = false;
-                selection.views
             } else {
-                Vec::new()
+                Some(Vec::new())
             };
             for (p, due) in self.list.iter_mut().zip(due) {
-                if due {
-                    p.publish(&nodes).await;
+                match &nodes {
+                    Some(nodes) if due => p.publish(nodes).await,
+                    None if due && !p.needs_nodes() => p.publish(&[]).await,
+                    _ => {}
                 }
             }
         }
@@ -374,6 +381,24 @@ mod tests {
         fn reset(&mut self) {
             self.published = false;
         }
+    }
+
+    /// A publisher that does not read the nodes (Kueue's Topologies every node fits): counts
+    /// its calls.
+    struct Blind(Arc<Mutex<usize>>);
+
+    impl Publisher for Blind {
+        fn name(&self) -> &'static str {
+            "blind"
+        }
+        fn needs_nodes(&self) -> bool {
+            false
+        }
+        fn publish<'a>(&'a mut self, _nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            Box::pin(async {})
+        }
+        fn reset(&mut self) {}
     }
 
     fn node(name: &str, leaf: &str) -> LiteNode {
@@ -555,6 +580,46 @@ mod tests {
             calls.lock().unwrap_or_else(|e| e.into_inner()).first(),
             Some(&1),
             "published after the wait, without the unverified node"
+        );
+        task.abort();
+    }
+
+    /// While the publishers that read the nodes are held (a node EC2 could not be asked
+    /// about), one that does not read them (the Kueue Topology every node fits) goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_publisher_that_reads_no_nodes_is_never_held_for_them() {
+        let (reader, mut writer) = NodeCache::new();
+        let records = Arc::new(crate::reconcile::nodes::Nodes::new(Arc::new(
+            Metrics::default(),
+        )));
+        let down = node("down", "nn-leaf-1");
+        records.set_state(&down, crate::state::NodeState::Failing("ec2_unavailable"));
+        writer.apply(Event::Apply(down));
+        let (calls, blind) = (Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(0)));
+        let list: Vec<Box<dyn Publisher>> = vec![
+            Box::new(Counting {
+                calls: calls.clone(),
+                published: false,
+                fresh_after: false,
+            }),
+            Box::new(Blind(blind.clone())),
+        ];
+        let liveness = crate::http::Liveness::default();
+        let run = publishers(list, Duration::from_secs(5)).run(
+            reader,
+            records,
+            Arc::new(AtomicBool::new(true)),
+            liveness.task("publish"),
+        );
+        let task = tokio::spawn(run);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            calls.lock().unwrap_or_else(|e| e.into_inner()).is_empty(),
+            "the node reader was not held"
+        );
+        assert!(
+            *blind.lock().unwrap_or_else(|e| e.into_inner()) >= 10,
+            "the publisher reading no nodes was held with it"
         );
         task.abort();
     }

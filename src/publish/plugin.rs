@@ -36,8 +36,9 @@ pub struct Setup<'a> {
 pub trait Plugin: Sync {
     /// The kind its objects are listed under (`hypernode`, `kueue-topology`, ...).
     fn kind(&self) -> &'static str;
-    /// Its publisher, when `setup.args` turns it on; a malformed flag of its own is an error.
-    fn build(&self, setup: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String>;
+    /// Its publishers (none, one, or more when parts of it read different inputs), as
+    /// `setup.args` turns it on; a malformed flag of its own is an error.
+    fn build(&self, setup: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String>;
     /// What it left in the cluster, each to remove or kept with why: for `purpose`, of the
     /// objects `scope` takes as this installation's.
     fn leftovers<'a>(
@@ -270,8 +271,19 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn the_flags_build_the_publishers_they_turn_on_in_order() {
         assert_eq!(built(&flags(&[])), Ok(None));
+        // Kueue's two: the Topologies every node fits, and (--ultraserver-level=auto) the
+        // UltraServer members' once one is seen.
         assert_eq!(
             built(&flags(&ALL_ON)),
+            Ok(Some(vec!["kueue", "kueue", "kai", "slurm", "volcano"]))
+        );
+        let never: Vec<&str> = ALL_ON
+            .iter()
+            .copied()
+            .chain(["--ultraserver-level", "never"])
+            .collect();
+        assert_eq!(
+            built(&flags(&never)),
             Ok(Some(vec!["kueue", "kai", "slurm", "volcano"]))
         );
         assert_eq!(

@@ -308,11 +308,11 @@ impl super::plugin::Plugin for Plugin {
     }
 
     /// A malformed `--slurm-topology-configmap` is an error.
-    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn Publisher>>, String> {
+    fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
         let Some(target) = s.args.slurm_topology_configmap.as_deref() else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        Ok(Some(Box::new(SlurmPublisher::new(
+        Ok(vec![Box::new(SlurmPublisher::new(
             s.client.clone(),
             parse_target(target)?,
             s.slurm_files.clone(),
@@ -321,7 +321,7 @@ impl super::plugin::Plugin for Plugin {
             s.metrics.clone(),
             s.events.clone(),
             s.leader.clone(),
-        ))))
+        ))])
     }
 
     /// Turned off, nothing (a slurmctld may mount it; `uninstall` removes it). Labelled only:

@@ -45,10 +45,10 @@ pub enum UltraServerLevel {
     /// Once a published node carries a capacity block (a verified EC2 answer gave one).
     #[default]
     Auto,
-    /// Always (refused when the capacity block label is turned off).
-    On,
-    /// Never.
-    Off,
+    /// From the start (refused when the capacity block label is turned off).
+    Always,
+    /// Never. (Not `on`/`off`: a values file reads those as booleans.)
+    Never,
 }
 
 /// [`levels`] with the capacity block's label between the deepest layer and the hostname;

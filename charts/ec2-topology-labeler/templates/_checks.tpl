@@ -145,8 +145,8 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- fail (printf "config: label key %q is used twice" $key) }}
 {{- end }}
 {{- end }}
-{{- if and (eq (toString $c.ultraserverLevel) "on") (eq (toString $c.capacityBlockLabel) "false") }}
-{{- fail "config: ultraserverLevel on needs the capacity block label (capacityBlockLabel true): the UltraServer level is that label" }}
+{{- if and (eq (toString $c.ultraserverLevel) "always") (eq (toString $c.capacityBlockLabel) "false") }}
+{{- fail "config: ultraserverLevel always needs the capacity block label (capacityBlockLabel true): the UltraServer level is that label" }}
 {{- end }}
 {{- if and (hasKey $c "uniformDepth") (ne $numbering "top-first") }}
 {{- fail "config: uniformDepth needs top-first layer numbering (with leaf-first, layer 1 is already the switch above every node; the topograph preset numbers leaf-first)" }}

@@ -3210,14 +3210,14 @@ fn the_chart_refuses_what_the_binary_refuses() {
     ));
     for case in [
         &[
-            ("config.ultraserverLevel", "on"),
+            ("config.ultraserverLevel", "always"),
             ("config.capacityBlockLabel", "false"),
         ][..],
         &[
             ("config.ultraserverLevel", "auto"),
             ("config.capacityBlockLabel", "false"),
         ],
-        &[("config.ultraserverLevel", "off")],
+        &[("config.ultraserverLevel", "never")],
         &[
             ("config.uniformDepth", "4"),
             ("config.layerNumbering", "leaf-first"),

@@ -413,23 +413,26 @@ impl super::plugin::Plugin for Plugin {
         "hypernode"
     }
 
-    fn build(&self, s: &Setup<'_>) -> Result<Option<Box<dyn super::Publisher>>, String> {
+    fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn super::Publisher>>, String> {
         let a = s.args;
-        Ok(a.volcano_hypernodes.then(|| {
-            Box::new(VolcanoPublisher::new(
-                s.client.clone(),
-                &a.volcano_hypernode_prefix,
-                s.owner,
-                a.publish_interval
-                    .0
-                    .max(std::time::Duration::from_millis(100))
-                    .saturating_mul(12),
-                s.scheme.clone(),
-                s.metrics.clone(),
-                s.events.clone(),
-                s.leader.clone(),
-            )) as Box<dyn super::Publisher>
-        }))
+        Ok(a.volcano_hypernodes
+            .then(|| {
+                Box::new(VolcanoPublisher::new(
+                    s.client.clone(),
+                    &a.volcano_hypernode_prefix,
+                    s.owner,
+                    a.publish_interval
+                        .0
+                        .max(std::time::Duration::from_millis(100))
+                        .saturating_mul(12),
+                    s.scheme.clone(),
+                    s.metrics.clone(),
+                    s.events.clone(),
+                    s.leader.clone(),
+                )) as Box<dyn super::Publisher>
+            })
+            .into_iter()
+            .collect())
     }
 
     /// This installation's prefix and, by the owner annotation, as `scope` says (another

@@ -154,7 +154,19 @@ async fn placed(
     workers: u32,
     level: &str,
 ) -> anyhow::Result<(BTreeSet<String>, Value)> {
-    submit(c, ns, pool, name, workers, (TOPOLOGY, level)).await?;
+    placed_on(c, ns, pool, name, workers, (TOPOLOGY, level)).await
+}
+
+/// [`placed`] on any Topology of ours.
+async fn placed_on(
+    c: &Client,
+    ns: &str,
+    pool: &str,
+    name: &str,
+    workers: u32,
+    constraint: (&str, &str),
+) -> anyhow::Result<(BTreeSet<String>, Value)> {
+    submit(c, ns, pool, name, workers, constraint).await?;
     let bound = gangs::wait_bound(
         c,
         ns,
@@ -348,6 +360,17 @@ pub async fn kai_places_gangs_on_our_topology(env: &Env) -> anyhow::Result<()> {
                 && ultra_levels[4]["nodeLabel"] == "kubernetes.io/hostname",
             "levels of {ULTRA}: {ultra_levels}"
         );
+        // EC2 may leave the capacity block out of its first answers after launch: every
+        // UltraServer node carries it before the gangs come.
+        for (s, _) in &ultra.nodes {
+            eventually(&format!("{} in its UltraServer", s.name), WAIT, || async {
+                Ok(kube_util::labels(&c, &s.name)
+                    .await?
+                    .contains_key(BLOCK)
+                    .then_some(()))
+            })
+            .await?;
+        }
         for q in gangs::doc_objects()?
             .into_iter()
             .filter(|d| d["kind"] == "Queue")
@@ -390,9 +413,10 @@ const BLOCK_B: &str = "cr-0b000000000000kb2";
 const BLOCK_C: &str = "cr-0c000000000000kc3";
 
 /// KAI places gangs requiring one UltraServer (the capacity block, a level of our
-/// `aws-network-ultraserver`): two gangs of 2 land in UltraServers A and B, each inside one;
-/// a third gang of 2 stays pending although C's two nodes are free, as C's halves sit under two
-/// leaves (two domains, each named by the levels above it).
+/// `aws-network-ultraserver`): two gangs of 2 land in UltraServers A and B, each inside one
+/// (not in C, whose halves sit under two leaves). (A gang kept pending by C's split is not
+/// asserted: a control gang requiring only the spine did not place on C's two free nodes
+/// either at the pinned KAI commit, so such a pending gang would prove nothing.)
 async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::Result<Vec<String>> {
     let pool = &fleet.pool;
     let block_of = |node: &str| {
@@ -405,19 +429,10 @@ async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::R
     let mut seen = Vec::new();
     let mut used = BTreeSet::new();
     for name in ["ultra-pair-1", "ultra-pair-2"] {
-        submit(c, ns, pool, name, 2, (ULTRA, BLOCK)).await?;
-        let nodes = gangs::wait_bound(
-            c,
-            ns,
-            &format!("{JOB_LABEL}={name}"),
-            2,
-            Duration::from_secs(90),
-        )
-        .await
-        .with_context(|| format!("KAI places {name}"))?;
+        let (nodes, _) = placed_on(c, ns, pool, name, 2, (ULTRA, BLOCK)).await?;
         let blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| block_of(n)).collect();
         ensure!(
-            blocks.len() == 1 && !blocks.contains(&Some(BLOCK_C)),
+            blocks == BTreeSet::from([Some(BLOCK_A)]) || blocks == BTreeSet::from([Some(BLOCK_B)]),
             "{name}: 2 pods requiring one UltraServer landed in {blocks:?}"
         );
         used.extend(blocks.iter().copied());
@@ -430,10 +445,6 @@ async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::R
         used.len() == 2,
         "the two gangs share an UltraServer: {used:?}"
     );
-    let why = stays_pending(c, ns, pool, "ultra-pair-3", 2, (ULTRA, BLOCK)).await?;
-    seen.push(format!(
-        "2 more pods requiring the capacity block, C's two nodes free under two leaves -> pending: {why}"
-    ));
     for name in ["ultra-pair-1", "ultra-pair-2"] {
         delete_job(c, ns, name).await?;
     }

@@ -93,8 +93,30 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
-/// A free TCP port on loopback (bound and released; good enough for tests on one machine).
+/// A free TCP port on loopback, for a server the tests start: picked below the kernel's
+/// ephemeral range (`ip_local_port_range`, 32768 and up by default) and handed out once per
+/// process. A port from the ephemeral range (what binding port 0 gives) can be taken by any
+/// outgoing connection between this check and the server's bind: CI saw kube-apiserver fail
+/// with "address already in use" while a second control plane started beside it.
 pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (lo, hi) = (ephemeral_from / 2, ephemeral_from);
+    anyhow::ensure!(
+        lo >= 1024,
+        "the ephemeral range starts at {ephemeral_from}: no room below it"
+    );
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = fastrand::u16(lo..hi);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port found in {lo}..{hi}")
 }

@@ -32,6 +32,8 @@ pub const POD_CPU: &str = "100";
 pub struct Fleet {
     pub pool: String,
     pub nodes: Vec<(NodeSpec, Vec<String>)>,
+    /// Each node's capacity block (UltraServer), as EC2 answers for it.
+    blocks: Vec<Option<String>>,
 }
 
 impl Fleet {
@@ -73,11 +75,11 @@ impl Fleet {
         }
         let pairs: Vec<(NodeSpec, Instance)> = nodes
             .iter()
-            .zip(blocks)
+            .zip(&blocks)
             .map(|((s, p), block)| {
                 let p: Vec<&str> = p.iter().map(String::as_str).collect();
                 let mut i = s.instance(&p);
-                i.capacity_block_id = block;
+                i.capacity_block_id = block.clone();
                 (s.clone(), i)
             })
             .collect();
@@ -96,7 +98,14 @@ impl Fleet {
         Ok(Self {
             pool: pool.to_string(),
             nodes,
+            blocks,
         })
+    }
+
+    /// The capacity block of the fleet's node `name`, if it is in one.
+    pub fn block(&self, name: &str) -> Option<&str> {
+        let i = self.nodes.iter().position(|(s, _)| s.name == name)?;
+        self.blocks.get(i)?.as_deref()
     }
 
     pub fn names(&self) -> BTreeSet<String> {

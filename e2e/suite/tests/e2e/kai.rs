@@ -419,18 +419,11 @@ const BLOCK_C: &str = "cr-0c000000000000kc3";
 /// either at the pinned KAI commit, so such a pending gang would prove nothing.)
 async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::Result<Vec<String>> {
     let pool = &fleet.pool;
-    let block_of = |node: &str| {
-        fleet
-            .nodes
-            .iter()
-            .position(|(s, _)| s.name == node)
-            .map(|i| [BLOCK_A, BLOCK_A, BLOCK_B, BLOCK_B, BLOCK_C, BLOCK_C][i])
-    };
     let mut seen = Vec::new();
     let mut used = BTreeSet::new();
     for name in ["ultra-pair-1", "ultra-pair-2"] {
         let (nodes, _) = placed_on(c, ns, pool, name, 2, (ULTRA, BLOCK)).await?;
-        let blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| block_of(n)).collect();
+        let blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| fleet.block(n)).collect();
         ensure!(
             blocks == BTreeSet::from([Some(BLOCK_A)]) || blocks == BTreeSet::from([Some(BLOCK_B)]),
             "{name}: 2 pods requiring one UltraServer landed in {blocks:?}"

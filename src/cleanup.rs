@@ -28,13 +28,10 @@ use serde_json::json;
 use crate::{
     FIELD_MANAGER,
     node::CONDITION_TYPE,
-    publish::{
-        PLUGINS,
-        plugin::{Purpose, gone},
-    },
+    publish::{PLUGINS, plugin::Purpose},
 };
 
-pub use crate::publish::plugin::{Item, Scope};
+pub use crate::publish::plugin::{Item, Removed, Scope};
 
 /// Names of nodes carrying our condition, among `nodes` (the node cache, or a fresh list).
 pub fn with_condition<N: std::borrow::Borrow<crate::node::LiteNode>>(
@@ -80,23 +77,31 @@ pub async fn leftovers(
 /// or as JSON (`dryRun`, `items`, `failed`, and the fields of `extra`).
 pub fn report(
     items: &[Item],
-    failed: &[(Item, kube::Error)],
+    applied: &Applied,
     dry_run: bool,
     output: crate::config::OutputFormat,
     empty: &str,
     extra: serde_json::Value,
 ) -> crate::Result<String> {
     let mut out = String::new();
+    let Applied { failed, held } = applied;
     match output {
         crate::config::OutputFormat::Json => {
             let failed: Vec<_> = failed
                 .iter()
                 .map(|(i, e)| serde_json::json!({ "kind": i.kind, "name": i.name, "error": e.to_string() }))
                 .collect();
+            let held: Vec<_> = held
+                .iter()
+                .map(
+                    |(i, f)| serde_json::json!({ "kind": i.kind, "name": i.name, "finalizers": f }),
+                )
+                .collect();
             let mut doc = serde_json::json!({
                 "dryRun": dry_run,
                 "items": items,
                 "failed": failed,
+                "heldByFinalizers": held,
             });
             if let (Some(doc), serde_json::Value::Object(extra)) = (doc.as_object_mut(), extra) {
                 doc.extend(extra);
@@ -109,10 +114,15 @@ pub fn report(
             let verb = if dry_run { "would remove" } else { "removed" };
             for i in items {
                 let failure = failed.iter().find(|(f, _)| f == i).map(|(_, e)| e);
-                let what = match (&i.kept, failure) {
-                    (Some(why), _) => format!("kept: {why}"),
-                    (None, Some(e)) => format!("FAILED: {e}"),
-                    (None, None) => verb.to_string(),
+                let finalizers = held.iter().find(|(h, _)| h == i).map(|(_, f)| f);
+                let what = match (&i.kept, failure, finalizers) {
+                    (Some(why), _, _) => format!("kept: {why}"),
+                    (None, Some(e), _) => format!("FAILED: {e}"),
+                    (None, None, Some(f)) => format!(
+                        "deleted, held by finalizer(s) {}: the controller that put them there removes them when it runs",
+                        f.join(", ")
+                    ),
+                    (None, None, None) => verb.to_string(),
                 };
                 out.push_str(&format!("{:<16}{:<48}{what}\n", i.kind, i.name));
             }
@@ -124,41 +134,52 @@ pub fn report(
     Ok(out)
 }
 
-/// Carry out the removals in `items` (kept ones are skipped); returns the failures.
-pub async fn apply(
-    client: &Client,
-    items: &[Item],
-    leader: &crate::leader::Leadership,
-) -> Vec<(Item, kube::Error)> {
-    let mut failed = Vec::new();
+/// What [`apply`] came to, beyond the removals that went through.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Removals the API server refused or that failed.
+    pub failed: Vec<(Item, kube::Error)>,
+    /// Deleted, but kept by the API server until these finalizers are taken off (Kueue's on a
+    /// Topology, while Kueue is stopped or a ResourceFlavor still names it).
+    pub held: Vec<(Item, Vec<String>)>,
+}
+
+/// Carry out the removals in `items` (kept ones are skipped).
+pub async fn apply(client: &Client, items: &[Item], leader: &crate::leader::Leadership) -> Applied {
+    let mut applied = Applied::default();
     for item in items.iter().filter(|i| i.kept.is_none()) {
         if !leader.is_leader() {
             break;
         }
-        if let Err(e) = remove(client, item).await {
-            failed.push((item.clone(), e));
+        match remove(client, item).await {
+            Ok(Removed::Gone) => {}
+            Ok(Removed::Held(finalizers)) => applied.held.push((item.clone(), finalizers)),
+            Err(e) => applied.failed.push((item.clone(), e)),
         }
     }
-    failed
+    applied
 }
 
-async fn remove(client: &Client, item: &Item) -> Result<(), kube::Error> {
+async fn remove(client: &Client, item: &Item) -> Result<Removed, kube::Error> {
     if let Some(p) = PLUGINS.iter().find(|p| p.kind() == item.kind) {
         return p.remove(client, &item.name).await;
     }
     match item.kind {
-        "condition" => remove_condition(client, &item.name).await,
+        "condition" => remove_condition(client, &item.name)
+            .await
+            .map(|()| Removed::Gone),
         "lease" => {
             let (ns, name) = item.name.split_once('/').unwrap_or(("default", &item.name));
-            gone(
+            Removed::of(
                 Api::<Lease>::namespaced(client.clone(), ns)
                     .delete(name, &DeleteParams::default())
-                    .await
-                    .map(drop),
+                    .await,
             )
         }
-        "labels" => give_up_keys(client, &item.name).await,
-        _ => Ok(()),
+        "labels" => give_up_keys(client, &item.name)
+            .await
+            .map(|()| Removed::Gone),
+        _ => Ok(Removed::Gone),
     }
 }
 

@@ -540,7 +540,7 @@ async fn retire_condition_at_start(
     if items.is_empty() {
         return;
     }
-    let failed = crate::cleanup::apply(&client, &items, &leader).await;
+    let failed = crate::cleanup::apply(&client, &items, &leader).await.failed;
     let removed = items.len() - failed.len();
     if removed > 0 {
         info!(

@@ -86,11 +86,12 @@ pub async fn run(args: RetireArgs) -> Result<()> {
     }
     let installation = crate::leader::installation(&args.leader, &client);
     let items = find(&client, &args.publish, &installation).await?;
-    let failed = if args.dry_run {
-        Vec::new()
+    let applied = if args.dry_run {
+        cleanup::Applied::default()
     } else {
         cleanup::apply(&client, &items, &Leadership::always()).await
     };
+    let failed = &applied.failed;
     let removed = items.iter().filter(|i| i.kept.is_none()).count() - failed.len();
     info!(
         installation,
@@ -102,7 +103,7 @@ pub async fn run(args: RetireArgs) -> Result<()> {
     );
     let out = cleanup::report(
         &items,
-        &failed,
+        &applied,
         args.dry_run,
         args.output.format,
         "nothing of this installation's left by a feature now turned off\n",

@@ -135,14 +135,15 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     if args.labels {
         items.extend(cleanup::nodes_with_our_keys(&client).await?);
     }
-    let failed = if args.dry_run {
-        Vec::new()
+    let applied = if args.dry_run {
+        cleanup::Applied::default()
     } else {
         cleanup::apply(&client, &items, &Leadership::always()).await
     };
+    let failed = &applied.failed;
     let mut out = cleanup::report(
         &items,
-        &failed,
+        &applied,
         args.dry_run,
         args.output.format,
         "nothing of ours left in the cluster\n",

@@ -363,7 +363,7 @@ impl super::plugin::Plugin for Plugin {
         &'a self,
         client: &'a Client,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<super::plugin::Removed, kube::Error>> {
         Box::pin(async move { delete(client, topology_resource(client).await?, name).await })
     }
 }

@@ -52,7 +52,44 @@ pub trait Plugin: Sync {
         &'a self,
         client: &'a Client,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    ) -> BoxFuture<'a, Result<Removed, kube::Error>>;
+}
+
+/// What a removal came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    /// Gone (or gone already).
+    Gone,
+    /// Marked for deletion, and kept by the API server until these finalizers are taken off by
+    /// the controllers that put them there (Kueue's `kueue.x-k8s.io/resource-in-use` on a
+    /// Topology: taken off by Kueue, while it runs, once no ResourceFlavor names the Topology).
+    Held(Vec<String>),
+}
+
+impl Removed {
+    /// What a delete call answered: the object itself while finalizers hold it, a Status once
+    /// gone; a 404 is gone already.
+    pub fn of<K: kube::Resource>(
+        r: Result<either::Either<K, kube::core::Status>, kube::Error>,
+    ) -> Result<Self, kube::Error> {
+        match r {
+            Ok(either::Either::Left(o))
+                if !o
+                    .meta()
+                    .finalizers
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty() =>
+            {
+                Ok(Removed::Held(
+                    o.meta().finalizers.clone().unwrap_or_default(),
+                ))
+            }
+            Ok(_) => Ok(Removed::Gone),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Removed::Gone),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Why a plug-in's leftovers are looked for.
@@ -183,13 +220,14 @@ pub async fn delete(
     client: &Client,
     ar: Option<ApiResource>,
     name: &str,
-) -> Result<(), kube::Error> {
-    let Some(ar) = ar else { return Ok(()) };
-    gone(
+) -> Result<Removed, kube::Error> {
+    let Some(ar) = ar else {
+        return Ok(Removed::Gone);
+    };
+    Removed::of(
         Api::<DynamicObject>::all_with(client.clone(), &ar)
             .delete(name, &DeleteParams::default())
-            .await
-            .map(drop),
+            .await,
     )
 }
 
@@ -238,6 +276,37 @@ pub(crate) mod tests {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         drop(handle);
         Client::new(service, "default")
+    }
+
+    /// A delete answered with the object (finalizers hold it) is held by them, by name; one
+    /// answered with a Status, or a 404, is gone; any other error stays an error.
+    #[test]
+    fn a_removal_held_by_finalizers_says_which() {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let held = |finalizers: Option<Vec<String>>| {
+            let mut l = Lease::default();
+            l.metadata.finalizers = finalizers;
+            Removed::of::<Lease>(Ok(either::Either::Left(l))).map_err(|e| e.to_string())
+        };
+        let f = "kueue.x-k8s.io/resource-in-use".to_string();
+        assert_eq!(held(Some(vec![f.clone()])), Ok(Removed::Held(vec![f])));
+        assert_eq!(held(None), Ok(Removed::Gone));
+        assert_eq!(held(Some(Vec::new())), Ok(Removed::Gone));
+        let status = |code: u16| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("x", "NotFound").with_code(code),
+            ))
+        };
+        assert_eq!(
+            Removed::of::<Lease>(Err(status(404))).map_err(|e| e.to_string()),
+            Ok(Removed::Gone)
+        );
+        assert!(Removed::of::<Lease>(Err(status(403))).is_err());
+        assert_eq!(
+            Removed::of::<Lease>(Ok(either::Either::Right(kube::core::Status::success())))
+                .map_err(|e| e.to_string()),
+            Ok(Removed::Gone)
+        );
     }
 
     fn built(args: &PublishArgs) -> Result<Option<Vec<&'static str>>, String> {

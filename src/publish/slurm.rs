@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use super::{
     Publisher,
     owner::MANAGED_BY,
-    plugin::{Item, Purpose, Scope, Setup, SlurmConfigMaps, gone},
+    plugin::{Item, Purpose, Removed, Scope, Setup, SlurmConfigMaps},
 };
 use crate::{
     FIELD_MANAGER, events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
@@ -377,14 +377,13 @@ impl super::plugin::Plugin for Plugin {
         &'a self,
         client: &'a Client,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Removed, kube::Error>> {
         Box::pin(async move {
             let (ns, name) = name.split_once('/').unwrap_or(("default", name));
-            gone(
+            Removed::of(
                 Api::<ConfigMap>::namespaced(client.clone(), ns)
                     .delete(name, &DeleteParams::default())
-                    .await
-                    .map(drop),
+                    .await,
             )
         })
     }

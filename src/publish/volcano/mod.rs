@@ -463,7 +463,7 @@ impl super::plugin::Plugin for Plugin {
         &'a self,
         client: &'a Client,
         name: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> futures::future::BoxFuture<'a, Result<super::plugin::Removed, kube::Error>> {
         Box::pin(async move { delete(client, Some(api_resource()), name).await })
     }
 }

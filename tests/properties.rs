@@ -182,9 +182,16 @@ proptest! {
         let views: Vec<NodeView> = paths
             .iter()
             .enumerate()
-            .map(|(i, p)| NodeView {
-                ready: Some(i % 3 != 0),
-                ..NodeView::labelled(&format!("node-{i}"), &s, &p.iter().map(String::as_str).collect::<Vec<_>>())
+            .map(|(i, p)| {
+                let mut v = NodeView {
+                    ready: Some(i % 3 != 0),
+                    ..NodeView::labelled(&format!("node-{i}"), &s, &p.iter().map(String::as_str).collect::<Vec<_>>())
+                };
+                // Some in UltraServers (a capacity block may span leaves).
+                if let (Some(k), true) = (&s.capacity_block_key, i % 4 == 0) {
+                    v.labels.insert(k.clone(), format!("cr-{}", i % 3));
+                }
+                v
             })
             .collect();
         let mut shuffled = views.clone();
@@ -195,9 +202,9 @@ proptest! {
         };
         prop_assert_eq!(norm(&a), norm(&b));
         prop_assert_eq!(&a.conflicts, &b.conflicts);
-        prop_assert_eq!(volcano::desired(&s, &views, "p"), volcano::desired(&s, &shuffled, "p"));
+        prop_assert_eq!(volcano::desired(&s, &views, "p", true), volcano::desired(&s, &shuffled, "p", true));
         let names = |r: Result<Vec<volcano::HyperNode>, _>| r.map(|hs| hs.into_iter().map(|h| h.name).collect::<Vec<_>>());
-        if let Ok(hs) = names(volcano::desired(&s, &views, "p")) {
+        if let Ok(hs) = names(volcano::desired(&s, &views, "p", true)) {
             for n in hs {
                 prop_assert!(n.len() <= 63 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
             }
@@ -226,7 +233,7 @@ proptest! {
         let (kept, out) = consistent::consistent(&s, views.clone());
         prop_assert_eq!(kept.len() + out.len(), views.len());
         prop_assert!(Forest::build(&s, &kept).conflicts.is_empty());
-        prop_assert!(volcano::desired(&s, &kept, "p").is_ok());
+        prop_assert!(volcano::desired(&s, &kept, "p", true).is_ok());
         if !kept.is_empty() {
             let files = ec2_topology_labeler::slurm::Files { tree_topology: "topo-switch".into(), switches_only: false };
             let problems = ec2_topology_labeler::slurm::data(&s, &files, &kept).err().unwrap_or_default();

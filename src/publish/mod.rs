@@ -69,9 +69,9 @@ pub struct PublishArgs {
     pub kueue_topology_ultraserver_name: String,
     /// Give UltraServer members (nodes carrying the capacity block label) a Kueue and a KAI
     /// Topology with the capacity block as a level after the network layers and before the
-    /// hostname, beside the ones every node fits: auto (once a verified node has a capacity
-    /// block), always, never. Kueue and KAI leave out of a Topology every node lacking one of
-    /// its levels.
+    /// hostname, beside the ones every node fits, and a Volcano HyperNode of tier 0 per
+    /// UltraServer under its leaf: auto (once a verified node has a capacity block), always,
+    /// never. Kueue and KAI leave out of a Topology every node lacking one of its levels.
     #[arg(long, env = "LABELER_ULTRASERVER_LEVEL", value_enum, default_value_t)]
     #[serde(default)]
     pub ultraserver_level: topology::UltraServerLevel,

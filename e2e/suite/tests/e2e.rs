@@ -45,7 +45,8 @@ mod volcano;
 use kai::kai_places_gangs_on_our_topology;
 use volcano::{
     volcano_label_discovery_on_a_mixed_fleet, volcano_on_a_mixed_fleet_both_ways,
-    volcano_places_gangs_by_its_label_discovery, volcano_places_gangs_on_our_hypernodes,
+    volcano_places_gangs_by_its_label_discovery, volcano_places_gangs_inside_one_ultraserver,
+    volcano_places_gangs_on_our_hypernodes,
 };
 #[path = "e2e/admission.rs"]
 mod admission;
@@ -2777,6 +2778,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_places_slices_inside_one_ultraserver, true),
         scenario!(fit_agrees_with_kueue, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
+        scenario!(volcano_places_gangs_inside_one_ultraserver, true),
         scenario!(volcano_places_gangs_by_its_label_discovery, true),
         scenario!(volcano_on_a_mixed_fleet_both_ways, true),
         scenario!(kai_places_gangs_on_our_topology, true),

@@ -111,10 +111,17 @@ pub fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
 
 /// The HyperNodes for these nodes, or the conflicts that forbid publishing any (a HyperNode
 /// with two parents would break Volcano's tree).
+///
+/// With `ultraservers`, the nodes of one capacity block (one UltraServer, one NVLink domain)
+/// under one leaf are a HyperNode of tier 0 below that leaf, named by both: an UltraServer split
+/// across two leaves is two of them, each under its own leaf, and every other tier keeps its
+/// number (a job's `highestTierAllowed` means what it meant). The leaf then selects its other
+/// nodes by its layer label without the capacity block's label.
 pub fn desired(
     scheme: &LabelScheme,
     nodes: &[NodeView],
     prefix: &str,
+    ultraservers: bool,
 ) -> Result<Vec<HyperNode>, Vec<Conflict>> {
     // (tier, id) → (layer key, parents, children)
     #[derive(Default)]
@@ -123,7 +130,10 @@ pub fn desired(
         parents: BTreeSet<Option<(usize, String)>>,
         children: BTreeSet<(usize, String)>,
         leaf_selector: Option<(String, Option<String>)>,
+        /// A leaf's capacity blocks (with `ultraservers`): each a tier-0 HyperNode below it.
+        blocks: BTreeSet<String>,
     }
+    let block_key = scheme.capacity_block_key.as_ref().filter(|_| ultraservers);
     let mut entries: BTreeMap<(usize, String), Entry> = BTreeMap::new();
     for node in nodes {
         let Some(path) = path_of(scheme, &node.labels) else {
@@ -152,6 +162,12 @@ pub fn desired(
             if let Some(child) = path.get(j + 1) {
                 e.children.insert((tier - 1, child.clone()));
             } else {
+                if let Some(block) = block_key
+                    .and_then(|k| node.labels.get(k))
+                    .filter(|b| !b.is_empty())
+                {
+                    e.blocks.insert(block.clone());
+                }
                 let (key, absent) = match scheme.numbering {
                     LayerNumbering::TopFirst => (
                         scheme.layer_key(label_depth),
@@ -194,9 +210,18 @@ pub fn desired(
                 .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
                 .collect();
             if let Some((key, absent)) = &e.leaf_selector {
+                let mut absent: Vec<String> = absent.iter().cloned().collect();
+                if let Some(k) = block_key.filter(|_| !e.blocks.is_empty()) {
+                    members.extend(
+                        e.blocks
+                            .iter()
+                            .map(|b| Member::HyperNode(ultraserver_name(prefix, b, id))),
+                    );
+                    absent.push(k.clone());
+                }
                 members.push(Member::Nodes {
                     labels: BTreeMap::from([(key.clone(), id.clone())]),
-                    absent: absent.iter().cloned().collect(),
+                    absent,
                 });
             }
             HyperNode {
@@ -207,8 +232,30 @@ pub fn desired(
             }
         })
         .collect();
+    // The UltraServers, tier 0: the nodes of the leaf's selector that carry the block.
+    if let Some(k) = block_key {
+        for ((_, id), e) in &entries {
+            let Some((key, absent)) = &e.leaf_selector else {
+                continue;
+            };
+            out.extend(e.blocks.iter().map(|b| HyperNode {
+                name: ultraserver_name(prefix, b, id),
+                tier: 0,
+                tier_name: k.clone(),
+                members: vec![Member::Nodes {
+                    labels: BTreeMap::from([(key.clone(), id.clone()), (k.clone(), b.clone())]),
+                    absent: absent.iter().cloned().collect(),
+                }],
+            }));
+        }
+    }
     out.sort_by(|a, b| (a.tier, &a.name).cmp(&(b.tier, &b.name)));
     Ok(out)
+}
+
+/// The tier-0 HyperNode of capacity block `block` under leaf `leaf`.
+fn ultraserver_name(prefix: &str, block: &str, leaf: &str) -> String {
+    hypernode_name(prefix, 0, &format!("{block}-{leaf}"))
 }
 
 /// Whether HyperNode `name` is one this installation made: our `managed-by` label alone is not
@@ -248,6 +295,85 @@ mod tests {
         assert!(owned_by("ec2tl2", &hypernode_name("ec2tl2", 10, "nn-x")));
     }
 
+    /// UltraServers are tier 0 below their leaf, one per (leaf, capacity block): A whole under
+    /// leaf l1, C split across l1 and l2 (two, each selected by its leaf's label too); the
+    /// leaves select their other nodes without the block's label, and keep tier 1. Without
+    /// `ultraservers` (or on a fleet with no block) the tree is as before.
+    #[test]
+    fn ultraservers_are_tier_zero_under_their_leaf() {
+        let s = LabelScheme::default();
+        let block = s.capacity_block_key.clone().expect("a capacity block key");
+        let l3 = s.layer_key(3);
+        let in_block = |name: &str, leaf: &str, b: &str| {
+            let mut v = view(name, &["nn-s1", "nn-a1", leaf]);
+            v.labels.insert(block.clone(), b.into());
+            v
+        };
+        let nodes = vec![
+            in_block("a1", "nn-l1", "cr-a"),
+            in_block("a2", "nn-l1", "cr-a"),
+            in_block("c1", "nn-l1", "cr-c"),
+            in_block("c2", "nn-l2", "cr-c"),
+            view("plain", &["nn-s1", "nn-a1", "nn-l2"]),
+        ];
+        let hns = desired(&s, &nodes, "ec2tl", true).unwrap();
+        let zero: Vec<&HyperNode> = hns.iter().filter(|h| h.tier == 0).collect();
+        let selects = |h: &HyperNode| -> Vec<(BTreeMap<String, String>, Vec<String>)> {
+            h.members
+                .iter()
+                .filter_map(|m| match m {
+                    Member::Nodes { labels, absent } => Some((labels.clone(), absent.clone())),
+                    Member::HyperNode(_) => None,
+                })
+                .collect()
+        };
+        let by_name = |n: &str| hns.iter().find(|h| h.name == n).expect(n);
+        let us = |b: &str, l: &str| by_name(&ultraserver_name("ec2tl", b, l));
+        assert_eq!(zero.len(), 3, "{zero:#?}");
+        for (b, l) in [("cr-a", "nn-l1"), ("cr-c", "nn-l1"), ("cr-c", "nn-l2")] {
+            let h = us(b, l);
+            assert_eq!(h.tier_name, block);
+            assert_eq!(
+                selects(h),
+                vec![(
+                    BTreeMap::from([(l3.clone(), l.into()), (block.clone(), b.into())]),
+                    vec![s.layer_key(4)]
+                )]
+            );
+        }
+        let leaf = by_name(&hypernode_name("ec2tl", 1, "nn-l1"));
+        assert_eq!(leaf.tier, 1);
+        assert!(leaf.members.contains(&Member::HyperNode(ultraserver_name(
+            "ec2tl", "cr-a", "nn-l1"
+        ))));
+        assert!(leaf.members.contains(&Member::HyperNode(ultraserver_name(
+            "ec2tl", "cr-c", "nn-l1"
+        ))));
+        assert_eq!(
+            selects(leaf),
+            vec![(
+                BTreeMap::from([(l3.clone(), "nn-l1".into())]),
+                vec![s.layer_key(4), block.clone()]
+            )]
+        );
+        assert_eq!(
+            hns.iter().filter(|h| h.tier >= 1).map(|h| h.tier).max(),
+            Some(3),
+            "the other tiers keep their numbers"
+        );
+        // Off, or no node in a block: no tier 0, and leaves select as before.
+        let off = desired(&s, &nodes, "ec2tl", false).unwrap();
+        assert!(off.iter().all(|h| h.tier >= 1));
+        let plain: Vec<NodeView> = ["n1", "n2"]
+            .iter()
+            .map(|n| view(n, &["nn-s1", "nn-a1", "nn-l1"]))
+            .collect();
+        assert_eq!(
+            desired(&s, &plain, "ec2tl", true),
+            desired(&s, &plain, "ec2tl", false)
+        );
+    }
+
     #[test]
     fn tiers_count_from_the_nodes_up_with_label_selected_leaves() {
         let nodes = vec![
@@ -255,7 +381,7 @@ mod tests {
             view("n2", &["nn-s1", "nn-a1", "nn-l2"]),
             view("n3", &["nn-s1", "nn-a1", "nn-l2"]),
         ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
+        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap();
         let names: Vec<(&str, usize)> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
         assert_eq!(
             names,
@@ -317,7 +443,7 @@ mod tests {
             NodeView::labelled("n1", &s, &["s", "a", "m", "m"]),
             NodeView::labelled("n2", &s, &["s", "b", "r", "l"]),
         ];
-        let hns = desired(&s, &nodes, "ec2tl").unwrap();
+        let hns = desired(&s, &nodes, "ec2tl", true).unwrap();
         let by_name: BTreeMap<&str, &HyperNode> =
             hns.iter().map(|h| (h.name.as_str(), h)).collect();
         assert!(!by_name.contains_key("ec2tl-t2-m"), "{:?}", by_name.keys());
@@ -343,7 +469,7 @@ mod tests {
             view("n1", &["s", "a", "r", "l"]),
             view("n2", &["s", "b", "m"]),
         ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap();
+        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap();
         let tiers: BTreeMap<&str, usize> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
         assert_eq!(tiers["ec2tl-t4-s"], 4);
         assert_eq!(
@@ -357,7 +483,7 @@ mod tests {
     #[test]
     fn two_parents_for_one_child_are_refused() {
         let nodes = vec![view("n1", &["s", "a1", "l"]), view("n2", &["s", "a2", "l"])];
-        let err = desired(&LabelScheme::default(), &nodes, "ec2tl").unwrap_err();
+        let err = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap_err();
         assert_eq!(err.len(), 1);
         assert_eq!(err[0].network_node, "l");
         assert_eq!(err[0].parents, vec!["a1", "a2"]);
@@ -389,6 +515,9 @@ mod tests {
     fn nodes_without_labels_contribute_nothing_and_empty_input_gives_nothing() {
         let mut v = view("n", &[]);
         v.labels.insert("other".into(), "x".into());
-        assert_eq!(desired(&LabelScheme::default(), &[v], "ec2tl"), Ok(vec![]));
+        assert_eq!(
+            desired(&LabelScheme::default(), &[v], "ec2tl", true),
+            Ok(vec![])
+        );
     }
 }

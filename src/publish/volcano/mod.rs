@@ -289,6 +289,9 @@ pub struct VolcanoPublisher {
     sync: HyperNodeSync,
     prefix: String,
     scheme: LabelScheme,
+    /// Each UltraServer under a leaf as a HyperNode of tier 0 (`--ultraserver-level` not
+    /// `never`; only nodes with a capacity block make one).
+    ultraservers: bool,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
     last_conflicts: Vec<Conflict>,
@@ -314,6 +317,7 @@ impl VolcanoPublisher {
             sync: HyperNodeSync::new(client, prefix, owner, recheck, leader),
             prefix: prefix.to_string(),
             scheme,
+            ultraservers: true,
             metrics,
             events,
             last_conflicts: Vec::new(),
@@ -321,8 +325,14 @@ impl VolcanoPublisher {
         }
     }
 
+    /// Without the UltraServer tier (`--ultraserver-level=never`).
+    pub fn without_ultraservers(mut self) -> Self {
+        self.ultraservers = false;
+        self
+    }
+
     async fn publish_views(&mut self, views: &[NodeView]) {
-        match desired(&self.scheme, views, &self.prefix) {
+        match desired(&self.scheme, views, &self.prefix, self.ultraservers) {
             Ok(desired) => {
                 self.last_conflicts.clear();
                 self.metrics.hypernode_conflicts(0);
@@ -417,7 +427,7 @@ impl super::plugin::Plugin for Plugin {
         let a = s.args;
         Ok(a.volcano_hypernodes
             .then(|| {
-                Box::new(VolcanoPublisher::new(
+                let p = VolcanoPublisher::new(
                     s.client.clone(),
                     &a.volcano_hypernode_prefix,
                     s.owner,
@@ -429,7 +439,13 @@ impl super::plugin::Plugin for Plugin {
                     s.metrics.clone(),
                     s.events.clone(),
                     s.leader.clone(),
-                )) as Box<dyn super::Publisher>
+                );
+                let p = if a.ultraserver_level == super::topology::UltraServerLevel::Never {
+                    p.without_ultraservers()
+                } else {
+                    p
+                };
+                Box::new(p) as Box<dyn super::Publisher>
             })
             .into_iter()
             .collect())
@@ -633,6 +649,7 @@ mod sync_tests {
             &s,
             &[NodeView::labelled("n1", &s, &["s", "a", "m"])],
             "ec2tl",
+            true,
         )
         .expect("a tree")
     }

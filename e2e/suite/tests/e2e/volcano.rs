@@ -1157,3 +1157,126 @@ async fn mixed_ways(
     reports.push(r);
     Ok(reports)
 }
+
+/// UltraServers as tier 0 of our HyperNodes: three UltraServers of two nodes under two leaves
+/// (A whole under l1, B whole under l2, C split one node under each). Real Volcano places two
+/// gangs of 2 with `highestTierAllowed: 0` inside A and inside B, keeps a third pending (C's two
+/// free nodes are two tier-0 HyperNodes, one under each leaf), and places it with tier 2 (the
+/// tiers above keep their numbers).
+pub async fn volcano_places_gangs_inside_one_ultraserver(env: &Env) -> anyhow::Result<()> {
+    const NS: &str = "volcano-ultraserver";
+    let c = env.admin().await?;
+    let (a, b, cc) = (
+        "cr-0a00000000000150a",
+        "cr-0b00000000000150b",
+        "cr-0c00000000000150c",
+    );
+    let t = "p6e-gb200-e2e.36xlarge";
+    let path = |leaf: &'static str| -> [&'static str; 3] { ["nn-vu-s", "nn-vu-a", leaf] };
+    let (l1, l2) = (path("nn-vu-l1"), path("nn-vu-l2"));
+    let fleet = Fleet::create_in_blocks(
+        env,
+        &c,
+        NS,
+        0x150,
+        &[
+            (t, &l1[..], 2, Some(a)),
+            (t, &l2[..], 2, Some(b)),
+            (t, &l1[..], 1, Some(cc)),
+            (t, &l2[..], 1, Some(cc)),
+        ],
+    )
+    .await?;
+    gangs::workload_namespace(env, &c, NS).await?;
+    // Tier 0 under each leaf, one per (leaf, capacity block): C twice.
+    let want: BTreeSet<String> = [
+        format!("ec2tl-t0-{a}-nn-vu-l1"),
+        format!("ec2tl-t0-{b}-nn-vu-l2"),
+        format!("ec2tl-t0-{cc}-nn-vu-l1"),
+        format!("ec2tl-t0-{cc}-nn-vu-l2"),
+    ]
+    .into();
+    let zero = eventually(
+        "our tier-0 HyperNodes for the UltraServers",
+        WAIT,
+        || async {
+            let have: BTreeMap<String, DynamicObject> = hypernodes(&c)
+                .list(&ListParams::default().labels(OURS_LABEL))
+                .await?
+                .items
+                .into_iter()
+                .filter(|h| h.data["spec"]["tier"] == 0)
+                .filter_map(|h| Some((h.metadata.name.clone()?, h)))
+                .filter(|(n, _)| n.contains("-nn-vu-"))
+                .collect();
+            Ok((have.keys().cloned().collect::<BTreeSet<_>>() == want).then_some(have))
+        },
+    )
+    .await?;
+    let leaf = hypernodes(&c).get("ec2tl-t1-nn-vu-l1").await?;
+    let members = leaf.data["spec"]["members"].to_string();
+    ensure!(
+        members.contains(&format!("ec2tl-t0-{a}-nn-vu-l1"))
+            && members.contains(&format!("ec2tl-t0-{cc}-nn-vu-l1"))
+            && members.contains("DoesNotExist"),
+        "leaf l1 holds its UltraServers and selects its other nodes without a block: {members}"
+    );
+    let mut volcano = start_volcano(env, &c, "volcano-ultraserver").await?;
+    let result = async {
+        let pool = &fleet.pool;
+        let mut seen = Vec::new();
+        let mut blocks = BTreeSet::new();
+        for name in ["us-1", "us-2"] {
+            let nodes = placed(&c, NS, name, pool, 2, 0).await?;
+            let in_blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| fleet.block(n)).collect();
+            ensure!(
+                in_blocks.len() == 1,
+                "gang {name} spans UltraServers: {in_blocks:?}"
+            );
+            let block = in_blocks.into_iter().next().flatten().unwrap_or_default();
+            ensure!(
+                block == a || block == b,
+                "gang {name} in {block}, not a whole UltraServer"
+            );
+            blocks.insert(block.to_string());
+            seen.push(format!(
+                "2 pods, tier 0 -> {block}: {:?}",
+                Fleet::short(&nodes)
+            ));
+        }
+        ensure!(
+            blocks.len() == 2,
+            "both gangs in one UltraServer: {blocks:?}"
+        );
+        let why = stays_pending(&c, NS, "us-split", pool, 2, 0).await?;
+        seen.push(format!(
+            "2 more pods, tier 0, C's two nodes under two leaves -> pending: {why}"
+        ));
+        let nodes = placed(&c, NS, "us-spine", pool, 2, 2).await?;
+        ensure!(
+            nodes.iter().all(|n| fleet.block(n) == Some(cc)),
+            "the tier-2 gang takes C's two free nodes: {nodes:?}"
+        );
+        seen.push(format!(
+            "the same, tier 2 -> C's nodes: {:?}",
+            Fleet::short(&nodes)
+        ));
+        for name in ["us-1", "us-2", "us-spine"] {
+            delete_job(&c, NS, name).await?;
+        }
+        anyhow::Ok(seen)
+    }
+    .await;
+    volcano.stop();
+    let seen = result.map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}\ntier-0 HyperNodes: {:?}\n{}",
+            zero.keys().collect::<Vec<_>>(),
+            volcano.log_tails(20)
+        )
+    })?;
+    for line in seen {
+        eprintln!("    UltraServers: {line}");
+    }
+    fleet.delete(&c).await
+}

@@ -66,10 +66,11 @@ pub enum Reason {
     SlurmTopologyInvalid,
     HyperNodeOwnedByAnother,
     ReservationIdle,
+    NvlinkCliqueMismatch,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::TopologyLabelsUpdated,
         Reason::TopologyLabelingFailed,
         Reason::TopologyInvalid,
@@ -87,6 +88,7 @@ impl Reason {
         Reason::SlurmTopologyInvalid,
         Reason::HyperNodeOwnedByAnother,
         Reason::ReservationIdle,
+        Reason::NvlinkCliqueMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -108,6 +110,7 @@ impl Reason {
             Reason::SlurmTopologyInvalid => "SlurmTopologyInvalid",
             Reason::HyperNodeOwnedByAnother => "HyperNodeOwnedByAnother",
             Reason::ReservationIdle => "ReservationIdle",
+            Reason::NvlinkCliqueMismatch => "NvlinkCliqueMismatch",
         }
     }
 
@@ -129,7 +132,8 @@ impl Reason {
             | Reason::TopologyLevelsMismatch
             | Reason::SlurmTopologyInvalid
             | Reason::HyperNodeOwnedByAnother
-            | Reason::ReservationIdle => EventType::Warning,
+            | Reason::ReservationIdle
+            | Reason::NvlinkCliqueMismatch => EventType::Warning,
         }
     }
 
@@ -208,6 +212,9 @@ impl Reason {
             }
             Reason::ReservationIdle => {
                 "with `--capacity-reservations`: an active Capacity Reservation started `--reservation-idle-after` (1h) or longer ago and no node of this cluster carries its ID in `karpenter.k8s.aws/capacity-reservation-id` (the note says where it is, how many instances and since when); repeated every `--reservation-idle-after` (at least every 10 minutes) while it lasts"
+            }
+            Reason::NvlinkCliqueMismatch => {
+                "a capacity block (one UltraServer to EC2) holds more than one NVLink clique (GPU Feature Discovery's `nvidia.com/gpu.clique`), or a clique spans capacity blocks: a gang placed inside one UltraServer by our level can span NVLink domains; on each of its nodes when the controller first sees it or its nodes change (the note lists the cliques or blocks and their nodes)"
             }
         }
     }

@@ -55,7 +55,68 @@ pub struct Explanation {
     pub labels: std::collections::BTreeMap<String, String>,
     /// What a new leader makes of the node's verification record.
     pub record: String,
+    /// Its UltraServer (capacity block) against its NVLink clique, when it is in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<String>,
     pub verdict: String,
+}
+
+/// The node's capacity block against its NVLink clique (GPU Feature Discovery's label), from
+/// the nodes that share either (two label-selected lists); `None` unless it is in a capacity
+/// block.
+async fn nvlink(
+    client: &Client,
+    scheme: &crate::labels::LabelScheme,
+    node: &Node,
+) -> Option<String> {
+    use crate::publish::cliques::{CLIQUE_LABEL, mismatches};
+    let key = scheme.capacity_block_key.as_deref()?;
+    let labels = node.labels();
+    let block = labels.get(key).filter(|b| !b.is_empty())?;
+    let Some(clique) = labels.get(CLIQUE_LABEL).filter(|c| !c.is_empty()) else {
+        return Some(format!(
+            "capacity block {block}; no {CLIQUE_LABEL} label (GPU Feature Discovery not installed, or the NVLink fabric not complete yet): not compared"
+        ));
+    };
+    let api: Api<Node> = Api::all(client.clone());
+    let mut views: std::collections::BTreeMap<String, crate::tree::NodeView> = Default::default();
+    for selector in [format!("{key}={block}"), format!("{CLIQUE_LABEL}={clique}")] {
+        let list = match api
+            .list_metadata(&kube::api::ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => return Some(format!("cannot list the nodes with {selector}: {e}")),
+        };
+        for m in list.items {
+            let name = m.name_any();
+            views.insert(
+                name.clone(),
+                crate::tree::NodeView {
+                    name,
+                    ready: None,
+                    labels: m.metadata.labels.unwrap_or_default(),
+                    note: None,
+                    tainted: false,
+                },
+            );
+        }
+    }
+    let views: Vec<crate::tree::NodeView> = views.into_values().collect();
+    let me = node.name_any();
+    let found: Vec<String> = mismatches(scheme, &views)
+        .iter()
+        .filter(|m| m.nodes().contains(me.as_str()))
+        .map(|m| m.note(&me))
+        .collect();
+    Some(if found.is_empty() {
+        format!(
+            "capacity block {block} is NVLink clique {clique} ({} nodes)",
+            views.len()
+        )
+    } else {
+        found.join("; ")
+    })
 }
 
 /// Ask the controller on `addr` (its admin server; loopback) for its view of `node`.
@@ -289,6 +350,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         now,
         labels,
         record,
+        nvlink: nvlink(&client, &scheme, &node).await,
         verdict: String::new(),
     };
     e.verdict = verdict(&e);
@@ -468,6 +530,9 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
             }
         }
         None => line("EC2 now", "not asked (--no-ec2)".into()),
+    }
+    if let Some(n) = &e.nvlink {
+        line("NVLink", n.clone());
     }
     line(
         "Labels now",

@@ -93,6 +93,7 @@ pub struct Metrics {
     hypernodes: Gauge<i64, AtomicI64>,
     hypernode_writes: Family<WriteLabels, Counter>,
     hypernode_conflicts: Gauge<i64, AtomicI64>,
+    clique_mismatches: Family<WriteLabels, Gauge>,
     unpublished_nodes: Family<ReasonLabels, Gauge>,
     publish_halted: Gauge<i64, AtomicI64>,
     slurm_topology_problems: Gauge<i64, AtomicI64>,
@@ -340,6 +341,19 @@ impl Metrics {
 
     pub fn hypernode_conflicts(&self, n: usize) {
         self.hypernode_conflicts.set(n as i64);
+    }
+
+    /// Capacity blocks holding more than one NVLink clique, and cliques spanning capacity
+    /// blocks.
+    pub fn clique_mismatches(&self, blocks_holding_cliques: usize, cliques_spanning_blocks: usize) {
+        for (kind, n) in [
+            ("block_holds_cliques", blocks_holding_cliques),
+            ("clique_spans_blocks", cliques_spanning_blocks),
+        ] {
+            self.clique_mismatches
+                .get_or_create(&WriteLabels { kind: kind.into() })
+                .set(n as i64);
+        }
     }
 
     pub fn slurm_topology_problems(&self, n: usize) {
@@ -717,6 +731,7 @@ mod tests {
         m.publish_failed("volcano");
         m.hypernodes(1, 1, 0);
         m.hypernode_conflicts(0);
+        m.clique_mismatches(0, 0);
         m.unpublished_nodes(&[("labels_disagree", 0)]);
         m.publish_halted(false);
         m.kueue_topology_mismatch("aws-network", false);

@@ -111,6 +111,12 @@ impl Metrics {
             "Network nodes seen under more than one parent (HyperNodes are not published then)",
             hypernode_conflicts.clone(),
         );
+        let clique_mismatches = Family::<WriteLabels, Gauge>::default();
+        fleet.register(
+            "ultraserver_clique_mismatches",
+            "Where the capacity blocks (UltraServers, as EC2 names them) and GPU Feature Discovery's NVLink cliques (nvidia.com/gpu.clique) disagree, by kind: block_holds_cliques (capacity blocks holding more than one clique), clique_spans_blocks (cliques over more than one capacity block); published nodes with both labels only",
+            clique_mismatches.clone(),
+        );
         let unpublished_nodes = Family::<ReasonLabels, Gauge>::default();
         fleet.register(
             "unpublished_nodes",
@@ -374,6 +380,7 @@ impl Metrics {
             hypernodes,
             hypernode_writes,
             hypernode_conflicts,
+            clique_mismatches,
             unpublished_nodes,
             publish_halted,
             slurm_topology_problems,

@@ -6,6 +6,7 @@
 //! Owns: scheduler objects derived from the labels. Never writes node labels; never acts unless
 //! this replica leads.
 
+pub mod cliques;
 pub mod kai;
 pub mod kueue;
 pub mod owner;
@@ -189,6 +190,16 @@ impl Publishers {
         let mut list: Vec<Box<dyn Publisher>> = Vec::new();
         for p in PLUGINS {
             list.extend(p.build(&setup)?);
+        }
+        // Where schedulers are published to, the UltraServers they place by are checked
+        // against the NVLink cliques the GPUs report (nothing is written but Events).
+        if !list.is_empty() && args.ultraserver_level != topology::UltraServerLevel::Never {
+            list.push(Box::new(cliques::CliqueCheck::new(
+                client.clone(),
+                scheme.clone(),
+                metrics.clone(),
+                events.clone(),
+            )));
         }
         // Each enabled publisher's error counter exists from the start, at 0 (a query on it
         // matches something, and `increase()` sees the first failure).

@@ -341,10 +341,18 @@ pub(crate) mod tests {
     async fn the_flags_build_the_publishers_they_turn_on_in_order() {
         assert_eq!(built(&flags(&[])), Ok(None));
         // Kueue's two: the Topologies every node fits, and (--ultraserver-level=auto) the
-        // UltraServer members' once one is seen.
+        // UltraServer members' once one is seen; last, the UltraServers checked against the
+        // NVLink cliques (wherever something is published, unless the level is never).
         assert_eq!(
             built(&flags(&ALL_ON)),
-            Ok(Some(vec!["kueue", "kueue", "kai", "slurm", "volcano"]))
+            Ok(Some(vec![
+                "kueue",
+                "kueue",
+                "kai",
+                "slurm",
+                "volcano",
+                "nvlink-cliques"
+            ]))
         );
         let never: Vec<&str> = ALL_ON
             .iter()
@@ -357,7 +365,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             built(&flags(&["--volcano-hypernodes", "true"])),
-            Ok(Some(vec!["volcano"]))
+            Ok(Some(vec!["volcano", "nvlink-cliques"]))
         );
         let bad = built(&flags(&["--slurm-topology-configmap", "no-slash"]));
         assert!(

@@ -72,7 +72,7 @@ mod uninstall;
 use uninstall::{turned_off_features_are_retired, uninstall_leaves_only_labels};
 #[path = "e2e/whynot.rs"]
 mod whynot;
-use whynot::every_reason_says_why_once;
+use whynot::{every_reason_says_why_once, nvlink_cliques_are_checked_against_ultraservers};
 #[path = "e2e/stalls.rs"]
 mod stalls;
 use stalls::{
@@ -2747,6 +2747,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(ec2_down_removes_nothing, true),
         scenario!(metrics_match_what_happened, true),
         scenario!(every_reason_says_why_once, true),
+        scenario!(nvlink_cliques_are_checked_against_ultraservers, true),
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(a_revoked_node_watch_fails_readiness_until_restored, true),
         scenario!(a_panicking_background_task_restarts, true),

@@ -257,3 +257,104 @@ pub async fn every_reason_says_why_once(env: &Env) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// GPU Feature Discovery's label for a node's NVLink clique (`<ClusterUUID>.<CliqueID>`).
+const CLIQUE: &str = "nvidia.com/gpu.clique";
+
+/// The capacity block against the NVLink cliques the GPUs report: an UltraServer of 4 nodes
+/// whose GPUs say two cliques (an x72 split into two x36, as NVIDIA's topograph found) is
+/// counted in `ultraserver_clique_mismatches{kind="block_holds_cliques"}`, told in one
+/// `NvlinkCliqueMismatch` Event on each of its nodes, and named by `explain`; once the cliques
+/// agree the count is 0 again and nothing more is told.
+pub async fn nvlink_cliques_are_checked_against_ultraservers(env: &Env) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    const KIND: &str = r#"kind="block_holds_cliques""#;
+    const FAMILY: &str = "ec2_topology_labeler_ultraserver_clique_mismatches";
+    let c = env.admin().await?;
+    let block = "cr-0d00000000000160d";
+    let specs: Vec<NodeSpec> = (1..=4)
+        .map(|k| NodeSpec::ec2(0x160, k, "p6e-gb200.36xlarge"))
+        .collect();
+    let pairs: Vec<_> = specs
+        .iter()
+        .map(|s| {
+            let mut i = s.instance(&["nn-ks", "nn-ka", "nn-kl"]);
+            i.capacity_block_id = Some(block.into());
+            (s.clone(), i)
+        })
+        .collect();
+    e2e::env::label_and_wait(env, &c, &pairs).await?;
+    let uuid = "3d0c6f52-0b8e-4c3b-9a51-6f4f0c2a9e11";
+    let api: Api<Node> = Api::all(c.clone());
+    let set_cliques = |of: fn(usize) -> usize| {
+        let api = api.clone();
+        let specs = specs.clone();
+        async move {
+            for (k, s) in specs.iter().enumerate() {
+                let clique = format!("{uuid}.{}", of(k));
+                api.patch(
+                    &s.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": {CLIQUE: clique}}})),
+                )
+                .await?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    // Two nodes in clique 1, two in clique 2.
+    set_cliques(|k| 1 + k / 2).await?;
+    eventually("the split UltraServer counted", WAIT, || async {
+        let m = metrics(env).await?;
+        Ok((metric_sum(&m, FAMILY, &[KIND]) == 1.0).then_some(()))
+    })
+    .await?;
+    for s in &specs {
+        eventually(
+            &format!("an NvlinkCliqueMismatch Event on {}", s.name),
+            WAIT,
+            || async {
+                Ok(
+                    (events(&c, &s.name).await?.get("NvlinkCliqueMismatch") == Some(&1))
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+    }
+    let addr = debug_addr(env).await?;
+    let e = explain(env, &addr, &specs[0].name)?;
+    let line = e["nvlink"].as_str().unwrap_or_default().to_string();
+    ensure!(
+        line.contains(&format!("capacity block {block}"))
+            && line.contains("holds 2 NVLink cliques")
+            && line.contains(&format!("{uuid}.1 (2 nodes, this node)"))
+            && line.contains(&format!("{uuid}.2 (2 nodes)")),
+        "explain: {line}"
+    );
+    // The fabric whole again: one clique.
+    set_cliques(|_| 1).await?;
+    eventually("no mismatch counted", WAIT, || async {
+        let m = metrics(env).await?;
+        Ok((metric_sum(&m, FAMILY, &[KIND]) == 0.0).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(RESYNC).await;
+    for s in &specs {
+        let told = events(&c, &s.name).await?;
+        ensure!(
+            told.get("NvlinkCliqueMismatch") == Some(&1),
+            "told once on {}: {told:?}",
+            s.name
+        );
+    }
+    let e = explain(env, &addr, &specs[0].name)?;
+    let line = e["nvlink"].as_str().unwrap_or_default();
+    ensure!(
+        line == format!("capacity block {block} is NVLink clique {uuid}.1 (4 nodes)"),
+        "explain once they agree: {line}"
+    );
+    eprintln!("    a split UltraServer: counted, told once on each of its 4 nodes, explained");
+    Ok(())
+}

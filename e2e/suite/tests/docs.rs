@@ -381,7 +381,7 @@ fn compatibility_matrix_is_the_pins() {
         "| Part | Tested | How |\n\
          | --- | --- | --- |\n\
          | Kubernetes | {newest} (etcd {etcd_new}) | the e2e suite on a real kube-apiserver and etcd (`make test`, e2e/controlplane/go.mod); the kind suite's nodes (`make kind`) |\n\
-         | Kubernetes, oldest the chart accepts (`kubeVersion: {kube_version}`) | {oldest} (etcd {etcd_old}) | the e2e scenarios that rest on what the API server does, again (`make test`, e2e/controlplane/oldest/go.mod; {at_oldest} of {all}, `AT_THE_OLDEST` in e2e/suite/tests/e2e.rs): server-side apply, the status subresource, Leases, watches, RBAC, Events, admission policies, CRDs and the schedulers reading them, Helm's hooks |\n\
+         | Kubernetes, oldest the chart accepts (`kubeVersion: {kube_version}`) | {oldest} (etcd {etcd_old}) | the e2e scenarios that rest on what the API server does, again (`make test`, e2e/controlplane/oldest/go.mod; {at_oldest} scenarios, `AT_THE_OLDEST` in e2e/suite/tests/e2e.rs): server-side apply, the status subresource, Leases, watches, RBAC, Events, admission policies, CRDs and the schedulers reading them, Helm's hooks |\n\
          | Kueue | {kueue} | its manager against the e2e API server: Topology, TAS admission (e2e/schedulers/kueue/go.mod) |\n\
          | Volcano | {volcano} | its scheduler and controllers: HyperNodes and gang placement (e2e/schedulers/volcano/go.mod) |\n\
          | KAI Scheduler | commit {short} | its scheduler, binder and pod grouper: Topology placement (e2e/schedulers/kai/source.sh), at {newest} only: KAI's scheduler lists `resource.k8s.io/v1` (GA in Kubernetes 1.34); our KAI Topologies are checked at both |\n\

@@ -119,6 +119,14 @@ impl RunArgs {
                 "--ultraserver-level=always needs the capacity block label (--capacity-block-label=true): the UltraServer level is that label".into(),
             );
         }
+        if self.publish.nvlink_clique_level
+            && (self.publish.ultraserver_level == crate::publish::topology::UltraServerLevel::Never
+                || scheme.capacity_block_key.is_none())
+        {
+            return Err(
+                "--nvlink-clique-level=true puts the NVLink clique under the UltraServer level: it needs --ultraserver-level auto or always and the capacity block label".into(),
+            );
+        }
         if let Some(at) = &self.publish.slurm_topology_configmap {
             crate::publish::slurm::parse_target(at)?;
         }
@@ -534,6 +542,31 @@ mod tests {
     use crate::labels::{LabelScheme, LayerNumbering};
     use clap::CommandFactory;
     use std::time::Duration;
+
+    /// The UltraServer options that cannot work are refused before anything runs: `always`
+    /// without the capacity block label, the clique level without the UltraServer level.
+    #[test]
+    fn ultraserver_options_that_cannot_work_are_refused() {
+        let check = |args: &[&str]| -> std::result::Result<(), String> {
+            let cli =
+                Cli::try_parse_from(["ec2-topology-labeler", "run"].iter().chain(args).copied())
+                    .map_err(|e| e.to_string())?;
+            cli.check()
+        };
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&["--nvlink-clique-level=true"]), Ok(()));
+        assert_eq!(
+            check(&["--nvlink-clique-level=true", "--ultraserver-level=always"]),
+            Ok(())
+        );
+        for refused in [
+            &["--ultraserver-level=always", "--capacity-block-label=false"][..],
+            &["--nvlink-clique-level=true", "--ultraserver-level=never"],
+            &["--nvlink-clique-level=true", "--capacity-block-label=false"],
+        ] {
+            assert!(check(refused).is_err(), "{refused:?} accepted");
+        }
+    }
 
     #[test]
     fn fit_reads_requests_selectors_and_tolerations_and_refuses_bad_ones() {

@@ -118,10 +118,11 @@ pub fn name_for(scheme: &LabelScheme, name: &str, shape: Shape) -> String {
     out
 }
 
-/// The levels of a shape's Topology (`None`: an UltraServer shape with no capacity block label).
-pub fn levels_for(scheme: &LabelScheme, shape: Shape) -> Option<Vec<String>> {
+/// The levels of a shape's Topology (`None`: an UltraServer shape with no capacity block label);
+/// `clique`: the NVLink clique under the capacity block (`--nvlink-clique-level`).
+pub fn levels_for(scheme: &LabelScheme, shape: Shape, clique: bool) -> Option<Vec<String>> {
     if shape.ultraserver {
-        ultraserver_levels(scheme, shape.depth, true)
+        ultraserver_levels(scheme, shape.depth, true, clique)
     } else {
         Some(levels(scheme, shape.depth, true))
     }
@@ -138,6 +139,8 @@ pub struct KaiPublisher {
     scheme: LabelScheme,
     name: String,
     ultraserver_level: UltraServerLevel,
+    /// `--nvlink-clique-level`.
+    clique: bool,
     recheck: std::time::Duration,
     /// Name → the levels last found in place, and when.
     checked: BTreeMap<String, (Vec<String>, std::time::Instant)>,
@@ -157,6 +160,7 @@ impl KaiPublisher {
             scheme: s.scheme.clone(),
             name: s.args.kai_topology_name.clone(),
             ultraserver_level: s.args.ultraserver_level,
+            clique: s.args.nvlink_clique_level,
             recheck: s.args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
             checked: BTreeMap::new(),
             reported: BTreeSet::new(),
@@ -261,7 +265,7 @@ impl Publisher for KaiPublisher {
         Box::pin(async move {
             for shape in shapes_for(&self.scheme, nodes, self.ultraserver_level) {
                 let name = name_for(&self.scheme, &self.name, shape);
-                let Some(want) = levels_for(&self.scheme, shape) else {
+                let Some(want) = levels_for(&self.scheme, shape, self.clique) else {
                     continue;
                 };
                 let due = self
@@ -493,7 +497,7 @@ mod tests {
             "aws-network-ultraserver"
         );
         assert_eq!(
-            levels_for(&s, shape(3, true)).unwrap(),
+            levels_for(&s, shape(3, true), false).unwrap(),
             [
                 "topology.k8s.aws/network-node-layer-1",
                 "topology.k8s.aws/network-node-layer-2",
@@ -502,6 +506,20 @@ mod tests {
                 "kubernetes.io/hostname",
             ],
             "the block between the deepest layer and the hostname, which KAI requires last"
+        );
+        assert_eq!(
+            levels_for(&s, shape(3, true), true).unwrap()[3..],
+            [
+                crate::labels::CAPACITY_BLOCK_KEY,
+                "nvidia.com/gpu.clique",
+                "kubernetes.io/hostname",
+            ],
+            "--nvlink-clique-level: the clique under the block"
+        );
+        assert_eq!(
+            levels_for(&s, shape(3, false), true).unwrap().len(),
+            4,
+            "the Topology every node fits has no clique level"
         );
         // A 4-layer UltraServer member (none is sold today) gets the 4-layer UltraServer one.
         let deep = [in_block(view(4), "cr-2")];

@@ -220,8 +220,13 @@ impl Publisher for KueuePublisher {
 /// `--uniform-depth`), the capacity block, the hostname; `None` without a capacity block label.
 fn ultraserver_topology(s: &Setup<'_>) -> Option<(String, Vec<String>)> {
     let depth = s.scheme.uniform_depth.unwrap_or(3);
-    ultraserver_levels(s.scheme, depth, s.args.kueue_topology_hostname_level)
-        .map(|l| (s.args.kueue_topology_ultraserver_name.clone(), l))
+    ultraserver_levels(
+        s.scheme,
+        depth,
+        s.args.kueue_topology_hostname_level,
+        s.args.nvlink_clique_level,
+    )
+    .map(|l| (s.args.kueue_topology_ultraserver_name.clone(), l))
 }
 
 /// Kueue's Topology as a plug-in.

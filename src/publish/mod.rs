@@ -76,6 +76,14 @@ pub struct PublishArgs {
     #[arg(long, env = "LABELER_ULTRASERVER_LEVEL", value_enum, default_value_t)]
     #[serde(default)]
     pub ultraserver_level: topology::UltraServerLevel,
+    /// Put the NVLink clique GPU Feature Discovery reports (`nvidia.com/gpu.clique`) under the
+    /// capacity block in the UltraServer members' Kueue and KAI Topologies, so that a capacity
+    /// block holding two cliques (an x72 as two x36) is two domains. Nodes without the clique
+    /// label (no GPU Feature Discovery, the fabric not complete) then fit no UltraServer
+    /// Topology. Refused with `--ultraserver-level=never`.
+    #[arg(long, env = "LABELER_NVLINK_CLIQUE_LEVEL", default_value_t = false, action = clap::ArgAction::Set)]
+    #[serde(default)]
+    pub nvlink_clique_level: bool,
     /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
     #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub kueue_topology_hostname_level: bool,

@@ -51,16 +51,21 @@ pub enum UltraServerLevel {
     Never,
 }
 
-/// [`levels`] with the capacity block's label between the deepest layer and the hostname;
-/// `None` when no capacity block label is written (`--capacity-block-label=false`).
+/// [`levels`] with the capacity block's label between the deepest layer and the hostname (and
+/// with `clique`, GPU Feature Discovery's NVLink clique under it); `None` when no capacity block
+/// label is written (`--capacity-block-label=false`).
 pub fn ultraserver_levels(
     scheme: &LabelScheme,
     depth: usize,
     hostname: bool,
+    clique: bool,
 ) -> Option<Vec<String>> {
     let key = scheme.capacity_block_key.as_ref()?;
     let mut out = levels(scheme, depth, false);
     out.push(key.clone());
+    if clique {
+        out.push(super::cliques::CLIQUE_LABEL.into());
+    }
     if hostname {
         out.push(HOSTNAME.into());
     }

@@ -3258,6 +3258,15 @@ fn the_chart_refuses_what_the_binary_refuses() {
         ],
         &[("config.ultraserverLevel", "never")],
         &[
+            ("config.nvlinkCliqueLevel", "true"),
+            ("config.ultraserverLevel", "never"),
+        ],
+        &[
+            ("config.nvlinkCliqueLevel", "true"),
+            ("config.capacityBlockLabel", "false"),
+        ],
+        &[("config.nvlinkCliqueLevel", "true")],
+        &[
             ("config.uniformDepth", "4"),
             ("config.layerNumbering", "leaf-first"),
         ],

@@ -2449,10 +2449,13 @@ async fn schedulers_doc_recipes_are_accepted(env: &Env) -> anyhow::Result<()> {
                     .capacity_block_key
                     .as_ref()
                     .is_some_and(|k| levels.contains(k));
-                let depth = levels.len().saturating_sub(1 + usize::from(ultraserver));
+                let clique = levels.iter().any(|l| l == "nvidia.com/gpu.clique");
+                let depth = levels
+                    .len()
+                    .saturating_sub(1 + usize::from(ultraserver) + usize::from(clique));
                 let published = if ultraserver {
                     ec2_topology_labeler::publish::topology::ultraserver_levels(
-                        &scheme, depth, true,
+                        &scheme, depth, true, clique,
                     )
                     .unwrap_or_default()
                 } else {

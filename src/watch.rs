@@ -17,12 +17,14 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     if let Some(labels) = meta.labels.as_mut() {
         // The instance type tells a type EC2 describes (but has not yet) from one it never will;
         // it and the zone are what coverage counts nodes by; the reservation a node joined
-        // from, what the reserved-capacity gauges count.
+        // from, what the reserved-capacity gauges count; the NVLink clique, what the
+        // UltraServers are checked against.
         labels.retain(|k, _| {
             scheme.is_family_label(k)
                 || k == INSTANCE_TYPE_LABEL
                 || k == crate::coverage::ZONE_LABEL
                 || k == crate::reservations::RESERVATION_LABEL
+                || k == crate::publish::cliques::CLIQUE_LABEL
         });
     }
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -74,6 +76,8 @@ mod tests {
                 "topology.kubernetes.io/zone": "us-west-2a",
                 "topology.k8s.aws/network-node-layer-1": "nn-1",
                 "kubernetes.io/hostname": "n1",
+                "nvidia.com/gpu.clique": "3d0c6f52-0b8e-4c3b-9a51-6f4f0c2a9e11.1",
+                "nvidia.com/gpu.product": "NVIDIA-GB200",
                 "team": "ml"
             }}
         }))
@@ -85,9 +89,11 @@ mod tests {
             kept,
             [
                 "node.kubernetes.io/instance-type",
+                "nvidia.com/gpu.clique",
                 "topology.k8s.aws/network-node-layer-1",
                 "topology.kubernetes.io/zone"
-            ]
+            ],
+            "and the NVLink clique the UltraServers are checked against"
         );
     }
 

@@ -2233,14 +2233,14 @@ fn node_policy_compares_spec_and_status_whole() {
         .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-nodes")
         .unwrap();
     let validations = p["spec"]["validations"].to_string();
-    let old = "(oldObject.?status.orValue({}))";
-    let new = "(object.?status.orValue({}))";
+    let old = "(dyn(oldObject).?status.orValue({}))";
+    let new = "(dyn(object).?status.orValue({}))";
     let changed_status = format!(
         "({new}.filter(k, k != 'conditions' && !(k in {old} && {old}[k] == {new}[k])) + \
          {old}.filter(k, k != 'conditions' && !(k in {new})))"
     );
-    let old = "(oldObject.?spec.orValue({}))";
-    let new = "(object.?spec.orValue({}))";
+    let old = "(dyn(oldObject).?spec.orValue({}))";
+    let new = "(dyn(object).?spec.orValue({}))";
     let changed_spec = format!(
         "({new}.filter(k, k != 'taints' && !(k in {old} && {old}[k] == {new}[k])) + \
          {old}.filter(k, k != 'taints' && !(k in {new})))"

@@ -11,7 +11,7 @@ CHART := charts/ec2-topology-labeler
 TOOLCHAIN_LINKED := $(shell hack/toolchain.sh)
 NAMESPACE := ec2-topology-labeler
 
-.PHONY: release kind-down image all build build-release bench-scale controlplane controlplane-oldest schedulers slurm pictures tools demo test test-faults fuzz e2e bench lint deny fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
+.PHONY: release kind-down image all build build-release bench-scale controlplane controlplane-oldest schedulers slurm pictures tools demo test test-faults test-faults-build fuzz e2e bench lint deny fmt schema chart-docs docs kind kind-eks-credentials kind-prepare manifests check-manifests ci clean-cache
 
 all: build
 
@@ -94,6 +94,10 @@ test: build controlplane controlplane-oldest schedulers slurm pictures check-man
 ## fights, kills, hostile input); writes docs/reliability.md. FAULT_SECONDS shortens the 60 s faults.
 test-faults: build controlplane schedulers
 	RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md cargo test --workspace --locked --test faults
+
+# The fault suite built, not run (.ci/run builds it before the fuzzing pass starts beside it).
+test-faults-build:
+	cargo test --workspace --locked --test faults --no-run
 
 ## fuzz: cargo-fuzz (stable toolchain, no sanitizer: the code is memory-safe Rust; looking for
 ## panics and broken invariants) where input enters: the providerID parser, the sanitiser, label

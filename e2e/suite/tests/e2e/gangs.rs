@@ -108,6 +108,16 @@ impl Fleet {
         self.blocks.get(i)?.as_deref()
     }
 
+    /// The one capacity block all of `nodes` are in; an error when they are in several, or
+    /// one of them in none.
+    pub fn one_block(&self, nodes: &BTreeSet<String>) -> anyhow::Result<&str> {
+        let blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| self.block(n)).collect();
+        match blocks.iter().collect::<Vec<_>>()[..] {
+            [Some(b)] => Ok(b),
+            _ => anyhow::bail!("not in one UltraServer: {blocks:?} ({nodes:?})"),
+        }
+    }
+
     pub fn names(&self) -> BTreeSet<String> {
         self.nodes.iter().map(|(s, _)| s.name.clone()).collect()
     }

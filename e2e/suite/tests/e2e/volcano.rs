@@ -1228,12 +1228,9 @@ pub async fn volcano_places_gangs_inside_one_ultraserver(env: &Env) -> anyhow::R
         let mut blocks = BTreeSet::new();
         for name in ["us-1", "us-2"] {
             let nodes = placed(&c, NS, name, pool, 2, 0).await?;
-            let in_blocks: BTreeSet<Option<&str>> = nodes.iter().map(|n| fleet.block(n)).collect();
-            ensure!(
-                in_blocks.len() == 1,
-                "gang {name} spans UltraServers: {in_blocks:?}"
-            );
-            let block = in_blocks.into_iter().next().flatten().unwrap_or_default();
+            let block = fleet
+                .one_block(&nodes)
+                .with_context(|| format!("gang {name}"))?;
             ensure!(
                 block == a || block == b,
                 "gang {name} in {block}, not a whole UltraServer"

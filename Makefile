@@ -49,13 +49,14 @@ pictures:
 
 # cargo-deny, pinned, from crates.io (--locked: its own Cargo.lock), cached by version; its own
 # build directory (not CARGO_TARGET_DIR: nothing of it is shared with the project's builds).
-# (Defined before `tools`, whose prerequisite it is.)
+# (Defined before `deny`, whose prerequisite it is.)
 CARGO_DENY_VERSION := 0.20.2
 CARGO_DENY_ROOT := $(EC2TL_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)
 CARGO_DENY := $(CARGO_DENY_ROOT)/bin/cargo-deny
 
-## tools: build the pinned Helm from the Go module proxy, install the pinned cargo-deny (cached)
-tools: $(CARGO_DENY)
+## tools: build the pinned Helm and promtool from the Go module proxy (cached); cargo-deny, which
+## only lint needs, is installed by `make deny`
+tools:
 	@e2e/tools/build.sh >/dev/null
 	@e2e/tools/promtool/build.sh >/dev/null
 

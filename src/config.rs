@@ -267,6 +267,10 @@ pub struct FitArgs {
     /// Domains that do not fit to show, nearest first.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("misses"), env = "LABELER_FIT_MISSES", default_value_t = 5)]
     pub misses: usize,
+    /// The label keys, as `run` has them: they say which level is the capacity block (an
+    /// UltraServer, named by its leaf switch too) and which are the network layers.
+    #[command(flatten)]
+    pub labels: LabelArgs,
     #[command(flatten)]
     pub output: Output,
 }

@@ -12,6 +12,8 @@ use crate::{
     Error, Result,
     config::{FitArgs, OutputFormat},
     fit::{Capacity, Gang, Milli, PODS, Taint, Toleration, fit, milli},
+    labels::{LabelScheme, path_of},
+    publish::cliques::CLIQUE_LABEL,
 };
 
 /// Quantities as thousandths; one Kubernetes would not write is left out.
@@ -130,9 +132,45 @@ where
     Ok(all)
 }
 
-/// The nodes as [`crate::fit`] counts them: each one's domain at `level`, allocatable, and
-/// what the pods bound to it (and not finished) request.
-pub fn capacities(nodes: &[Node], pods: &[Pod], level: &str) -> Vec<Capacity> {
+/// A node's domain at `level`, as the Kueue and KAI Topologies we publish name it: a network
+/// node by its ID (IDs are unique and nest, so the layers above add nothing); an UltraServer
+/// (the capacity block) by the leaf switch above it too, and a GPU clique by its leaf and
+/// capacity block, so that a capacity block split across two leaf switches is two domains, as
+/// it is to the schedulers (a gang that needs one UltraServer never spans two leaves). Other
+/// labels (hostname, zone, anything) by their value. `None`: in no domain.
+pub fn domain(
+    scheme: &LabelScheme,
+    level: &str,
+    labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    let value = labels.get(level)?;
+    let block_key = scheme.capacity_block_key.as_deref();
+    let parents: Vec<&str> = if block_key == Some(level) {
+        Vec::new()
+    } else if level == CLIQUE_LABEL {
+        block_key
+            .and_then(|k| labels.get(k))
+            .map(String::as_str)
+            .into_iter()
+            .collect()
+    } else {
+        return Some(value.clone());
+    };
+    let path = path_of(scheme, labels).unwrap_or_default();
+    let leaf = path.last().map(String::as_str);
+    let mut name: Vec<&str> = leaf.into_iter().chain(parents).collect();
+    name.push(value);
+    Some(name.join("/"))
+}
+
+/// The nodes as [`crate::fit`] counts them: each one's domain at `level` ([`domain`]),
+/// allocatable, and what the pods bound to it (and not finished) request.
+pub fn capacities(
+    nodes: &[Node],
+    pods: &[Pod],
+    level: &str,
+    scheme: &LabelScheme,
+) -> Vec<Capacity> {
     let mut used: BTreeMap<&str, BTreeMap<String, Milli>> = BTreeMap::new();
     for pod in pods {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -148,7 +186,7 @@ pub fn capacities(nodes: &[Node], pods: &[Pod], level: &str) -> Vec<Capacity> {
         .map(|n| {
             let name = n.name_any();
             Capacity {
-                domain: n.labels().get(level).cloned(),
+                domain: domain(scheme, level, n.labels()),
                 allocatable: amounts(n.status.as_ref().and_then(|s| s.allocatable.as_ref())),
                 requested: used.remove(name.as_str()).unwrap_or_default(),
                 schedulable: schedulable(n),
@@ -189,13 +227,14 @@ pub async fn run(args: FitArgs) -> Result<()> {
             "fit needs --pods and --level, or --workload".into(),
         ));
     };
+    let scheme = args.labels.scheme().map_err(Error::Config)?;
     let (nodes, bound) = cluster(&client).await?;
     let gang = Gang {
         node_selector: args.node_selector.0.clone(),
         tolerations: args.tolerations.clone(),
         ..Gang::new(pods, args.requests.0.clone())
     };
-    let answer = fit(&capacities(&nodes, &bound, &level), &gang);
+    let answer = fit(&capacities(&nodes, &bound, &level, &scheme), &gang);
     let text = match args.output.format {
         OutputFormat::Table => answer.render(&level, args.misses),
         OutputFormat::Json => {
@@ -438,12 +477,13 @@ pub mod workload {
         };
         let (gangs, more) = gangs(&workload, &flavors);
         notes.extend(more);
+        let scheme = args.labels.scheme().map_err(Error::Config)?;
         let (nodes, bound) = cluster(client).await?;
         let mut text = String::new();
         let mut json = Vec::new();
         let mut nowhere = Vec::new();
         for g in &gangs {
-            let answer = fit(&capacities(&nodes, &bound, &g.level), &g.gang);
+            let answer = fit(&capacities(&nodes, &bound, &g.level, &scheme), &g.gang);
             let on = g
                 .flavor
                 .as_deref()
@@ -511,6 +551,117 @@ mod tests {
 
     fn c(name: &str, cpu: &str, gpu: &str) -> serde_json::Value {
         serde_json::json!({"name": name, "resources": {"requests": {"cpu": cpu, "nvidia.com/gpu": gpu}}})
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_ultraserver_split_across_two_leaves_is_two_domains_and_a_network_node_is_its_id() {
+        let scheme = LabelScheme::default();
+        let block = crate::labels::CAPACITY_BLOCK_KEY;
+        let layer = |n| scheme.layer_key(n);
+        let on = |leaf: &str, clique: &str| {
+            labels(&[
+                (&layer(1), "nn-top"),
+                (&layer(2), "nn-spine"),
+                (&layer(3), leaf),
+                (block, "cb-1"),
+                (CLIQUE_LABEL, clique),
+            ])
+        };
+        let (a, b) = (on("nn-leaf-a", "uuid.1"), on("nn-leaf-b", "uuid.1"));
+        // The capacity block under each leaf: two domains, each named by its leaf.
+        assert_eq!(
+            domain(&scheme, block, &a).as_deref(),
+            Some("nn-leaf-a/cb-1")
+        );
+        assert_eq!(
+            domain(&scheme, block, &b).as_deref(),
+            Some("nn-leaf-b/cb-1")
+        );
+        // The clique by its leaf and capacity block.
+        assert_eq!(
+            domain(&scheme, CLIQUE_LABEL, &a).as_deref(),
+            Some("nn-leaf-a/cb-1/uuid.1")
+        );
+        // A network node is its ID, whatever is above it; a key it lacks, no domain.
+        assert_eq!(domain(&scheme, &layer(3), &a).as_deref(), Some("nn-leaf-a"));
+        assert_eq!(domain(&scheme, &layer(4), &a), None);
+        // Without network labels, the capacity block alone.
+        assert_eq!(
+            domain(&scheme, block, &labels(&[(block, "cb-1")])).as_deref(),
+            Some("cb-1")
+        );
+        // The HyperPod preset's block key.
+        let hyperpod = crate::config::LabelArgs {
+            label_preset: crate::scheme::LabelPreset::Hyperpod,
+            ..default_label_args()
+        }
+        .scheme()
+        .unwrap_or_else(|e| panic!("the HyperPod preset's scheme: {e}"));
+        if let Some(key) = hyperpod.capacity_block_key.clone() {
+            let mut c = a.clone();
+            c.remove(block);
+            c.insert(key.clone(), "us-1".into());
+            assert_eq!(
+                domain(&hyperpod, &key, &c).as_deref(),
+                Some("nn-leaf-a/us-1")
+            );
+        } else {
+            panic!("the HyperPod preset has no capacity block key");
+        }
+    }
+
+    #[test]
+    fn a_gang_that_fits_only_across_a_split_ultraserver_does_not_fit_in_one() {
+        let scheme = LabelScheme::default();
+        let block = crate::labels::CAPACITY_BLOCK_KEY;
+        let node = |name: &str, leaf: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {
+                    scheme.layer_key(1): "nn-top", scheme.layer_key(2): "nn-spine",
+                    scheme.layer_key(3): leaf, block: "cb-1",
+                }},
+                "status": {
+                    "allocatable": {"nvidia.com/gpu": "4", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }))
+            .unwrap_or_default()
+        };
+        // Two nodes of cb-1 under each of two leaves: 8 GPUs a leaf, 16 in the block.
+        let nodes = [
+            node("a1", "nn-leaf-a"),
+            node("a2", "nn-leaf-a"),
+            node("b1", "nn-leaf-b"),
+            node("b2", "nn-leaf-b"),
+        ];
+        let gpus = |n: u64| Gang::new(n, BTreeMap::from([("nvidia.com/gpu".into(), 4_000)]));
+        let caps = capacities(&nodes, &[], block, &scheme);
+        assert!(
+            fit(&caps, &gpus(4)).fits.is_empty(),
+            "4 pods of 4 GPUs span both leaves"
+        );
+        assert!(
+            !fit(&caps, &gpus(2)).fits.is_empty(),
+            "2 pods fit under one leaf"
+        );
+    }
+
+    pub(super) fn default_label_args() -> crate::config::LabelArgs {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            labels: crate::config::LabelArgs,
+        }
+        <Only as clap::Parser>::try_parse_from(["x"])
+            .map(|o| o.labels)
+            .unwrap_or_else(|e| panic!("the label flags' defaults parse: {e}"))
     }
 
     #[test]
@@ -584,7 +735,12 @@ mod tests {
         });
         let running = pod(serde_json::json!({"nodeName": "n1", "containers": [c("a", "1", "2")]}));
         let pending = pod(serde_json::json!({"containers": [c("a", "1", "8")]}));
-        let caps = capacities(&[n], &[done, running, pending], "level");
+        let caps = capacities(
+            &[n],
+            &[done, running, pending],
+            "level",
+            &LabelScheme::default(),
+        );
         assert_eq!(caps[0].domain.as_deref(), Some("d1"));
         assert_eq!(caps[0].free("nvidia.com/gpu"), 6_000);
         assert_eq!(caps[0].free(PODS), 109_000);

@@ -84,6 +84,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("startup-taint-timeout", secs(1), secs(30 * DAY)),
     duration("resync-period", secs(1), secs(30 * DAY)),
     duration("reservations-interval", secs(10), secs(DAY)),
+    duration("ultraserver-health-interval", secs(10), secs(3600)),
     duration("reservation-idle-after", secs(10), secs(30 * DAY)),
     duration("conflict-backoff", secs(1), secs(3600)),
     duration("conflict-window", secs(1), secs(30 * DAY)),

@@ -468,6 +468,8 @@ pub struct RunArgs {
     pub client: crate::client::ClientArgs,
     #[command(flatten)]
     pub reservations: crate::reserved::ReservationArgs,
+    #[command(flatten)]
+    pub health: crate::publish::interconnect::HealthArgs,
 }
 
 /// `-o`/`--output` of the commands that print a table or JSON.

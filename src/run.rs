@@ -356,6 +356,33 @@ pub async fn run(args: RunArgs) -> Result<()> {
             },
         );
     }
+    if args.health.ultraserver_health {
+        let ec2 = Arc::new(
+            AwsTopology::from_env(args.ec2.ec2_timeout.0)
+                .await
+                .with_limiter(limiter.clone()),
+        );
+        let (reader, ctx, synced, args) = (
+            reader.clone(),
+            ctx.clone(),
+            synced.clone(),
+            args.health.clone(),
+        );
+        supervise(
+            "ultraserver-health",
+            Lifetime::Forever,
+            metrics.clone(),
+            move || {
+                crate::publish::interconnect::run(
+                    reader.clone(),
+                    ctx.clone(),
+                    synced.clone(),
+                    ec2.clone(),
+                    args.clone(),
+                )
+            },
+        );
+    }
     {
         let (reader, ctx) = (reader.clone(), ctx.clone());
         supervise(

@@ -10,6 +10,7 @@
 
 mod batcher;
 pub mod cache;
+pub mod capacity_blocks;
 pub mod ec2;
 pub mod limiter;
 mod reservations;

@@ -102,6 +102,8 @@ pub struct Metrics {
     coverage_nodes: Family<CellLabels, Gauge>,
     reserved_instances: Family<ReservedLabels, Gauge>,
     reserved_joined: Family<ReservedLabels, Gauge>,
+    interconnect: Family<InterconnectLabels, Gauge>,
+    interconnect_polls: Family<OutcomeLabels, Counter>,
     coverage_full: Family<CellLabels, Gauge>,
     coverage_layer: Family<CellLayerLabels, Gauge>,
     label_conflicts: Counter,
@@ -143,6 +145,12 @@ pub struct ReservedLabels {
     pub network_node: String,
     pub reservation: String,
     pub instance_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterconnectLabels {
+    pub capacity_block: String,
+    pub status: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -394,6 +402,47 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(i64::from(s.joined));
         }
+    }
+
+    /// Replace the interconnect gauges with `statuses` (capacity block, what EC2 last said of
+    /// its interconnect): 1 on that status; blocks no node is in any longer disappear. A block
+    /// EC2 could not be asked about keeps its last series (`keep`).
+    pub fn set_interconnects<'a>(
+        &self,
+        statuses: impl IntoIterator<Item = (&'a str, &'static str)>,
+        keep: &[String],
+    ) {
+        let kept: Vec<(InterconnectLabels, i64)> = ["ok", "impaired", "insufficient-data"]
+            .iter()
+            .flat_map(|status| {
+                keep.iter().map(move |block| InterconnectLabels {
+                    capacity_block: block.clone(),
+                    status: (*status).to_string(),
+                })
+            })
+            .filter_map(|l| self.interconnect.get(&l).map(|g| (l.clone(), g.get())))
+            .collect();
+        self.interconnect.clear();
+        for (l, v) in kept {
+            self.interconnect.get_or_create(&l).set(v);
+        }
+        for (block, status) in statuses {
+            self.interconnect
+                .get_or_create(&InterconnectLabels {
+                    capacity_block: block.to_string(),
+                    status: status.to_string(),
+                })
+                .set(1);
+        }
+    }
+
+    /// One round of asking EC2 about the interconnects: `ok` or `failed`.
+    pub fn interconnect_poll(&self, outcome: &str) {
+        self.interconnect_polls
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// Replace the coverage gauges with `cells` (series of cells that emptied disappear).
@@ -760,6 +809,8 @@ mod tests {
             reserved: 2,
             joined: 1,
         }]);
+        m.set_interconnects([("cb-0123456789abcdef0", "ok")], &[]);
+        m.interconnect_poll("ok");
         // Every process series, whatever this machine has (a cgroup memory limit or not).
         m.render_with(|out| crate::process::encode_values(out, Some(1), Some(1.0), Some(1)))
     }

@@ -117,6 +117,18 @@ impl Metrics {
             "Where the capacity blocks (UltraServers, as EC2 names them) and GPU Feature Discovery's NVLink cliques (nvidia.com/gpu.clique) disagree, by kind: block_holds_cliques (capacity blocks holding more than one clique), clique_spans_blocks (cliques over more than one capacity block); published nodes with both labels only",
             clique_mismatches.clone(),
         );
+        let interconnect = Family::<InterconnectLabels, Gauge>::default();
+        fleet.register(
+            "ultraserver_interconnect",
+            "What EC2 last said of the accelerator interconnect of each capacity block (UltraServer) a verified node is in (DescribeCapacityBlockStatus; --ultraserver-health): 1 on its status, ok, impaired or insufficient-data",
+            interconnect.clone(),
+        );
+        let interconnect_polls = Family::<OutcomeLabels, Counter>::default();
+        fleet.register(
+            "ultraserver_interconnect_polls",
+            "Rounds of asking EC2 about the capacity blocks' interconnects (--ultraserver-health), by outcome: ok, failed (EC2 unreachable, refusing or throttling: nothing changes on the nodes)",
+            interconnect_polls.clone(),
+        );
         let unpublished_nodes = Family::<ReasonLabels, Gauge>::default();
         fleet.register(
             "unpublished_nodes",
@@ -389,6 +401,8 @@ impl Metrics {
             coverage_nodes,
             reserved_instances,
             reserved_joined,
+            interconnect,
+            interconnect_polls,
             coverage_full,
             coverage_layer,
             label_conflicts,

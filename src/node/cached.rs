@@ -198,6 +198,13 @@ impl CachedNode {
         self.conditions.iter().find(|c| c.type_ == CONDITION_TYPE)
     }
 
+    /// Our `UltraServerInterconnectImpaired` condition, if the node carries one.
+    pub fn interconnect_condition(&self) -> Option<&LiteCondition> {
+        self.conditions
+            .iter()
+            .find(|c| c.type_ == super::INTERCONNECT_CONDITION_TYPE)
+    }
+
     /// A reference to the node (see [`LiteNode::object_ref`]).
     pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
         k8s_openapi::api::core::v1::ObjectReference {

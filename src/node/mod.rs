@@ -7,7 +7,8 @@
 //!
 //! Besides metadata it keeps `spec.taints` (a handful per node: the startup taint we may release
 //! must be removed without losing the others) and, of `status.conditions`, only our own
-//! `TopologyLabeled` (the kubelet's conditions are skipped as they are read).
+//! `TopologyLabeled` and `UltraServerInterconnectImpaired` (the kubelet's conditions are skipped as
+//! they are read).
 //!
 //! Owns: how a Node is read (serde skips the rest). Never writes one.
 
@@ -31,6 +32,11 @@ pub use cached::CachedNode;
 
 /// The condition type we own on Nodes.
 pub const CONDITION_TYPE: &str = "TopologyLabeled";
+
+/// The condition we keep on UltraServer members while EC2 says their capacity block's
+/// accelerator interconnect is impaired (`--ultraserver-health`; see
+/// [`crate::publish::interconnect`]).
+pub const INTERCONNECT_CONDITION_TYPE: &str = "UltraServerInterconnectImpaired";
 
 /// `v1` Node as read from the API server: metadata, `spec.providerID`, `spec.taints`,
 /// `status.nodeInfo.bootID` and our own condition. What the node `Api` gets, patches and
@@ -223,7 +229,8 @@ pub struct LiteSpec {
 pub struct LiteStatus {
     #[serde(rename = "nodeInfo", default)]
     pub node_info: LiteNodeInfo,
-    /// Our `TopologyLabeled` condition only; every other condition is skipped while reading.
+    /// Our conditions only (`TopologyLabeled`, `UltraServerInterconnectImpaired`); every other
+    /// condition is skipped while reading.
     #[serde(
         default,
         deserialize_with = "our_condition",
@@ -295,7 +302,7 @@ impl<'de> Deserialize<'de> for MaybeOurs {
             last_transition_time: Option<Time>,
         }
         let raw = Raw::deserialize(d)?;
-        if raw.type_ != CONDITION_TYPE {
+        if raw.type_ != CONDITION_TYPE && raw.type_ != INTERCONNECT_CONDITION_TYPE {
             return Ok(MaybeOurs(None));
         }
         Ok(MaybeOurs(Some(LiteCondition {
@@ -431,6 +438,14 @@ impl LiteNode {
             .conditions
             .iter()
             .find(|c| c.type_ == CONDITION_TYPE)
+    }
+
+    /// Our `UltraServerInterconnectImpaired` condition, if the node carries one.
+    pub fn interconnect_condition(&self) -> Option<&LiteCondition> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == INTERCONNECT_CONDITION_TYPE)
     }
 
     pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
@@ -583,17 +598,23 @@ mod tests {
     }
 
     #[test]
-    fn keeps_only_our_condition() {
+    fn keeps_only_our_conditions() {
         let json = serde_json::json!({
             "metadata": {"name": "n1"},
             "status": {"conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
                 {"type": "TopologyLabeled", "status": "False", "reason": "Ec2Unavailable", "message": "m",
-                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+                {"type": "UltraServerInterconnectImpaired", "status": "True", "reason": "InterconnectImpaired"}
             ]}
         });
         let n: LiteNode = serde_json::from_value(json).unwrap();
-        assert_eq!(n.status.conditions.len(), 1);
+        assert_eq!(n.status.conditions.len(), 2);
+        let i = n.interconnect_condition().unwrap();
+        assert_eq!(
+            (i.status.as_str(), i.reason.as_deref()),
+            ("True", Some("InterconnectImpaired"))
+        );
         let c = n.topology_condition().unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_deref()),

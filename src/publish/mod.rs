@@ -7,6 +7,7 @@
 //! this replica leads.
 
 pub mod cliques;
+pub mod interconnect;
 pub mod kai;
 pub mod kueue;
 pub mod owner;

@@ -87,6 +87,12 @@ for the checks in _checks.tpl. */ -}}
     "min": 1000000000,
     "range": "1s to 30days"
   },
+  "config.ultraserverHealthInterval": {
+    "flag": "ultraserver-health-interval",
+    "max": 3600000000000,
+    "min": 10000000000,
+    "range": "10s to 1h"
+  },
   "leaderElection.leaseDuration": {
     "flag": "leader-election-lease-duration",
     "max": 3600000000000,

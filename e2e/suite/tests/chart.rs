@@ -2756,6 +2756,8 @@ struct ChartConfig {
     publish: PublishArgs,
     #[serde(flatten)]
     reservations: ec2_topology_labeler::reserved::ReservationArgs,
+    #[serde(flatten)]
+    health: ec2_topology_labeler::publish::interconnect::HealthArgs,
 }
 
 /// JSON Schema (draft-07, what Helm validates) of the `config:` block. Every key is optional;

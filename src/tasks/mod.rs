@@ -24,12 +24,13 @@ use crate::metrics::Metrics;
 mod tests;
 
 /// The supervised tasks' names (their `task_restarts_total` series exist from the start, at 0).
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "retire at start",
     "retire condition at start",
     "warm-up",
     "coverage",
     "reservations",
+    "ultraserver-health",
     "housekeeping",
     "election sweep",
 ];

@@ -215,6 +215,18 @@ impl MockEc2 {
         if let Err(e) = self.admit(signed, denied, action.name(), request.dry_run) {
             return refuse(&mut inner, e);
         }
+        // EC2 failing (the same fault as DescribeInstanceTopology's): a server error.
+        let fraction = inner.faults.error_5xx_fraction;
+        if super::hit(&mut inner.spread.error_5xx, fraction) {
+            return refuse(
+                &mut inner,
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "An internal error has occurred.",
+                ),
+            );
+        }
         let matching: Vec<&CapacityBlock> = inner
             .capacity_blocks
             .values()
@@ -539,6 +551,22 @@ mod tests {
             Outcome::Error(e, _) | Outcome::Delayed(e, _, _) => {
                 assert_eq!(e.code, "UnauthorizedOperation");
                 assert!(e.message.contains("ec2:DescribeCapacityBlockStatus"));
+            }
+            Outcome::Raw(body, _) => panic!("answered: {body}"),
+        }
+        // EC2 failing: a server error, as DescribeInstanceTopology gets.
+        mock.set_faults(super::super::Faults {
+            error_5xx_fraction: 1.0,
+            ..Default::default()
+        });
+        match mock.handle_capacity_blocks(
+            Action::Status,
+            &params("DescribeCapacityBlockStatus", &[]),
+            None,
+        ) {
+            Outcome::Error(e, _) | Outcome::Delayed(e, _, _) => {
+                assert_eq!(e.code, "InternalError");
+                assert_eq!(e.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
             }
             Outcome::Raw(body, _) => panic!("answered: {body}"),
         }

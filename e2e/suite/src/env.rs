@@ -272,6 +272,7 @@ pub const INSTALL_SETS: &[&str] = &[
     "config.nodeCondition=true",
     "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
     "config.slinkyAnnotation=true",
+    "config.ultraserverHealth=true",
 ];
 
 pub fn setup(prefix: &str) -> anyhow::Result<Env> {

@@ -2272,6 +2272,28 @@ fn node_policy_compares_spec_and_status_whole() {
             "{field} listed one by one: {validations}"
         );
     }
+    // The UltraServerInterconnectImpaired condition is ours only with config.ultraserverHealth.
+    let conditions_rule = |sets: &[String]| -> String {
+        let docs = render(sets);
+        let p = kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "ec2-topology-labeler-nodes")
+            .unwrap();
+        p["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["expression"].as_str())
+            .find(|e| e.contains("conditions.orValue([])"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(!conditions_rule(&[]).contains("UltraServerInterconnectImpaired"));
+    assert!(
+        conditions_rule(&["config.ultraserverHealth=true".into()]).contains(
+            "filter(c, c.type != 'TopologyLabeled' && c.type != 'UltraServerInterconnectImpaired')"
+        )
+    );
 }
 
 fn kebab(key: &str) -> String {

@@ -72,7 +72,10 @@ mod uninstall;
 use uninstall::{turned_off_features_are_retired, uninstall_leaves_only_labels};
 #[path = "e2e/whynot.rs"]
 mod whynot;
-use whynot::{every_reason_says_why_once, nvlink_cliques_are_checked_against_ultraservers};
+use whynot::{
+    every_reason_says_why_once, nvlink_cliques_are_checked_against_ultraservers,
+    ultraserver_interconnect_health,
+};
 #[path = "e2e/stalls.rs"]
 mod stalls;
 use stalls::{
@@ -2751,6 +2754,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(metrics_match_what_happened, true),
         scenario!(every_reason_says_why_once, true),
         scenario!(nvlink_cliques_are_checked_against_ultraservers, true),
+        scenario!(ultraserver_interconnect_health, true),
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(a_revoked_node_watch_fails_readiness_until_restored, true),
         scenario!(a_panicking_background_task_restarts, true),

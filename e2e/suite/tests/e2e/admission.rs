@@ -289,7 +289,8 @@ pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> a
         .collect();
     ensure!(left == [FOREIGN_TAINT], "taints left: {left:?}");
 
-    // Status: only the TopologyLabeled condition.
+    // Status: only our conditions (TopologyLabeled; UltraServerInterconnectImpaired, as the suite
+    // installs the chart with config.ultraserverHealth).
     let condition = |t: &str, status: &str| {
         Patch::Strategic(json!({ "status": { "conditions": [{
             "type": t, "status": status, "reason": "E2e", "message": "e2e",
@@ -299,7 +300,7 @@ pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> a
     refused(
         "the kubelet's Ready condition changed",
         as_sa.patch_status(name, &merge(), &condition("Ready", "False")),
-        "may change only its own TopologyLabeled condition",
+        "may change only its own TopologyLabeled and UltraServerInterconnectImpaired conditions",
     )
     .await?;
     refused(
@@ -321,6 +322,15 @@ pub async fn admission_policy_limits_the_controllers_node_writes(env: &Env) -> a
     allowed(
         "its TopologyLabeled condition",
         as_sa.patch_status(name, &merge(), &condition("TopologyLabeled", "True")),
+    )
+    .await?;
+    allowed(
+        "its UltraServerInterconnectImpaired condition",
+        as_sa.patch_status(
+            name,
+            &merge(),
+            &condition("UltraServerInterconnectImpaired", "False"),
+        ),
     )
     .await?;
 

@@ -358,3 +358,131 @@ pub async fn nvlink_cliques_are_checked_against_ultraservers(env: &Env) -> anyho
     eprintln!("    a split UltraServer: counted, told once on each of its 4 nodes, explained");
     Ok(())
 }
+
+/// `--ultraserver-health` (issue 58 item 3): EC2 says one capacity block's interconnect is
+/// impaired: exactly its nodes carry `UltraServerInterconnectImpaired=True`, the other block's
+/// node and a node in no block carry nothing; EC2 failing then changes nothing, even once the
+/// block is healthy again; EC2 answering again turns the condition False on the same nodes.
+pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use mock_ec2::capacity_blocks::CapacityBlock;
+    const TYPE: &str = "UltraServerInterconnectImpaired";
+    let c = env.admin().await?;
+    let (sick, well) = ("cr-0d0000000000001b0", "cr-0d0000000000001b1");
+    let spec = |k| NodeSpec::ec2(0x1b0, k, "p6e-gb200.36xlarge");
+    let pairs: Vec<_> = [(1, Some(sick)), (2, Some(sick)), (3, Some(well)), (4, None)]
+        .into_iter()
+        .map(|(k, block)| {
+            let s = spec(k);
+            let mut i = s.instance(&["nn-hs", "nn-ha", "nn-hl"]);
+            i.capacity_block_id = block.map(str::to_string);
+            (s, i)
+        })
+        .collect();
+    e2e::env::label_and_wait(env, &c, &pairs).await?;
+    let names: Vec<String> = pairs.iter().map(|(s, _)| s.name.clone()).collect();
+    let block = |id: &str| CapacityBlock {
+        capacity_block_id: id.into(),
+        ultraserver_type: Some("u-p6e-gb200x72".into()),
+        availability_zone: "us-west-2a".into(),
+        availability_zone_id: "usw2-az1".into(),
+        capacity_reservation_ids: vec![],
+        start_date: None,
+        end_date: None,
+        create_date: None,
+        state: "active".into(),
+        interconnect_status: "ok".into(),
+        total_capacity: 18,
+        total_available_capacity: 0,
+        total_unavailable_capacity: 0,
+    };
+    env.mock_admin
+        .set_capacity_blocks(&[block(sick), block(well)])
+        .await?;
+    env.mock_admin.set_interconnect(sick, "impaired").await?;
+    let api: Api<Node> = Api::all(c.clone());
+    // Each node's condition, as (status, reason); `None` without one.
+    let conditions = || async {
+        let mut out = Vec::new();
+        for n in &names {
+            let node = api.get(n).await?;
+            out.push(
+                node.status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.type_ == TYPE)
+                    .map(|c| (c.status, c.reason.unwrap_or_default())),
+            );
+        }
+        anyhow::Ok(out)
+    };
+    let impaired = Some(("True".to_string(), "InterconnectImpaired".to_string()));
+    let ok_again = Some(("False".to_string(), "InterconnectOk".to_string()));
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--ultraserver-health=true",
+            "--ultraserver-health-interval=10s",
+        ],
+    )
+    .await?;
+    // Rounds every 10 s, the first once the new leader has verified the nodes.
+    let rounds = std::time::Duration::from_secs(60);
+    let result = async {
+        let want = vec![impaired.clone(), impaired.clone(), None, None];
+        eventually("the impaired block's two nodes marked", rounds, || async {
+            let now = conditions().await?;
+            Ok((now == want).then_some(()))
+        })
+        .await?;
+        let m = metrics(env).await?;
+        ensure!(
+            m.contains(&format!(
+                "ec2_topology_labeler_ultraserver_interconnect{{capacity_block=\"{sick}\",status=\"impaired\"}} 1"
+            )) && m.contains(&format!(
+                "ec2_topology_labeler_ultraserver_interconnect{{capacity_block=\"{well}\",status=\"ok\"}} 1"
+            )),
+            "the interconnect gauges:\n{}",
+            m.lines()
+                .filter(|l| l.contains("interconnect"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        // EC2 failing: the block heals meanwhile, but nothing EC2 could not say changes.
+        env.mock_admin
+            .set_faults(&Faults {
+                error_5xx_fraction: 1.0,
+                ..Faults::default()
+            })
+            .await?;
+        env.mock_admin.set_interconnect(sick, "ok").await?;
+        eventually("two failed rounds counted", rounds, || async {
+            let m = metrics(env).await?;
+            Ok((metric_sum(
+                &m,
+                "ec2_topology_labeler_ultraserver_interconnect_polls_total",
+                &[r#"outcome="failed""#],
+            ) >= 2.0)
+                .then_some(()))
+        })
+        .await?;
+        ensure!(
+            conditions().await? == want,
+            "EC2 failing changed a condition: {:?}",
+            conditions().await?
+        );
+        // EC2 answers again: False on the same two nodes, still nothing on the others.
+        env.mock_admin.set_faults(&Faults::default()).await?;
+        let healed = vec![ok_again.clone(), ok_again.clone(), None, None];
+        eventually("the healed block's nodes cleared", rounds, || async {
+            Ok((conditions().await? == healed).then_some(()))
+        })
+        .await
+    }
+    .await;
+    env.mock_admin.set_faults(&Faults::default()).await?;
+    env.mock_admin.set_capacity_blocks(&[]).await?;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    result
+}

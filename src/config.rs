@@ -130,6 +130,12 @@ impl RunArgs {
         if let Some(at) = &self.publish.slurm_topology_configmap {
             crate::publish::slurm::parse_target(at)?;
         }
+        self.health.check()?;
+        if self.health.ultraserver_health && scheme.capacity_block_key.is_none() {
+            return Err(
+                "--ultraserver-health needs the capacity block label (--capacity-block-label=true): its members are the nodes carrying it".into(),
+            );
+        }
         Ok(())
     }
 }

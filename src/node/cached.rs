@@ -198,6 +198,11 @@ impl CachedNode {
         self.conditions.iter().find(|c| c.type_ == CONDITION_TYPE)
     }
 
+    /// Its taints.
+    pub fn taints(&self) -> &[k8s_openapi::api::core::v1::Taint] {
+        &self.taints
+    }
+
     /// Our `UltraServerInterconnectImpaired` condition, if the node carries one.
     pub fn interconnect_condition(&self) -> Option<&LiteCondition> {
         self.conditions

@@ -11,12 +11,18 @@
 //!   throttling: nothing changes on any node (what EC2 cannot tell is never taken for
 //!   impaired, nor for healthy).
 //!
+//! With `--ultraserver-health-taint`, the members of an impaired block also carry the taint
+//! [`TAINT`] (`NoSchedule`), removed once EC2 says `ok`: Kueue (`TASReplaceNodeOnNodeTaints`)
+//! replaces a tainted node in a running gang, and no new pod lands there. Never on
+//! `insufficient-data` or when EC2 cannot be asked.
+//!
 //! Only nodes whose capacity block an EC2 answer vouches for are members (as for what is
 //! published to schedulers: [`super::trusted`]). A node that leaves its block keeps its
 //! condition as it was. The gauge `ultraserver_interconnect{capacity_block,status}` says what
 //! EC2 last said of each block; `ultraserver_interconnect_polls{outcome}` counts the rounds.
 //!
-//! Owns: that condition. Never writes anything else; never acts unless this replica leads.
+//! Owns: that condition and that taint. Never writes anything else; never acts unless this
+//! replica leads.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -39,6 +45,7 @@ use crate::{
     lookup::{capacity_blocks::Interconnect, ec2::AwsTopology},
     node::{INTERCONNECT_CONDITION_TYPE, LiteCondition},
     reconcile::Context,
+    reconcile::gate::StartupTaint,
     tree::NodeView,
 };
 
@@ -56,6 +63,35 @@ pub struct HealthArgs {
     /// How often the leader asks (a call per region for every 100 capacity blocks).
     #[arg(long, value_parser = crate::bounds::duration_flag("ultraserver-health-interval"), env = "LABELER_ULTRASERVER_HEALTH_INTERVAL", default_value = "1m")]
     pub ultraserver_health_interval: HumanDuration,
+    /// Also taint the nodes of an impaired capacity block
+    /// `ec2-topology-labeler.io/interconnect-impaired:NoSchedule` (removed once EC2 says `ok`),
+    /// so that no new pod lands there and Kueue replaces them in running gangs
+    /// (`TASReplaceNodeOnNodeTaints`). Needs `--ultraserver-health`.
+    #[arg(long, env = "LABELER_ULTRASERVER_HEALTH_TAINT", default_value_t = false, action = clap::ArgAction::Set)]
+    #[serde(default)]
+    pub ultraserver_health_taint: bool,
+}
+
+/// The taint of `--ultraserver-health-taint`.
+pub const TAINT: &str = "ec2-topology-labeler.io/interconnect-impaired:NoSchedule";
+
+/// Our taint, parsed.
+pub fn taint() -> StartupTaint {
+    StartupTaint {
+        key: "ec2-topology-labeler.io/interconnect-impaired".into(),
+        value: None,
+        effect: "NoSchedule".into(),
+    }
+}
+
+impl HealthArgs {
+    /// Combinations refused at start.
+    pub fn check(&self) -> Result<(), String> {
+        if self.ultraserver_health_taint && !self.ultraserver_health {
+            return Err("--ultraserver-health-taint needs --ultraserver-health".into());
+        }
+        Ok(())
+    }
 }
 
 /// A node in a capacity block, as the round found it.
@@ -67,6 +103,18 @@ pub struct Member {
     pub region: Option<String>,
     /// Our condition on it now.
     pub condition: Option<LiteCondition>,
+    /// It carries [`TAINT`] now.
+    pub tainted: bool,
+}
+
+/// What to change on one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub node: String,
+    /// The condition to write; `None`: it stands.
+    pub condition: Option<Wanted>,
+    /// Add (`true`) or remove (`false`) [`TAINT`]; `None`: leave it.
+    pub taint: Option<bool>,
 }
 
 /// The condition a member should carry.
@@ -107,38 +155,52 @@ impl Wanted {
     }
 }
 
-/// What to write, by node: only where the condition must change (see the module's comment).
+/// What to write, by node: only where the condition (or, with `taint`, the taint) must change
+/// (see the module's comment).
 pub fn plan(
     members: &[Member],
     statuses: &BTreeMap<String, Interconnect>,
-) -> Vec<(String, Wanted)> {
+    taint: bool,
+) -> Vec<Change> {
     let mut out = Vec::new();
     for m in members {
         let current = m.condition.as_ref();
-        let wanted = match statuses.get(&m.block) {
-            Some(Interconnect::Impaired) => Wanted {
-                impaired: true,
-                reason: "InterconnectImpaired",
-                message: format!(
-                    "EC2 says the accelerator interconnect of capacity block {} is impaired (DescribeCapacityBlockStatus)",
-                    m.block
-                ),
-            },
-            Some(Interconnect::Ok) if current.is_some_and(|c| c.status == "True") => Wanted {
-                impaired: false,
-                reason: "InterconnectOk",
-                message: format!(
-                    "EC2 says the accelerator interconnect of capacity block {} is ok",
-                    m.block
-                ),
-            },
+        let (wanted, tainted) = match statuses.get(&m.block) {
+            Some(Interconnect::Impaired) => (
+                Some(Wanted {
+                    impaired: true,
+                    reason: "InterconnectImpaired",
+                    message: format!(
+                        "EC2 says the accelerator interconnect of capacity block {} is impaired (DescribeCapacityBlockStatus)",
+                        m.block
+                    ),
+                }),
+                true,
+            ),
+            Some(Interconnect::Ok) => (
+                current.is_some_and(|c| c.status == "True").then(|| Wanted {
+                    impaired: false,
+                    reason: "InterconnectOk",
+                    message: format!(
+                        "EC2 says the accelerator interconnect of capacity block {} is ok",
+                        m.block
+                    ),
+                }),
+                false,
+            ),
             _ => continue,
         };
-        let same = current.is_some_and(|c| {
-            c.status == wanted.status() && c.reason.as_deref() == Some(wanted.reason)
+        let condition = wanted.filter(|w| {
+            !current
+                .is_some_and(|c| c.status == w.status() && c.reason.as_deref() == Some(w.reason))
         });
-        if !same {
-            out.push((m.name.clone(), wanted));
+        let taint = (taint && m.tainted != tainted).then_some(tainted);
+        if condition.is_some() || taint.is_some() {
+            out.push(Change {
+                node: m.name.clone(),
+                condition,
+                taint,
+            });
         }
     }
     out
@@ -168,6 +230,7 @@ fn members(
                 block: block.clone(),
                 region,
                 condition: None,
+                tainted: false,
             })
         })
         .collect();
@@ -179,15 +242,18 @@ fn members(
         .enumerate()
         .map(|(i, m)| (m.name.as_str(), i))
         .collect();
-    let mut found: Vec<(usize, LiteCondition)> = Vec::new();
+    let ours = taint();
+    let mut found: Vec<(usize, Option<LiteCondition>, bool)> = Vec::new();
     for node in cache {
-        if let (Some(i), Some(c)) = (index.get(node.name()), node.interconnect_condition()) {
-            found.push((*i, c.clone()));
+        if let Some(i) = index.get(node.name()) {
+            let tainted = node.taints().iter().any(|t| ours.matches(t));
+            found.push((*i, node.interconnect_condition().cloned(), tainted));
         }
     }
-    for (i, c) in found {
+    for (i, c, tainted) in found {
         if let Some(m) = out.get_mut(i) {
-            m.condition = Some(c);
+            m.condition = c;
+            m.tainted = tainted;
         }
     }
     out
@@ -250,26 +316,88 @@ pub async fn run(
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PatchParams::default()
         };
-        for (node, wanted) in plan(&members, &statuses) {
+        for change in plan(&members, &statuses, args.ultraserver_health_taint) {
             if !ctx.leader.is_leader() {
                 break;
             }
-            let body = wanted.patch(conditions.get(node.as_str()).copied().flatten(), &now);
-            match ctx
-                .api
-                .patch_status(&node, &params, &Patch::Strategic(body))
-                .await
-            {
-                Ok(_) => {
-                    ctx.metrics.label_write("interconnect");
-                    info!(%node, impaired = wanted.impaired, reason = wanted.reason, "{}", wanted.message);
+            let node = change.node.as_str();
+            if let Some(wanted) = &change.condition {
+                let body = wanted.patch(conditions.get(node).copied().flatten(), &now);
+                match ctx
+                    .api
+                    .patch_status(node, &params, &Patch::Strategic(body))
+                    .await
+                {
+                    Ok(_) => {
+                        ctx.metrics.label_write("interconnect");
+                        info!(%node, impaired = wanted.impaired, reason = wanted.reason, "{}", wanted.message);
+                    }
+                    Err(e) => {
+                        warn!(%node, error = %e, "cannot write the node's UltraServerInterconnectImpaired condition; tried again next round")
+                    }
                 }
-                Err(e) => {
-                    warn!(%node, error = %e, "cannot write the node's UltraServerInterconnectImpaired condition; tried again next round")
+            }
+            if let Some(on) = change.taint {
+                match set_taint(&ctx, node, on).await {
+                    Ok(true) => {
+                        ctx.metrics.label_write("taint");
+                        info!(%node, taint = TAINT, added = on, "the interconnect taint {}", if on { "added" } else { "removed" });
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(%node, error = %e, "cannot change the node's interconnect taint; tried again next round")
+                    }
                 }
             }
         }
     }
+}
+
+/// Conflicts in a row after which a taint change gives up (the next round tries again).
+const TAINT_ATTEMPTS: usize = 5;
+
+/// Adds (`on`) or removes [`TAINT`] on `name`, keeping every other taint: a merge patch of the
+/// whole list conditional on the resourceVersion it was computed from (a concurrent edit makes
+/// it fail with 409; read again and tried anew). `false`: nothing to write, or no longer
+/// leading.
+async fn set_taint(ctx: &Context, name: &str, on: bool) -> crate::Result<bool> {
+    let ours = taint();
+    for _ in 0..TAINT_ATTEMPTS {
+        if !ctx.leader.is_leader() {
+            return Ok(false);
+        }
+        let node = crate::node::LiteNode::from(ctx.api.get(name).await?);
+        if ours.on(&node) == on {
+            return Ok(false);
+        }
+        let mut taints = ours.others(&node);
+        if on {
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: ours.key.clone(),
+                value: None,
+                effect: ours.effect.clone(),
+                time_added: None,
+            });
+        }
+        let mut metadata = serde_json::Map::new();
+        if let Some(rv) = &node.metadata.resource_version {
+            metadata.insert("resourceVersion".into(), rv.clone().into());
+        }
+        if let Some(uid) = &node.metadata.uid {
+            metadata.insert("uid".into(), uid.clone().into());
+        }
+        let body = serde_json::json!({ "metadata": metadata, "spec": { "taints": taints } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match ctx.api.patch(name, &params, &Patch::Merge(body)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -281,6 +409,7 @@ mod tests {
             name: name.into(),
             block: block.into(),
             region: Some("us-east-1".into()),
+            tainted: false,
             condition: condition.map(|(status, reason)| LiteCondition {
                 type_: INTERCONNECT_CONDITION_TYPE.into(),
                 status: status.into(),
@@ -290,8 +419,56 @@ mod tests {
         }
     }
 
-    fn names(p: &[(String, Wanted)]) -> Vec<(&str, bool)> {
-        p.iter().map(|(n, w)| (n.as_str(), w.impaired)).collect()
+    /// The condition changes (node, impaired).
+    fn names(p: &[Change]) -> Vec<(&str, bool)> {
+        p.iter()
+            .filter_map(|c| Some((c.node.as_str(), c.condition.as_ref()?.impaired)))
+            .collect()
+    }
+
+    /// The taint changes (node, added).
+    fn taints(p: &[Change]) -> Vec<(&str, bool)> {
+        p.iter()
+            .filter_map(|c| Some((c.node.as_str(), c.taint?)))
+            .collect()
+    }
+
+    #[test]
+    fn the_taint_follows_impaired_and_ok_only_when_asked_for() {
+        let tainted = |mut m: Member| {
+            m.tainted = true;
+            m
+        };
+        let members = [
+            member("a1", "cr-a", Some(("True", "InterconnectImpaired"))),
+            tainted(member("a2", "cr-a", Some(("True", "InterconnectImpaired")))),
+            tainted(member("b1", "cr-b", Some(("False", "InterconnectOk")))),
+            tainted(member("c1", "cr-c", Some(("True", "InterconnectImpaired")))),
+        ];
+        let statuses = BTreeMap::from([
+            ("cr-a".to_string(), Interconnect::Impaired),
+            ("cr-b".to_string(), Interconnect::Ok),
+            ("cr-c".to_string(), Interconnect::InsufficientData),
+        ]);
+        let p = plan(&members, &statuses, true);
+        // a1 gains it, a2 keeps it, b1 loses it (its condition already False), c1 unknown: kept.
+        assert_eq!(taints(&p), [("a1", true), ("b1", false)]);
+        assert!(names(&p).is_empty(), "no condition changes: {p:?}");
+        // Without the taint option, never touched.
+        assert!(plan(&members, &statuses, false).is_empty());
+    }
+
+    #[test]
+    fn the_taint_needs_the_health_check() {
+        let args = |health, taint| HealthArgs {
+            ultraserver_health: health,
+            ultraserver_health_interval: HumanDuration(std::time::Duration::from_secs(60)),
+            ultraserver_health_taint: taint,
+        };
+        assert!(args(false, true).check().is_err());
+        assert!(args(true, true).check().is_ok());
+        assert!(args(false, false).check().is_ok());
+        assert_eq!(taint().to_string(), TAINT);
     }
 
     #[test]
@@ -306,7 +483,7 @@ mod tests {
             ("cr-b".to_string(), Interconnect::Ok),
         ]);
         // a2 already says so: nothing to write; b1 is healthy and never had one.
-        assert_eq!(names(&plan(&members, &statuses)), [("a1", true)]);
+        assert_eq!(names(&plan(&members, &statuses, false)), [("a1", true)]);
     }
 
     #[test]
@@ -317,7 +494,7 @@ mod tests {
             member("a3", "cr-a", None),
         ];
         let statuses = BTreeMap::from([("cr-a".to_string(), Interconnect::Ok)]);
-        assert_eq!(names(&plan(&members, &statuses)), [("a1", false)]);
+        assert_eq!(names(&plan(&members, &statuses, false)), [("a1", false)]);
     }
 
     #[test]
@@ -331,9 +508,9 @@ mod tests {
             ("cr-a".to_string(), Interconnect::InsufficientData),
             ("cr-b".to_string(), Interconnect::InsufficientData),
         ]);
-        assert!(plan(&members, &statuses).is_empty());
+        assert!(plan(&members, &statuses, true).is_empty());
         // EC2 unreachable: no statuses at all.
-        assert!(plan(&members, &BTreeMap::new()).is_empty());
+        assert!(plan(&members, &BTreeMap::new(), true).is_empty());
     }
 
     #[test]

@@ -273,6 +273,7 @@ pub const INSTALL_SETS: &[&str] = &[
     "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
     "config.slinkyAnnotation=true",
     "config.ultraserverHealth=true",
+    "config.ultraserverHealthTaint=true",
 ];
 
 pub fn setup(prefix: &str) -> anyhow::Result<Env> {

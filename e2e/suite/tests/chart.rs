@@ -3290,6 +3290,15 @@ fn the_chart_refuses_what_the_binary_refuses() {
             ("config.capacityBlockLabel", "false"),
         ],
         &[("config.nvlinkCliqueLevel", "true")],
+        &[("config.ultraserverHealthTaint", "true")],
+        &[
+            ("config.ultraserverHealthTaint", "true"),
+            ("config.ultraserverHealth", "true"),
+        ],
+        &[
+            ("config.ultraserverHealth", "true"),
+            ("config.capacityBlockLabel", "false"),
+        ],
         &[
             ("config.uniformDepth", "4"),
             ("config.layerNumbering", "leaf-first"),

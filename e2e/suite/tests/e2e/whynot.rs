@@ -359,10 +359,11 @@ pub async fn nvlink_cliques_are_checked_against_ultraservers(env: &Env) -> anyho
     Ok(())
 }
 
-/// `--ultraserver-health` (issue 58 item 3): EC2 says one capacity block's interconnect is
-/// impaired: exactly its nodes carry `UltraServerInterconnectImpaired=True`, the other block's
-/// node and a node in no block carry nothing; EC2 failing then changes nothing, even once the
-/// block is healthy again; EC2 answering again turns the condition False on the same nodes.
+/// `--ultraserver-health` with its taint (issue 58 item 3): EC2 says one capacity block's
+/// interconnect is impaired: exactly its nodes carry `UltraServerInterconnectImpaired=True` and
+/// the `interconnect-impaired:NoSchedule` taint, the other block's node and a node in no block
+/// carry nothing; EC2 failing then changes nothing, even once the block is healthy again; EC2
+/// answering again turns the condition False and takes the taint off the same nodes.
 pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Node;
     use mock_ec2::capacity_blocks::CapacityBlock;
@@ -417,6 +418,24 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
         }
         anyhow::Ok(out)
     };
+    // Whether each node carries the interconnect taint.
+    let tainted = || async {
+        let mut out = Vec::new();
+        for n in &names {
+            let node = api.get(n).await?;
+            out.push(
+                node.spec
+                    .and_then(|s| s.taints)
+                    .into_iter()
+                    .flatten()
+                    .any(|t| {
+                        t.key == "ec2-topology-labeler.io/interconnect-impaired"
+                            && t.effect == "NoSchedule"
+                    }),
+            );
+        }
+        anyhow::Ok(out)
+    };
     let impaired = Some(("True".to_string(), "InterconnectImpaired".to_string()));
     let ok_again = Some(("False".to_string(), "InterconnectOk".to_string()));
     e2e::env::restart_labeler_with(
@@ -424,6 +443,7 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
         &[
             "--ultraserver-health=true",
             "--ultraserver-health-interval=10s",
+            "--ultraserver-health-taint=true",
         ],
     )
     .await?;
@@ -434,6 +454,10 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
         eventually("the impaired block's two nodes marked", rounds, || async {
             let now = conditions().await?;
             Ok((now == want).then_some(()))
+        })
+        .await?;
+        eventually("the impaired block's two nodes tainted", rounds, || async {
+            Ok((tainted().await? == [true, true, false, false]).then_some(()))
         })
         .await?;
         let m = metrics(env).await?;
@@ -468,15 +492,20 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
         })
         .await?;
         ensure!(
-            conditions().await? == want,
-            "EC2 failing changed a condition: {:?}",
-            conditions().await?
+            conditions().await? == want && tainted().await? == [true, true, false, false],
+            "EC2 failing changed a condition or a taint: {:?} {:?}",
+            conditions().await?,
+            tainted().await?
         );
         // EC2 answers again: False on the same two nodes, still nothing on the others.
         env.mock_admin.set_faults(&Faults::default()).await?;
         let healed = vec![ok_again.clone(), ok_again.clone(), None, None];
         eventually("the healed block's nodes cleared", rounds, || async {
             Ok((conditions().await? == healed).then_some(()))
+        })
+        .await?;
+        eventually("the healed block's nodes untainted", rounds, || async {
+            Ok((tainted().await? == [false; 4]).then_some(()))
         })
         .await
     }

@@ -263,7 +263,16 @@ impl Publisher for KaiPublisher {
 
     fn publish<'a>(&'a mut self, nodes: &'a [NodeView]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for shape in shapes_for(&self.scheme, nodes, self.ultraserver_level) {
+            let shapes = shapes_for(&self.scheme, nodes, self.ultraserver_level);
+            // A shape no node has any more is no longer followed (its Topology stays): left in
+            // `checked`, it would age past the recheck and keep `fresh` false for good, so that
+            // every interval read the nodes again for nothing.
+            let now: BTreeSet<String> = shapes
+                .iter()
+                .map(|sh| name_for(&self.scheme, &self.name, *sh))
+                .collect();
+            self.checked.retain(|name, _| now.contains(name));
+            for shape in shapes {
                 let name = name_for(&self.scheme, &self.name, shape);
                 let Some(want) = levels_for(&self.scheme, shape, self.clique) else {
                     continue;
@@ -385,6 +394,45 @@ mod tests {
 
     fn shape(depth: usize, ultraserver: bool) -> Shape {
         Shape { depth, ultraserver }
+    }
+
+    /// Once the deeper nodes are gone, their Topology is no longer followed: the publisher is
+    /// fresh again after checking what the remaining nodes need (it was never fresh again).
+    #[tokio::test]
+    async fn a_shape_whose_nodes_left_no_longer_keeps_the_publisher_busy() {
+        use crate::publish::plugin::tests::{flags as parse, unreachable};
+        let args = parse(&["--kai-topology=true"]);
+        let (client, metrics) = (unreachable(), Arc::new(Metrics::new()));
+        let scheme = LabelScheme::default();
+        let setup = Setup {
+            client: &client,
+            args: &args,
+            owner: "ns/lease",
+            scheme: &scheme,
+            slurm_files: &crate::slurm::Files {
+                tree_topology: "default".into(),
+                switches_only: false,
+            },
+            metrics: &metrics,
+            events: &crate::events::Events::default(),
+            leader: &crate::leader::Leadership::always(),
+        };
+        let mut p = KaiPublisher::new(&setup);
+        let three = shape(3, false);
+        let four = shape(4, false);
+        let level = |sh| levels_for(&scheme, sh, false).unwrap_or_default();
+        // Both checked once; the 4-layer one long ago, its nodes gone since.
+        let now = std::time::Instant::now();
+        let long_ago = now.checked_sub(p.recheck * 2).unwrap_or(now);
+        p.checked
+            .insert(name_for(&scheme, &p.name, three), (level(three), now));
+        p.checked
+            .insert(name_for(&scheme, &p.name, four), (level(four), long_ago));
+        assert!(!p.fresh());
+        // Only 3-layer nodes: nothing is due (no API call: the client answers nothing).
+        p.publish(&[view(3)]).await;
+        assert!(p.fresh(), "checked: {:?}", p.checked.keys());
+        assert_eq!(p.checked.len(), 1);
     }
 
     /// Network shapes only (the UltraServer ones are tested below).

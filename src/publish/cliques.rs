@@ -57,6 +57,15 @@ impl Mismatch {
         }
     }
 
+    /// What it is about (`block_holds_cliques:<block>`, `clique_spans_blocks:<clique>`): the
+    /// same mismatch whatever nodes it holds now.
+    pub fn key(&self) -> String {
+        match self {
+            Mismatch::BlockHoldsCliques { block, .. } => format!("{}:{block}", self.kind()),
+            Mismatch::CliqueSpansBlocks { clique, .. } => format!("{}:{clique}", self.kind()),
+        }
+    }
+
     /// Its nodes.
     pub fn nodes(&self) -> BTreeSet<&str> {
         let parts = match self {
@@ -144,14 +153,36 @@ pub fn mismatches(scheme: &LabelScheme, nodes: &[NodeView]) -> Vec<Mismatch> {
     out
 }
 
+/// The nodes of `found` to tell about each mismatch (a node is told once per mismatch, by
+/// [`Mismatch::key`]: a mismatch that gains a node tells that node alone), and what is told
+/// after that (mismatches gone are forgotten: one that comes back is told again).
+pub fn due<'a>(
+    found: &'a BTreeSet<Mismatch>,
+    told: &BTreeSet<(String, String)>,
+) -> (Vec<(&'a Mismatch, &'a str)>, BTreeSet<(String, String)>) {
+    let mut tell = Vec::new();
+    let mut now = BTreeSet::new();
+    for m in found {
+        let key = m.key();
+        for node in m.nodes() {
+            let k = (key.clone(), node.to_string());
+            if !told.contains(&k) {
+                tell.push((m, node));
+            }
+            now.insert(k);
+        }
+    }
+    (tell, now)
+}
+
 /// Compares them whenever a node's labels change; publishes nothing but the metric and Events.
 pub struct CliqueCheck {
     client: Client,
     scheme: LabelScheme,
     metrics: Arc<Metrics>,
     events: Events,
-    /// The mismatches last found (each told once, on each of its nodes, when it appeared).
-    told: BTreeSet<Mismatch>,
+    /// (mismatch key, node) told so far (see [`due`]).
+    told: BTreeSet<(String, String)>,
     /// The nodes as last compared still stand (nothing to do until a label changes).
     checked: bool,
 }
@@ -207,20 +238,22 @@ impl Publisher for CliqueCheck {
             let count = |kind: &str| found.iter().filter(|m| m.kind() == kind).count();
             self.metrics
                 .clique_mismatches(count("block_holds_cliques"), count("clique_spans_blocks"));
-            for m in found.difference(&self.told) {
-                warn!(mismatch = %m.note(""), "the capacity blocks and the NVLink cliques disagree");
-                for node in m.nodes() {
-                    if let Some(r) = self.node_ref(node).await {
-                        self.events.publish(
-                            Reason::NvlinkCliqueMismatch,
-                            "CompareNvlinkCliques",
-                            &m.note(node),
-                            r,
-                        );
-                    }
+            let (tell, told) = due(&found, &self.told);
+            let mut logged = BTreeSet::new();
+            for (m, node) in tell {
+                if logged.insert(m.key()) {
+                    warn!(mismatch = %m.note(""), "the capacity blocks and the NVLink cliques disagree");
+                }
+                if let Some(r) = self.node_ref(node).await {
+                    self.events.publish(
+                        Reason::NvlinkCliqueMismatch,
+                        "CompareNvlinkCliques",
+                        &m.note(node),
+                        r,
+                    );
                 }
             }
-            self.told = found;
+            self.told = told;
             self.checked = true;
         })
     }
@@ -300,5 +333,39 @@ mod tests {
             ..LabelScheme::default()
         };
         assert!(mismatches(&no_block, &nodes).is_empty());
+    }
+    /// A mismatch that gains a node tells that node alone; one that goes and comes back is told
+    /// again.
+    #[test]
+    fn a_node_is_told_once_per_mismatch() {
+        let found = |nodes: &[NodeView]| -> BTreeSet<Mismatch> {
+            mismatches(&LabelScheme::default(), nodes)
+                .into_iter()
+                .collect()
+        };
+        let two = vec![
+            node("a1", Some("cr-a"), Some("u.1")),
+            node("a2", Some("cr-a"), Some("u.2")),
+        ];
+        let told = BTreeSet::new();
+        let first = found(&two);
+        let (tell, told) = due(&first, &told);
+        let names =
+            |t: &[(&Mismatch, &str)]| t.iter().map(|(_, n)| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&tell), ["a1", "a2"]);
+        let mut three = two.clone();
+        three.push(node("a3", Some("cr-a"), Some("u.3")));
+        let second = found(&three);
+        let (tell, told) = due(&second, &told);
+        assert_eq!(
+            names(&tell),
+            ["a3"],
+            "only the node that joined the mismatch"
+        );
+        let none = found(&[]);
+        let (tell, told) = due(&none, &told);
+        assert!(tell.is_empty() && told.is_empty());
+        let (tell, _) = due(&first, &told);
+        assert_eq!(names(&tell), ["a1", "a2"], "back again: told again");
     }
 }

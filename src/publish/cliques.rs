@@ -153,13 +153,13 @@ pub fn mismatches(scheme: &LabelScheme, nodes: &[NodeView]) -> Vec<Mismatch> {
     out
 }
 
+/// (mismatch key, node) pairs told.
+pub type Told = BTreeSet<(String, String)>;
+
 /// The nodes of `found` to tell about each mismatch (a node is told once per mismatch, by
 /// [`Mismatch::key`]: a mismatch that gains a node tells that node alone), and what is told
 /// after that (mismatches gone are forgotten: one that comes back is told again).
-pub fn due<'a>(
-    found: &'a BTreeSet<Mismatch>,
-    told: &BTreeSet<(String, String)>,
-) -> (Vec<(&'a Mismatch, &'a str)>, BTreeSet<(String, String)>) {
+pub fn due<'a>(found: &'a BTreeSet<Mismatch>, told: &Told) -> (Vec<(&'a Mismatch, &'a str)>, Told) {
     let mut tell = Vec::new();
     let mut now = BTreeSet::new();
     for m in found {
@@ -182,7 +182,7 @@ pub struct CliqueCheck {
     metrics: Arc<Metrics>,
     events: Events,
     /// (mismatch key, node) told so far (see [`due`]).
-    told: BTreeSet<(String, String)>,
+    told: Told,
     /// The nodes as last compared still stand (nothing to do until a label changes).
     checked: bool,
 }

@@ -17,8 +17,6 @@ use crate::topology::Ec2Error;
 /// Capacity Block IDs a request names (the API Reference sets no limit; a bounded request
 /// stays small).
 const IDS_PER_CALL: usize = 100;
-/// Items a page may carry (documented range 1–1,000).
-const PAGE: i32 = 1_000;
 /// Pages followed for one request before giving up (guards against an endpoint that keeps
 /// sending `nextToken`).
 const MAX_PAGES: usize = 100;
@@ -42,56 +40,81 @@ impl Interconnect {
     }
 }
 
+/// What one region's round found: the blocks EC2 described, and each request that failed
+/// with the IDs it named (only those are unknown this round).
+#[derive(Debug, Default)]
+pub struct Found {
+    pub statuses: BTreeMap<String, Interconnect>,
+    pub failed: Vec<(Vec<String>, Ec2Error)>,
+}
+
 impl AwsTopology {
-    /// The interconnect of each of `ids` (Capacity Block IDs) in `region` that EC2 describes.
-    pub async fn interconnects(
-        &self,
-        region: &str,
-        ids: &[String],
-    ) -> Result<BTreeMap<String, Interconnect>, Ec2Error> {
-        let client = self.client(region)?;
-        let mut out = BTreeMap::new();
+    /// The interconnect of each of `ids` (Capacity Block IDs) in `region` that EC2 describes,
+    /// a request of at most [`IDS_PER_CALL`] IDs at a time: one that fails leaves only its own
+    /// IDs unknown. No `MaxResults` beside the IDs (some EC2 Describe calls refuse the two
+    /// together; a request of 100 IDs is followed page by page whatever the page size).
+    pub async fn interconnects(&self, region: &str, ids: &[String]) -> Found {
+        let mut out = Found::default();
+        let client = match self.client(region) {
+            Ok(c) => c,
+            Err(e) => {
+                out.failed.push((ids.to_vec(), e));
+                return out;
+            }
+        };
         for chunk in ids.chunks(IDS_PER_CALL) {
-            let mut next: Option<String> = None;
-            let mut pages = 0;
-            loop {
-                self.pace().await;
-                let page = client
-                    .describe_capacity_block_status()
-                    .set_capacity_block_ids(Some(chunk.to_vec()))
-                    .max_results(PAGE)
-                    .set_next_token(next.take())
-                    .send()
-                    .await
-                    .map_err(classify)?;
-                for item in page.capacity_block_statuses() {
-                    let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
-                        return Err(Ec2Error::BadResponse(
-                            "EC2 described a Capacity Block's status without its ID".into(),
-                        ));
-                    };
-                    let status = match item.interconnect_status() {
-                        Some(CapacityBlockInterconnectStatus::Ok) => Interconnect::Ok,
-                        Some(CapacityBlockInterconnectStatus::Impaired) => Interconnect::Impaired,
-                        _ => Interconnect::InsufficientData,
-                    };
-                    out.insert(id.to_string(), status);
-                }
-                pages += 1;
-                next = page
-                    .next_token()
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_owned);
-                if next.is_none() {
-                    break;
-                }
-                if pages >= MAX_PAGES {
-                    return Err(Ec2Error::BadResponse(format!(
-                        "DescribeCapacityBlockStatus: still paginating after {MAX_PAGES} pages"
-                    )));
-                }
+            let mut statuses = BTreeMap::new();
+            match self.chunk(&client, chunk, &mut statuses).await {
+                Ok(()) => out.statuses.extend(statuses),
+                Err(e) => out.failed.push((chunk.to_vec(), e)),
             }
         }
-        Ok(out)
+        out
+    }
+
+    async fn chunk(
+        &self,
+        client: &aws_sdk_ec2::Client,
+        ids: &[String],
+        out: &mut BTreeMap<String, Interconnect>,
+    ) -> Result<(), Ec2Error> {
+        let mut next: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            self.pace().await;
+            let page = client
+                .describe_capacity_block_status()
+                .set_capacity_block_ids(Some(ids.to_vec()))
+                .set_next_token(next.take())
+                .send()
+                .await
+                .map_err(classify)?;
+            for item in page.capacity_block_statuses() {
+                let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
+                    return Err(Ec2Error::BadResponse(
+                        "EC2 described a Capacity Block's status without its ID".into(),
+                    ));
+                };
+                let status = match item.interconnect_status() {
+                    Some(CapacityBlockInterconnectStatus::Ok) => Interconnect::Ok,
+                    Some(CapacityBlockInterconnectStatus::Impaired) => Interconnect::Impaired,
+                    _ => Interconnect::InsufficientData,
+                };
+                out.insert(id.to_string(), status);
+            }
+            pages += 1;
+            next = page
+                .next_token()
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned);
+            if next.is_none() {
+                return Ok(());
+            }
+            if pages >= MAX_PAGES {
+                return Err(Ec2Error::BadResponse(format!(
+                    "DescribeCapacityBlockStatus: still paginating after {MAX_PAGES} pages"
+                )));
+            }
+        }
     }
 }

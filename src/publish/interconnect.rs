@@ -243,18 +243,33 @@ fn members(
         .map(|(i, m)| (m.name.as_str(), i))
         .collect();
     let ours = taint();
-    let mut found: Vec<(usize, Option<LiteCondition>, bool)> = Vec::new();
+    let mut found: Vec<(usize, Option<LiteCondition>, bool, Option<String>)> = Vec::new();
     for node in cache {
         if let Some(i) = index.get(node.name()) {
             let tainted = node.taints().iter().any(|t| ours.matches(t));
-            found.push((*i, node.interconnect_condition().cloned(), tainted));
+            // No zone label: the zone in the providerID, as the lookup takes it.
+            let region = crate::provider_id::parse(node.provider_id())
+                .ok()
+                .and_then(|r| r.zone)
+                .and_then(|z| crate::provider_id::region_of_zone(&z));
+            found.push((*i, node.interconnect_condition().cloned(), tainted, region));
         }
     }
-    for (i, c, tainted) in found {
+    for (i, c, tainted, region) in found {
         if let Some(m) = out.get_mut(i) {
             m.condition = c;
             m.tainted = tainted;
+            if m.region.is_none() {
+                m.region = region;
+            }
         }
+    }
+    let nowhere = out.iter().filter(|m| m.region.is_none()).count();
+    if nowhere > 0 {
+        warn!(
+            nodes = nowhere,
+            "UltraServer members without a region (no --region, no zone label, no zone in the providerID): their capacity blocks are not asked about"
+        );
     }
     out
 }
@@ -272,7 +287,13 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !ctx.leader.is_leader() || !synced.load(Ordering::SeqCst) {
+        if !ctx.leader.is_leader() {
+            // Only the leader says what EC2 says: a former leader's gauges would keep an alert
+            // firing after the block healed.
+            ctx.metrics.set_interconnects([], &[]);
+            continue;
+        }
+        if !synced.load(Ordering::SeqCst) {
             continue;
         }
         let cache = reader.state();
@@ -290,13 +311,12 @@ pub async fn run(
         let mut failed = false;
         for (region, blocks) in &by_region {
             let ids: Vec<String> = blocks.iter().map(|b| b.to_string()).collect();
-            match ec2.interconnects(region, &ids).await {
-                Ok(found) => statuses.extend(found),
-                Err(e) => {
-                    warn!(%region, error = %e, "cannot read the capacity blocks' interconnect status; no node's UltraServerInterconnectImpaired condition changes");
-                    failed = true;
-                    unasked.extend(ids);
-                }
+            let found = ec2.interconnects(region, &ids).await;
+            statuses.extend(found.statuses);
+            for (ids, e) in found.failed {
+                warn!(%region, blocks = ids.len(), error = %e, "cannot read these capacity blocks' interconnect status; their nodes' UltraServerInterconnectImpaired condition does not change");
+                failed = true;
+                unasked.extend(ids);
             }
         }
         if !by_region.is_empty() {

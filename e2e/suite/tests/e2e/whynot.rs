@@ -460,6 +460,21 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
             Ok((tainted().await? == [true, true, false, false]).then_some(()))
         })
         .await?;
+        // Quiet at rest: two more rounds with nothing new from EC2 write nothing.
+        let writes = |m: &str| {
+            metric_sum(
+                m,
+                "ec2_topology_labeler_label_writes_total",
+                &[r#"kind="interconnect""#],
+            ) + metric_sum(m, "ec2_topology_labeler_label_writes_total", &[r#"kind="taint""#])
+        };
+        let before = writes(&metrics(env).await?);
+        tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+        let after = writes(&metrics(env).await?);
+        ensure!(
+            before == after && before >= 4.0,
+            "rounds with nothing new wrote: {before} -> {after} condition and taint writes"
+        );
         let m = metrics(env).await?;
         ensure!(
             m.contains(&format!(
@@ -513,5 +528,14 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     env.mock_admin.set_faults(&Faults::default()).await?;
     env.mock_admin.set_capacity_blocks(&[]).await?;
     e2e::env::restart_labeler_with(env, &[]).await?;
+    // Whatever happened, no node of this scenario keeps the taint for later ones.
+    for n in &names {
+        api.patch(
+            n,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
+        )
+        .await?;
+    }
     result
 }

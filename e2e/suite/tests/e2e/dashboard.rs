@@ -64,13 +64,16 @@ const TARGET_LABELS: [&str; 6] = [
 ];
 
 /// Series this run does not export, checked live elsewhere: the container memory limit (only
-/// where a cgroup sets one, not for a process on this machine) and the reserved capacity (only
+/// where a cgroup sets one, not for a process on this machine), the reserved capacity (only
 /// with `--capacity-reservations` and reservations EC2 reports:
-/// `reserved_capacity_metrics_follow_the_reservations`).
-const ELSEWHERE: [&str; 3] = [
+/// `reserved_capacity_metrics_follow_the_reservations`) and the UltraServer interconnects (only
+/// with `--ultraserver-health` and capacity blocks: `ultraserver_interconnect_health`).
+const ELSEWHERE: [&str; 5] = [
     "ec2_topology_labeler_memory_limit_bytes",
     "ec2_topology_labeler_reserved_instances",
     "ec2_topology_labeler_reserved_instances_joined",
+    "ec2_topology_labeler_ultraserver_interconnect",
+    "ec2_topology_labeler_ultraserver_interconnect_polls_total",
 ];
 
 /// The label names of the series of `name` in a text exposition.

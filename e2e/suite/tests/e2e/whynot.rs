@@ -369,13 +369,20 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     use mock_ec2::capacity_blocks::CapacityBlock;
     const TYPE: &str = "UltraServerInterconnectImpaired";
     let c = env.admin().await?;
-    let (sick, well) = ("cr-0d0000000000001b0", "cr-0d0000000000001b1");
-    let spec = |k| NodeSpec::ec2(0x1b0, k, "p6e-gb200.36xlarge");
+    let (sick, well) = ("cr-0d0000000000001c0", "cr-0d0000000000001c1");
+    // Names, instances and network nodes of this scenario alone (others share the cluster);
+    // the node in no block is of a type without one (an UltraServer type without its block is
+    // asked about again every resync, as one whose block comes late).
     let pairs: Vec<_> = [(1, Some(sick)), (2, Some(sick)), (3, Some(well)), (4, None)]
         .into_iter()
         .map(|(k, block)| {
-            let s = spec(k);
-            let mut i = s.instance(&["nn-hs", "nn-ha", "nn-hl"]);
+            let kind = if block.is_some() {
+                "p6e-gb200.36xlarge"
+            } else {
+                "p5.48xlarge"
+            };
+            let s = NodeSpec::ec2(0x1c0, k, kind);
+            let mut i = s.instance(&["nn-ics", "nn-ica", "nn-icl"]);
             i.capacity_block_id = block.map(str::to_string);
             (s, i)
         })
@@ -528,14 +535,10 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     env.mock_admin.set_faults(&Faults::default()).await?;
     env.mock_admin.set_capacity_blocks(&[]).await?;
     e2e::env::restart_labeler_with(env, &[]).await?;
-    // Whatever happened, no node of this scenario keeps the taint for later ones.
+    // Whatever happened, this scenario's nodes (their UltraServers, taints and conditions) do
+    // not outlive it.
     for n in &names {
-        api.patch(
-            n,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
-        )
-        .await?;
+        api.delete(n, &Default::default()).await?;
     }
     result
 }

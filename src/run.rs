@@ -329,12 +329,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             )
         });
     }
-    if args.reservations.capacity_reservations {
-        let ec2 = Arc::new(
+    // One EC2 client (credentials, per-region clients, the shared limiter) for the leader's
+    // other EC2 tasks, built once when any of them is on.
+    let side_ec2 = if args.reservations.capacity_reservations || args.health.ultraserver_health {
+        Some(Arc::new(
             AwsTopology::from_env(args.ec2.ec2_timeout.0)
                 .await
                 .with_limiter(limiter.clone()),
-        );
+        ))
+    } else {
+        None
+    };
+    if let (true, Some(ec2)) = (args.reservations.capacity_reservations, side_ec2.clone()) {
         let (reader, ctx, synced, args) = (
             reader.clone(),
             ctx.clone(),
@@ -356,12 +362,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             },
         );
     }
-    if args.health.ultraserver_health {
-        let ec2 = Arc::new(
-            AwsTopology::from_env(args.ec2.ec2_timeout.0)
-                .await
-                .with_limiter(limiter.clone()),
-        );
+    if let (true, Some(ec2)) = (args.health.ultraserver_health, side_ec2) {
         let (reader, ctx, synced, args) = (
             reader.clone(),
             ctx.clone(),

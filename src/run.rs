@@ -457,7 +457,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 /// On each election, every node's reconcile: the joining and held nodes' first, then the
-/// others in chunks, each sent once the controller has taken most of the one before. A new
+/// others in chunks: the first once every joining and held node's reconcile has run (at most
+/// [`URGENT_FIRST`]), each of the next once the controller has taken most of the one before. A new
 /// leader labels the nodes that wait for it before it re-checks thousands of verified ones, and
 /// a node that joins meanwhile waits behind one chunk, not behind the fleet (measured, 5,000
 /// verified nodes queued at once: 1.5 s for a joiner behind them).
@@ -496,16 +497,26 @@ pub fn on_election(
 
 /// One election's sweep: every node's key sent, the joining and held nodes' first, the rest in
 /// chunks. `false` once the queue no longer takes keys.
+/// How long an election's sweep holds the rest of the fleet back while the joining and held
+/// nodes' reconciles run (a lookup's batch windows, EC2's answer and the write, with room).
+const URGENT_FIRST: Duration = Duration::from_secs(3);
+
 async fn sweep(
     reader: &crate::store::NodeCache,
     ctx: &Context,
     tx: &futures::channel::mpsc::UnboundedSender<Key>,
 ) -> bool {
     const CHUNK: usize = 256;
-    let (first, rest): (Vec<_>, Vec<_>) = reader
-        .state()
-        .into_iter()
-        .partition(|n| crate::reconcile::urgent(&n.expand(), ctx));
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for n in reader.state() {
+        // Cooperative: thousands of nodes judged at a takeover must not hold a worker.
+        tokio::task::coop::consume_budget().await;
+        if crate::reconcile::urgent(&n.expand(), ctx) {
+            first.push(n);
+        } else {
+            rest.push(n);
+        }
+    }
     if !first.is_empty() {
         debug!(
             nodes = first.len(),
@@ -518,9 +529,19 @@ async fn sweep(
     for (k, r) in refs.enumerate() {
         if k >= first.len() && (k - first.len()) % CHUNK == 0 {
             // The controller's queue is first come, first served: wait until most of what was
-            // sent has run (at most a second) before sending the next chunk.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-            while ctx.metrics.reconciles_run() < sent_at + sent / 2
+            // sent has run (at most a second) before sending the next chunk. Before the first
+            // chunk, until every joining and held node's reconcile has run (at most
+            // URGENT_FIRST): their lookups wait for a batch window or three and their writes
+            // for the API server, and re-checking verified nodes meanwhile only competes with
+            // them for the CPU and the API server (seen: joiners labelled up to 2.4 s after a
+            // takeover on a loaded machine, where 1 s is usual).
+            let (wait, need) = if k == first.len() && k > 0 {
+                (URGENT_FIRST, sent)
+            } else {
+                (Duration::from_secs(1), sent / 2)
+            };
+            let deadline = tokio::time::Instant::now() + wait;
+            while ctx.metrics.reconciles_run() < sent_at + need
                 && tokio::time::Instant::now() < deadline
             {
                 tokio::time::sleep(Duration::from_millis(5)).await;

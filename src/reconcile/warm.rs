@@ -88,6 +88,11 @@ async fn walk(store: &crate::store::NodeCache, ctx: &Context) -> (usize, Option<
     let mut nodes = store.state();
     nodes.sort_unstable_by(|a, b| a.name().cmp(b.name()));
     for node in nodes {
+        // A node answered from its verification record is CPU alone (the record checked, its
+        // answer ready at once): without this the walk never yields, and at 5,000 nodes it held
+        // a worker for ~1 s at a takeover while the joiners' call, due after two batch windows,
+        // waited behind it (the fault suite's `leader_killed_during_a_join_wave`).
+        tokio::task::coop::consume_budget().await;
         let node = node.expand();
         let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) else {
             continue;

@@ -2,12 +2,14 @@
 //! leader at start-up, only what cannot hurt a running workload) and by `uninstall` (everything
 //! we own, labels only when asked).
 //!
-//! What is ours: our `TopologyLabeled` condition on Nodes; objects carrying our
+//! What is ours: our `TopologyLabeled` and `UltraServerInterconnectImpaired` conditions and our
+//! interconnect taint on Nodes; objects carrying our
 //! `app.kubernetes.io/managed-by` label (HyperNodes also under this installation's name prefix);
 //! the Lease; the label and annotation keys our field manager owns on Nodes.
 //!
 //! "Cannot hurt" decides what turning a feature off removes at start-up: a condition nothing
-//! else should gate on any more, and HyperNodes (Volcano re-plans from what exists). Kueue and
+//! else should gate on any more, the interconnect taint (nothing would ever take it off again),
+//! and HyperNodes (Volcano re-plans from what exists). Kueue and
 //! KAI Topologies (a ResourceFlavor or a workload's annotation may name them) and the Slurm
 //! ConfigMap (a slurmctld may mount it) are left in place then; `uninstall` removes them, except
 //! a Kueue Topology a ResourceFlavor still names (reported, kept unless `--force`).
@@ -27,29 +29,90 @@ use serde_json::json;
 
 use crate::{
     FIELD_MANAGER,
-    node::CONDITION_TYPE,
+    node::{CONDITION_TYPE, INTERCONNECT_CONDITION_TYPE},
     publish::{PLUGINS, plugin::Purpose},
 };
 
 pub use crate::publish::plugin::{Item, Removed, Scope};
 
-/// Names of nodes carrying our condition, among `nodes` (the node cache, or a fresh list).
-pub fn with_condition<N: std::borrow::Borrow<crate::node::LiteNode>>(
-    nodes: impl IntoIterator<Item = N>,
-) -> Vec<String> {
-    nodes
-        .into_iter()
-        .filter(|n| n.borrow().topology_condition().is_some())
-        .map(|n| n.borrow().name_any())
-        .collect()
+/// What of ours a Node carries besides labels and annotations, by the kind an [`Item`] names
+/// it with (its name is the node's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnNode {
+    /// The `TopologyLabeled` condition (`--node-condition`).
+    Condition,
+    /// The `UltraServerInterconnectImpaired` condition (`--ultraserver-health`).
+    Interconnect,
+    /// The interconnect taint (`--ultraserver-health-taint`).
+    InterconnectTaint,
 }
 
-/// Remove our condition from node `name` (a strategic merge patch of its status deleting the
-/// entry of our type: other conditions are untouched).
-pub async fn remove_condition(client: &Client, name: &str) -> Result<(), kube::Error> {
+impl OnNode {
+    pub const ALL: [OnNode; 3] = [
+        OnNode::Condition,
+        OnNode::Interconnect,
+        OnNode::InterconnectTaint,
+    ];
+
+    /// The kind of its [`Item`]s.
+    pub fn kind(self) -> &'static str {
+        match self {
+            OnNode::Condition => "condition",
+            OnNode::Interconnect => "interconnect",
+            OnNode::InterconnectTaint => "impaired-taint",
+        }
+    }
+
+    fn of(kind: &str) -> Option<OnNode> {
+        OnNode::ALL.into_iter().find(|o| o.kind() == kind)
+    }
+
+    /// Whether `node` carries it.
+    pub fn on(self, node: &crate::node::LiteNode) -> bool {
+        match self {
+            OnNode::Condition => node.topology_condition().is_some(),
+            OnNode::Interconnect => node.interconnect_condition().is_some(),
+            OnNode::InterconnectTaint => crate::publish::interconnect::taint().on(node),
+        }
+    }
+
+    /// What it is, for a person.
+    pub fn describe(self) -> &'static str {
+        match self {
+            OnNode::Condition => "our TopologyLabeled condition",
+            OnNode::Interconnect => "our UltraServerInterconnectImpaired condition",
+            OnNode::InterconnectTaint => {
+                "our interconnect taint (ec2-topology-labeler.io/interconnect-impaired:NoSchedule)"
+            }
+        }
+    }
+}
+
+/// One item per node of `nodes` (the node cache, or a fresh list) and per thing of `what` it
+/// carries.
+pub fn on_nodes<N: std::borrow::Borrow<crate::node::LiteNode>>(
+    nodes: impl IntoIterator<Item = N>,
+    what: &[OnNode],
+) -> Vec<Item> {
+    let mut items = Vec::new();
+    for n in nodes {
+        let n = n.borrow();
+        for w in what.iter().filter(|w| w.on(n)) {
+            items.push(Item {
+                kind: w.kind(),
+                name: n.name_any(),
+                kept: None,
+            });
+        }
+    }
+    items
+}
+
+/// Remove the condition of type `type_` from node `name` (a strategic merge patch of its status
+/// deleting the entry of that type: other conditions are untouched).
+pub async fn remove_condition(client: &Client, name: &str, type_: &str) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
-    let patch =
-        json!({ "status": { "conditions": [ { "type": CONDITION_TYPE, "$patch": "delete" } ] } });
+    let patch = json!({ "status": { "conditions": [ { "type": type_, "$patch": "delete" } ] } });
     match api
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
         .await
@@ -151,7 +214,7 @@ pub async fn apply(client: &Client, items: &[Item], leader: &crate::leader::Lead
         if !leader.is_leader() {
             break;
         }
-        match remove(client, item).await {
+        match remove(client, item, leader).await {
             Ok(Removed::Gone) => {}
             Ok(Removed::Held(finalizers)) => applied.held.push((item.clone(), finalizers)),
             Err(e) => applied.failed.push((item.clone(), e)),
@@ -160,14 +223,35 @@ pub async fn apply(client: &Client, items: &[Item], leader: &crate::leader::Lead
     applied
 }
 
-async fn remove(client: &Client, item: &Item) -> Result<Removed, kube::Error> {
+async fn remove(
+    client: &Client,
+    item: &Item,
+    leader: &crate::leader::Leadership,
+) -> Result<Removed, kube::Error> {
     if let Some(p) = PLUGINS.iter().find(|p| p.kind() == item.kind) {
         return p.remove(client, &item.name).await;
     }
+    match OnNode::of(item.kind) {
+        Some(OnNode::Condition) => {
+            return remove_condition(client, &item.name, CONDITION_TYPE)
+                .await
+                .map(|()| Removed::Gone);
+        }
+        Some(OnNode::Interconnect) => {
+            return remove_condition(client, &item.name, INTERCONNECT_CONDITION_TYPE)
+                .await
+                .map(|()| Removed::Gone);
+        }
+        Some(OnNode::InterconnectTaint) => {
+            let api = Api::all(client.clone());
+            let taint = crate::publish::interconnect::taint();
+            return crate::reconcile::write::set_taint(&api, &item.name, &taint, false, leader)
+                .await
+                .map(|_| Removed::Gone);
+        }
+        None => {}
+    }
     match item.kind {
-        "condition" => remove_condition(client, &item.name)
-            .await
-            .map(|()| Removed::Gone),
         "lease" => {
             let (ns, name) = item.name.split_once('/').unwrap_or(("default", &item.name));
             Removed::of(
@@ -233,4 +317,76 @@ pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Err
     )
     .await?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::LiteNode;
+
+    fn node(name: &str, conditions: &[&str], taints: &[(&str, &str)]) -> LiteNode {
+        let conditions: Vec<_> = conditions
+            .iter()
+            .map(|t| json!({"type": t, "status": "True", "reason": "R"}))
+            .collect();
+        let taints: Vec<_> = taints
+            .iter()
+            .map(|(k, e)| json!({"key": k, "effect": e}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"taints": taints},
+            "status": {"conditions": conditions}
+        }))
+        .expect("a node")
+    }
+
+    #[test]
+    fn finds_each_thing_of_ours_on_each_node_and_nothing_else() {
+        let nodes = [
+            node(
+                "all",
+                &[
+                    "TopologyLabeled",
+                    "UltraServerInterconnectImpaired",
+                    "Ready",
+                ],
+                &[
+                    (
+                        "ec2-topology-labeler.io/interconnect-impaired",
+                        "NoSchedule",
+                    ),
+                    ("example.com/theirs", "NoSchedule"),
+                ],
+            ),
+            node("condition-only", &["TopologyLabeled"], &[]),
+            // Our key with another effect is not our taint; the kubelet's conditions are not ours.
+            node(
+                "not-ours",
+                &["Ready"],
+                &[("ec2-topology-labeler.io/interconnect-impaired", "NoExecute")],
+            ),
+        ];
+        let found = |what: &[OnNode]| -> Vec<(String, &'static str)> {
+            on_nodes(nodes.iter(), what)
+                .into_iter()
+                .map(|i| (i.name, i.kind))
+                .collect()
+        };
+        assert_eq!(
+            found(&OnNode::ALL),
+            [
+                ("all".to_string(), "condition"),
+                ("all".to_string(), "interconnect"),
+                ("all".to_string(), "impaired-taint"),
+                ("condition-only".to_string(), "condition"),
+            ]
+        );
+        // Only what is asked for (a feature turned off retires its own things alone).
+        assert_eq!(
+            found(&[OnNode::InterconnectTaint]),
+            [("all".to_string(), "impaired-taint")]
+        );
+        assert!(OnNode::ALL.iter().all(|o| OnNode::of(o.kind()) == Some(*o)));
+    }
 }

@@ -90,8 +90,9 @@ pub enum Command {
     /// condition it would get. Run it in the controller's Pod (`kubectl exec`) to read the same
     /// configuration and reach the controller.
     Explain(ExplainArgs),
-    /// Remove what the controller wrote to the cluster (our condition, HyperNodes, Kueue and KAI
-    /// Topologies, Slurm ConfigMaps, the Lease) except the topology labels, unless `--labels`.
+    /// Remove what the controller wrote to the cluster (our conditions and interconnect taint on
+    /// Nodes, HyperNodes, Kueue and KAI Topologies, Slurm ConfigMaps, the Lease) except the
+    /// topology labels, unless `--labels`.
     /// Run once the controller is gone (the chart's post-delete hook does).
     Uninstall(UninstallArgs),
     /// Say where a gang of pods fits now: the domains at one topology level (the values of one

@@ -283,7 +283,22 @@ pub async fn run(args: RunArgs) -> Result<()> {
             },
         );
     }
-    if !args.gate.node_condition {
+    // What a feature now turned off left on Nodes: removed once, when leading with a synced cache.
+    let retired: Vec<crate::cleanup::OnNode> = [
+        (!args.gate.node_condition, crate::cleanup::OnNode::Condition),
+        (
+            !args.health.ultraserver_health,
+            crate::cleanup::OnNode::Interconnect,
+        ),
+        (
+            !args.health.ultraserver_health_taint,
+            crate::cleanup::OnNode::InterconnectTaint,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(off, what)| off.then_some(what))
+    .collect();
+    if !retired.is_empty() {
         let (client, reader, ctx, synced) =
             (client.clone(), reader.clone(), ctx.clone(), synced.clone());
         supervise(
@@ -291,11 +306,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Lifetime::Once,
             metrics.clone(),
             move || {
-                retire_condition_at_start(
+                retire_from_nodes_at_start(
                     client.clone(),
                     reader.clone(),
                     ctx.clone(),
                     synced.clone(),
+                    retired.clone(),
                 )
             },
         );
@@ -560,45 +576,51 @@ async fn sweep(
     true
 }
 
-/// Once leading with a synced cache, with `--node-condition` off: remove our `TopologyLabeled`
-/// condition from every node that carries one (a stale `False` would hold back whatever gates
-/// on it). One pass; a failure is logged with what to do.
+/// Once leading with a synced cache: remove what the features turned off left on Nodes
+/// (`what`): our `TopologyLabeled` condition with `--node-condition` off (a stale `False` would
+/// hold back whatever gates on it), our `UltraServerInterconnectImpaired` condition with
+/// `--ultraserver-health` off (nothing would keep it true any more), our interconnect taint with
+/// `--ultraserver-health-taint` off (nothing would ever take it off). One pass; a failure is
+/// logged with what to do.
 ///
 /// What a scheduler feature now turned off published is not the controller's to remove: its
 /// ClusterRole holds no rights on the kinds of features turned off. `ec2-topology-labeler
 /// retire` does that (the chart's post-upgrade hook runs it; see [`crate::cmd::retire`]).
-async fn retire_condition_at_start(
+async fn retire_from_nodes_at_start(
     client: Client,
     reader: crate::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
+    what: Vec<crate::cleanup::OnNode>,
 ) {
     let leader = ctx.leader.clone();
     while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let items: Vec<crate::cleanup::Item> =
-        crate::cleanup::with_condition(reader.state().iter().map(|n| n.expand()))
-            .into_iter()
-            .map(|name| crate::cleanup::Item {
-                kind: "condition",
-                name,
-                kept: None,
-            })
-            .collect();
-    if items.is_empty() {
-        return;
+    let nodes: Vec<_> = reader.state().iter().map(|n| n.expand()).collect();
+    for w in what {
+        let items = crate::cleanup::on_nodes(nodes.iter(), &[w]);
+        if items.is_empty() {
+            continue;
+        }
+        let failed = crate::cleanup::apply(&client, &items, &leader).await.failed;
+        let removed = items.len() - failed.len();
+        let (what, flag) = (w.describe(), retired_by(w));
+        if removed > 0 {
+            info!(removed, "removed {what} from nodes ({flag} is off)");
+        }
+        if let Some((item, e)) = failed.first() {
+            warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove {what} ({flag} is off); grant the controller patch on nodes and nodes/status (the chart does) or run `ec2-topology-labeler uninstall`");
+        }
     }
-    let failed = crate::cleanup::apply(&client, &items, &leader).await.failed;
-    let removed = items.len() - failed.len();
-    if removed > 0 {
-        info!(
-            removed,
-            "removed our TopologyLabeled condition (--node-condition is off)"
-        );
-    }
-    if let Some((item, e)) = failed.first() {
-        warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove our TopologyLabeled condition (--node-condition is off); grant the controller nodes/status patch (the chart does) or run `ec2-topology-labeler uninstall`");
+}
+
+/// The flag whose being off retires `what`.
+fn retired_by(what: crate::cleanup::OnNode) -> &'static str {
+    match what {
+        crate::cleanup::OnNode::Condition => "--node-condition",
+        crate::cleanup::OnNode::Interconnect => "--ultraserver-health",
+        crate::cleanup::OnNode::InterconnectTaint => "--ultraserver-health-taint",
     }
 }
 

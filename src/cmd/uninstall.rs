@@ -1,5 +1,6 @@
 //! `uninstall`: remove everything this controller wrote to the cluster except the topology labels
-//! (unless `--labels`): our `TopologyLabeled` condition, our HyperNodes, our Kueue and KAI
+//! (unless `--labels`): our `TopologyLabeled` and `UltraServerInterconnectImpaired` conditions
+//! and our interconnect taint on Nodes, our HyperNodes, our Kueue and KAI
 //! Topologies (not a Kueue Topology a ResourceFlavor still names, unless `--force`), our Slurm
 //! ConfigMaps, the Lease. Run after the controller is gone (the chart's post-delete hook does),
 //! since a running controller would write them again; it refuses while the Lease is held.
@@ -78,15 +79,7 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         |items| all.extend(items.into_iter().map(LiteNode::from)),
     )
     .await?;
-    items.extend(
-        cleanup::with_condition(all.iter())
-            .into_iter()
-            .map(|n| Item {
-                kind: "condition",
-                name: n,
-                kept: None,
-            }),
-    );
+    items.extend(cleanup::on_nodes(all.iter(), &cleanup::OnNode::ALL));
     let tainted: Vec<String> = match &args.taint.startup_taint {
         Some(t) => all
             .iter()

@@ -358,7 +358,9 @@ pub async fn run(
                 }
             }
             if let Some(on) = change.taint {
-                match set_taint(&ctx, node, on).await {
+                match crate::reconcile::write::set_taint(&ctx.api, node, &taint(), on, &ctx.leader)
+                    .await
+                {
                     Ok(true) => {
                         ctx.metrics.label_write("taint");
                         info!(%node, taint = TAINT, added = on, "the interconnect taint {}", if on { "added" } else { "removed" });
@@ -371,53 +373,6 @@ pub async fn run(
             }
         }
     }
-}
-
-/// Conflicts in a row after which a taint change gives up (the next round tries again).
-const TAINT_ATTEMPTS: usize = 5;
-
-/// Adds (`on`) or removes [`TAINT`] on `name`, keeping every other taint: a merge patch of the
-/// whole list conditional on the resourceVersion it was computed from (a concurrent edit makes
-/// it fail with 409; read again and tried anew). `false`: nothing to write, or no longer
-/// leading.
-async fn set_taint(ctx: &Context, name: &str, on: bool) -> crate::Result<bool> {
-    let ours = taint();
-    for _ in 0..TAINT_ATTEMPTS {
-        if !ctx.leader.is_leader() {
-            return Ok(false);
-        }
-        let node = crate::node::LiteNode::from(ctx.api.get(name).await?);
-        if ours.on(&node) == on {
-            return Ok(false);
-        }
-        let mut taints = ours.others(&node);
-        if on {
-            taints.push(k8s_openapi::api::core::v1::Taint {
-                key: ours.key.clone(),
-                value: None,
-                effect: ours.effect.clone(),
-                time_added: None,
-            });
-        }
-        let mut metadata = serde_json::Map::new();
-        if let Some(rv) = &node.metadata.resource_version {
-            metadata.insert("resourceVersion".into(), rv.clone().into());
-        }
-        if let Some(uid) = &node.metadata.uid {
-            metadata.insert("uid".into(), uid.clone().into());
-        }
-        let body = serde_json::json!({ "metadata": metadata, "spec": { "taints": taints } });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match ctx.api.patch(name, &params, &Patch::Merge(body)).await {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(false)
 }
 
 #[cfg(test)]

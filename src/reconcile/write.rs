@@ -210,6 +210,63 @@ pub async fn release_taint(
     }
 }
 
+/// Adds (`on`) or removes `taint` on node `name`, keeping every other taint: a merge patch of
+/// the whole list conditional on the resourceVersion (and UID) it was computed from; a
+/// concurrent edit makes it fail with 409, and the node is read again and the change tried anew
+/// (at most [`TAINT_ATTEMPTS`] times). `false`: nothing to write (already so, or the node is
+/// gone), or `leader` says this replica no longer leads (checked before each attempt).
+///
+/// The interconnect taint's writer ([`crate::publish::interconnect`]) and the removals of
+/// [`crate::cleanup`]; the startup taint's release is [`release_taint`] (it also checks labels).
+pub async fn set_taint(
+    nodes: &Api<WireNode>,
+    name: &str,
+    taint: &StartupTaint,
+    on: bool,
+    leader: &crate::leader::Leadership,
+) -> std::result::Result<bool, kube::Error> {
+    for _ in 0..TAINT_ATTEMPTS {
+        if !leader.is_leader() {
+            return Ok(false);
+        }
+        let Some(node) = nodes.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let node = LiteNode::from(node);
+        if taint.on(&node) == on {
+            return Ok(false);
+        }
+        let mut taints = taint.others(&node);
+        if on {
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: taint.key.clone(),
+                value: taint.value.clone(),
+                effect: taint.effect.clone(),
+                time_added: None,
+            });
+        }
+        let mut metadata = serde_json::Map::new();
+        if let Some(rv) = &node.metadata.resource_version {
+            metadata.insert("resourceVersion".into(), rv.clone().into());
+        }
+        if let Some(uid) = &node.metadata.uid {
+            metadata.insert("uid".into(), uid.clone().into());
+        }
+        let body = json!({ "metadata": metadata, "spec": { "taints": taints } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match nodes.patch(name, &params, &Patch::Merge(body)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 /// Writes the `TopologyLabeled` condition (`body` from [`super::gate::Wanted::patch`]) on the
 /// status subresource; the kubelet's conditions are left alone (strategic merge by type).
 pub async fn write_condition(

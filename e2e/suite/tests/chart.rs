@@ -1183,6 +1183,36 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
         "{:?}",
         configmap_rules(&docs)
     );
+    // Nodes: listed; read and patched only where it has something to remove there beyond our
+    // conditions (nodes/status): our label keys (uninstallHook.labels), the interconnect taint
+    // (config.ultraserverHealthTaint).
+    let node_verbs = |sets: &[&str]| -> Value {
+        let docs = render(
+            &std::iter::once("uninstallHook.enabled=true")
+                .chain(sets.iter().copied())
+                .map(String::from)
+                .collect::<Vec<_>>(),
+        );
+        docs.iter()
+            .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete")
+            .filter(|d| d["kind"] == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["resources"] == json!(["nodes"]))
+            .map(|r| r["verbs"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(node_verbs(&[]), json!(["list"]));
+    assert_eq!(
+        node_verbs(&["uninstallHook.labels=true"]),
+        json!(["list", "get", "patch"])
+    );
+    assert_eq!(
+        node_verbs(&[
+            "config.ultraserverHealth=true",
+            "config.ultraserverHealthTaint=true"
+        ]),
+        json!(["list", "get", "patch"])
+    );
     // The configured one: by name, in a Role of its namespace (never every ConfigMap).
     let docs = render(&[
         "uninstallHook.enabled=true".into(),
@@ -1618,7 +1648,7 @@ fn admission_policy_follows_the_api_and_the_configuration() {
             "{key} missing:\n{text}"
         );
     }
-    assert!(text.contains("may not change a Node's taints (config.startupTaint is not set)"));
+    assert!(text.contains("may only remove ec2-topology-labeler.io/interconnect-impaired:NoSchedule from a Node's taints (config.startupTaint is not set, config.ultraserverHealthTaint is off)"));
     // Slinky's annotation off: it may only be removed.
     assert!(text.contains(&format!("k in [\"{SLINKY_SPEC_KEY}\"])")));
     let docs = render_with(
@@ -2254,8 +2284,8 @@ fn node_policy_compares_spec_and_status_whole() {
     for check in [
         format!("{changed_status}.size() == 0"),
         format!("{changed_spec}.size() == 0"),
-        "(object.?status.?conditions.orValue([]).filter(c, c.type != 'TopologyLabeled')) == \
-         (oldObject.?status.?conditions.orValue([]).filter(c, c.type != 'TopologyLabeled'))"
+        "(object.?status.?conditions.orValue([]).filter(c, c.type != 'TopologyLabeled' && c.type != 'UltraServerInterconnectImpaired')) == \
+         (oldObject.?status.?conditions.orValue([]).filter(c, c.type != 'TopologyLabeled' && c.type != 'UltraServerInterconnectImpaired'))"
             .to_string(),
     ] {
         assert!(text.contains(&check.as_str()), "{check}: {text:#?}");
@@ -2272,8 +2302,9 @@ fn node_policy_compares_spec_and_status_whole() {
             "{field} listed one by one: {validations}"
         );
     }
-    // The UltraServerInterconnectImpaired condition is ours only with config.ultraserverHealth.
-    let conditions_rule = |sets: &[String]| -> String {
+    // The UltraServerInterconnectImpaired condition is set only with config.ultraserverHealth;
+    // without it, it may only be removed (the controller takes it off at start-up).
+    let condition_rules = |sets: &[String]| -> Vec<String> {
         let docs = render(sets);
         let p = kind(&docs, "ValidatingAdmissionPolicy")
             .into_iter()
@@ -2284,15 +2315,20 @@ fn node_policy_compares_spec_and_status_whole() {
             .unwrap()
             .iter()
             .filter_map(|v| v["expression"].as_str())
-            .find(|e| e.contains("conditions.orValue([])"))
-            .unwrap_or_default()
-            .to_string()
+            .filter(|e| e.contains("conditions.orValue([])"))
+            .map(str::to_string)
+            .collect()
     };
-    assert!(!conditions_rule(&[]).contains("UltraServerInterconnectImpaired"));
+    let only_removed = "filter(c, c.type == 'UltraServerInterconnectImpaired').all(c,";
+    let off = condition_rules(&[]);
     assert!(
-        conditions_rule(&["config.ultraserverHealth=true".into()]).contains(
-            "filter(c, c.type != 'TopologyLabeled' && c.type != 'UltraServerInterconnectImpaired')"
-        )
+        off.iter().any(|r| r.contains(only_removed)),
+        "without config.ultraserverHealth the condition may only be removed: {off:#?}"
+    );
+    let on = condition_rules(&["config.ultraserverHealth=true".into()]);
+    assert!(
+        !on.iter().any(|r| r.contains(only_removed)),
+        "with config.ultraserverHealth the condition is written: {on:#?}"
     );
 }
 

@@ -121,6 +121,54 @@ async fn delete(c: &Client, doc: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The interconnect condition and taint, as `--ultraserver-health(-taint)` leave them on a node
+/// of an impaired UltraServer, put on `name` by hand (with a taint of someone else's beside).
+async fn impaired(c: &Client, name: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(c.clone());
+    let pp = kube::api::PatchParams::default();
+    nodes
+        .patch_status(
+            name,
+            &pp,
+            &kube::api::Patch::Strategic(serde_json::json!({ "status": { "conditions": [{
+                "type": INTERCONNECT, "status": "True", "reason": "InterconnectImpaired",
+                "message": "e2e", "lastTransitionTime": "2026-12-01T00:00:00Z"
+            }] } })),
+        )
+        .await?;
+    nodes
+        .patch(
+            name,
+            &pp,
+            &kube::api::Patch::Merge(serde_json::json!({ "spec": { "taints": [
+                { "key": IMPAIRED_TAINT, "effect": "NoSchedule" },
+                { "key": "example.com/theirs", "value": "x", "effect": "NoSchedule" }
+            ] } })),
+        )
+        .await?;
+    Ok(())
+}
+
+const INTERCONNECT: &str = "UltraServerInterconnectImpaired";
+const IMPAIRED_TAINT: &str = "ec2-topology-labeler.io/interconnect-impaired";
+
+/// What of [`impaired`] node `name` still carries: the condition's type and the taints' keys.
+async fn still_impaired(c: &Client, name: &str) -> anyhow::Result<(bool, Vec<String>)> {
+    let n = Api::<Node>::all(c.clone()).get(name).await?;
+    let condition = n
+        .status
+        .and_then(|s| s.conditions)
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == INTERCONNECT));
+    let taints = n
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    Ok((condition, taints))
+}
+
 async fn with_condition(c: &Client) -> anyhow::Result<Vec<String>> {
     let nodes: Api<Node> = Api::all(c.clone());
     Ok(nodes
@@ -139,7 +187,8 @@ async fn with_condition(c: &Client) -> anyhow::Result<Vec<String>> {
 }
 
 /// With every publisher and the condition on, `uninstall` first refuses (a controller holds the
-/// Lease); once the controller is gone it removes the condition, our HyperNodes, KAI Topologies,
+/// Lease); once the controller is gone it removes the condition, the interconnect condition and
+/// taint (and no other taint), our HyperNodes, KAI Topologies,
 /// Slurm ConfigMap and the Lease, keeps the Kueue Topology a ResourceFlavor names (saying so), and
 /// leaves every label in place.
 pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
@@ -186,6 +235,9 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
                 l.stop();
             }
         }
+        // What UltraServer health left on the node (the suite's controller runs without it, so
+        // only now that it is stopped).
+        impaired(&c, &s.name).await?;
         let out = uninstall(env, &["--wait-for-lease=30s"])?;
         ensure!(
             out.status.success(),
@@ -208,6 +260,17 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
         ensure!(
             with_condition(&c).await?.is_empty(),
             "a TopologyLabeled condition is left"
+        );
+        let (condition, taints) = still_impaired(&c, &s.name).await?;
+        ensure!(
+            !condition && taints == ["example.com/theirs"],
+            "uninstall left the interconnect condition ({condition}) or changed taints other than ours: {taints:?}"
+        );
+        ensure!(
+            ["interconnect", "impaired-taint"]
+                .iter()
+                .all(|k| items.iter().any(|i| i["kind"] == *k && i["name"] == s.name.as_str())),
+            "the report does not list the interconnect condition and taint: {items:?}"
         );
         let hypernodes = ours(&crate::hypernodes_api(&c)).await?;
         ensure!(hypernodes.is_empty(), "HyperNodes left: {hypernodes:?}");
@@ -254,11 +317,21 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
     }
     .await;
     e2e::env::restart_labeler_with(env, &[]).await?;
-    result
+    result?;
+    // The node stays for the scenarios after, without the taint of someone else's put on it.
+    Api::<Node>::all(c.clone())
+        .patch(
+            &s.name,
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({ "spec": { "taints": null } })),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Turning features off: the controller removes our condition at its next start (`nodes/status`
-/// stays among its rights); the chart then grants it nothing on the kinds turned off (the API
+/// stays among its rights), and with UltraServer health off the interconnect condition and taint
+/// (the chart's admission policy then allows their removal only; no other taint changes); the chart then grants it nothing on the kinds turned off (the API
 /// server's own SubjectAccessReview says so), and `ec2-topology-labeler retire`, run as the
 /// chart's post-upgrade hook runs it (the hook's ServiceAccount and RBAC as the chart renders
 /// them; no Job runs here, so the suite runs its command), retires what they published:
@@ -330,9 +403,15 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
             && kueue_kept.contains(&"ret-other".to_string())
     );
     let labels_before = kube_util::topology_labels(&kube_util::labels(&c, &s.name).await?);
+    // What UltraServer health left on the node, as it would be after the option was turned off.
+    impaired(&c, &s.name).await?;
     // As an operator turns them off: the chart upgraded (the hook off: no Job runs here), the
     // controller restarted with the features off.
     let off = [
+        // The admission policy then lets the controller only remove the interconnect condition
+        // and taint.
+        "config.ultraserverHealth=false",
+        "config.ultraserverHealthTaint=false",
         "config.volcanoHypernodes=false",
         "config.kueueTopology=false",
         "config.kaiTopology=false",
@@ -367,6 +446,22 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
             Ok(with_condition(&c).await?.is_empty().then_some(()))
         })
         .await?;
+        eventually(
+            "the interconnect condition and taint removed by the controller",
+            WAIT,
+            || async {
+                let (condition, taints) = still_impaired(&c, &s.name).await?;
+                Ok((!condition && !taints.iter().any(|t| t == IMPAIRED_TAINT)).then_some(taints))
+            },
+        )
+        .await
+        .and_then(|taints| {
+            ensure!(
+                taints == ["example.com/theirs"],
+                "taints not ours changed: {taints:?}"
+            );
+            Ok(())
+        })?;
         // A HyperNode of our prefix and label, not annotated as this installation's (made by hand,
         // or by another installation): not the hook's to remove.
         let h = serde_json::json!({"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
@@ -500,6 +595,8 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
         .delete(unclaimed, &Default::default())
         .await;
     chart_with(&[
+        "config.ultraserverHealth=true",
+        "config.ultraserverHealthTaint=true",
         "config.volcanoHypernodes=true",
         "config.kueueTopology=true",
         "config.kaiTopology=true",

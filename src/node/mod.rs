@@ -254,6 +254,41 @@ pub struct LiteCondition {
     pub last_transition_time: Option<Time>,
 }
 
+impl LiteCondition {
+    /// The strategic-merge patch of the status subresource that sets the condition of `type_`
+    /// (merged by type: the kubelet's conditions are left alone), `current` being what the node
+    /// carries now: the transition time moves only when the status does.
+    pub fn patch(
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+        current: Option<&LiteCondition>,
+        now: &Time,
+    ) -> serde_json::Value {
+        let status = if status { "True" } else { "False" };
+        let transition = match current {
+            Some(c) if c.status == status => c
+                .last_transition_time
+                .clone()
+                .unwrap_or_else(|| now.clone()),
+            _ => now.clone(),
+        };
+        serde_json::json!({
+            "status": {
+                "conditions": [{
+                    "type": type_,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": transition,
+                }]
+            }
+        })
+    }
+}
+
 /// Reads `status.conditions`, keeping only [`CONDITION_TYPE`]; the others (the kubelet's) are
 /// skipped without being allocated.
 fn our_condition<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LiteCondition>, D::Error> {

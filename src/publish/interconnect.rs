@@ -133,25 +133,14 @@ impl Wanted {
     /// The strategic-merge patch of the status subresource (the kubelet's conditions are left
     /// alone: merged by type); the transition time moves only when the status does.
     pub fn patch(&self, current: Option<&LiteCondition>, now: &Time) -> serde_json::Value {
-        let transition = match current {
-            Some(c) if c.status == self.status() => c
-                .last_transition_time
-                .clone()
-                .unwrap_or_else(|| now.clone()),
-            _ => now.clone(),
-        };
-        serde_json::json!({
-            "status": {
-                "conditions": [{
-                    "type": INTERCONNECT_CONDITION_TYPE,
-                    "status": self.status(),
-                    "reason": self.reason,
-                    "message": self.message,
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": transition,
-                }]
-            }
-        })
+        LiteCondition::patch(
+            INTERCONNECT_CONDITION_TYPE,
+            self.impaired,
+            self.reason,
+            &self.message,
+            current,
+            now,
+        )
     }
 }
 

@@ -497,25 +497,14 @@ impl Wanted {
         {
             return None;
         }
-        let transition = match current {
-            Some(c) if c.status == self.status_str() => c
-                .last_transition_time
-                .clone()
-                .unwrap_or_else(|| now.clone()),
-            _ => now.clone(),
-        };
-        Some(serde_json::json!({
-            "status": {
-                "conditions": [{
-                    "type": CONDITION_TYPE,
-                    "status": self.status_str(),
-                    "reason": self.reason,
-                    "message": self.message,
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": transition,
-                }]
-            }
-        }))
+        Some(crate::node::LiteCondition::patch(
+            CONDITION_TYPE,
+            self.status,
+            self.reason,
+            self.message,
+            current,
+            now,
+        ))
     }
 }
 

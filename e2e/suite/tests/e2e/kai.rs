@@ -65,9 +65,25 @@ async fn submit(
     pool: &str,
     name: &str,
     workers: u32,
+    constraint: (&str, &str),
+) -> anyhow::Result<()> {
+    submit_with(c, ns, pool, name, workers, constraint, json!({})).await
+}
+
+/// [`submit`] with `annotations` on the Worker template (and so on its pods, as the training
+/// operator copies them): KAI's segments (`kai.scheduler/segment-size`,
+/// `kai.scheduler/segment-topology-required-placement`) are read there.
+async fn submit_with(
+    c: &Client,
+    ns: &str,
+    pool: &str,
+    name: &str,
+    workers: u32,
     (topology, level): (&str, &str),
+    annotations: Value,
 ) -> anyhow::Result<()> {
     let template = json!({
+        "metadata": { "annotations": annotations },
         "spec": {
             "schedulerName": "kai-scheduler",
             "restartPolicy": "Never",
@@ -79,6 +95,15 @@ async fn submit(
             }]
         }
     });
+    // The job-level constraint, where given (its parts left empty are not written).
+    let job_annotations: serde_json::Map<String, Value> = [
+        ("kai.scheduler/topology", topology),
+        ("kai.scheduler/topology-required-placement", level),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k.to_string(), Value::from(v)))
+    .collect();
     let job = json!({
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -86,10 +111,7 @@ async fn submit(
             "name": name,
             "namespace": ns,
             "labels": { "kai.scheduler/queue": "training" },
-            "annotations": {
-                "kai.scheduler/topology": topology,
-                "kai.scheduler/topology-required-placement": level
-            }
+            "annotations": job_annotations
         },
         "spec": {
             "pytorchReplicaSpecs": {
@@ -115,6 +137,7 @@ async fn submit(
                     "training.kubeflow.org/replica-type": "worker",
                     "training.kubeflow.org/replica-index": i.to_string()
                 },
+                "annotations": template["metadata"]["annotations"].clone(),
                 "ownerReferences": [{
                     "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": uid,
                     "controller": true, "blockOwnerDeletion": true
@@ -441,7 +464,85 @@ async fn kai_ultraserver_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::R
     for name in ["ultra-pair-1", "ultra-pair-2"] {
         delete_job(c, ns, name).await?;
     }
+    seen.push(kai_segments_per_ultraserver(c, ns, fleet).await?);
     Ok(seen)
+}
+
+/// KAI's segments: one PyTorchJob of 4 workers in segments of 2, each requiring
+/// one UltraServer (`kai.scheduler/segment-size: "2"`,
+/// `kai.scheduler/segment-topology-required-placement` the capacity block): workers 0-1 land in
+/// one UltraServer, 2-3 in the other whole one (not in C's halves under two leaves).
+async fn kai_segments_per_ultraserver(
+    c: &Client,
+    ns: &str,
+    fleet: &Fleet,
+) -> anyhow::Result<String> {
+    const NAME: &str = "ultra-segments";
+    submit_with(
+        c,
+        ns,
+        &fleet.pool,
+        NAME,
+        4,
+        // The job as a whole is held by nothing (KAI, at the pinned commit, places no gang of
+        // this Topology that requires only its top level, and refuses a job-level Topology
+        // without a level): the Topology goes with the segments, on the Worker template.
+        ("", ""),
+        json!({
+            "kai.scheduler/topology": ULTRA,
+            "kai.scheduler/segment-size": "2",
+            "kai.scheduler/segment-topology-required-placement": BLOCK
+        }),
+    )
+    .await?;
+    let selector = format!("{JOB_LABEL}={NAME}");
+    let bound = gangs::wait_bound(c, ns, &selector, 4, Duration::from_secs(90)).await;
+    let pg = podgroup_of(c, ns, NAME)
+        .await?
+        .context("a PodGroup for the segmented job")?;
+    bound.with_context(|| format!("KAI places {NAME}; its PodGroup: {}", pg.data))?;
+    let segments: Vec<&Value> = pg.data["spec"]["subGroups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["topologyConstraint"]["requiredTopologyLevel"] == BLOCK)
+        .collect();
+    ensure!(
+        segments.len() == 2 && segments.iter().all(|g| g["minMember"] == 2),
+        "the pod grouper made two segments of 2 requiring the capacity block: {}",
+        pg.data["spec"]
+    );
+    let on = gangs::bindings(c, ns, &selector).await?;
+    let node_of = |i: u32| -> anyhow::Result<String> {
+        on.get(&format!("{NAME}-worker-{i}"))
+            .cloned()
+            .flatten()
+            .with_context(|| format!("worker {i} unbound: {on:?}"))
+    };
+    let mut blocks = Vec::new();
+    for segment in [[0, 1], [2, 3]] {
+        let nodes: BTreeSet<String> = segment
+            .iter()
+            .map(|i| node_of(*i))
+            .collect::<anyhow::Result<_>>()?;
+        let block = fleet
+            .one_block(&nodes)
+            .with_context(|| format!("segment {segment:?}"))?;
+        ensure!(
+            block == BLOCK_A || block == BLOCK_B,
+            "segment {segment:?} landed in {block} (C is split over two leaves)"
+        );
+        blocks.push(block.to_string());
+    }
+    ensure!(
+        blocks[0] != blocks[1],
+        "both segments in one UltraServer of two nodes: {blocks:?}"
+    );
+    delete_job(c, ns, NAME).await?;
+    Ok(format!(
+        "4 workers in segments of 2 requiring the capacity block -> workers 0-1 in {}, 2-3 in {}",
+        blocks[0], blocks[1]
+    ))
 }
 
 async fn kai_gangs(c: &Client, ns: &str, fleet: &Fleet) -> anyhow::Result<Vec<String>> {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types::CapacityBlockInterconnectStatus;
 
-use super::ec2::{AwsTopology, classify};
+use super::ec2::{AwsTopology, Pace, classify};
 use crate::topology::Ec2Error;
 
 /// Capacity Block IDs a request names (the API Reference sets no limit; a bounded request
@@ -78,43 +78,34 @@ impl AwsTopology {
         ids: &[String],
         out: &mut BTreeMap<String, Interconnect>,
     ) -> Result<(), Ec2Error> {
-        let mut next: Option<String> = None;
-        let mut pages = 0;
-        loop {
-            self.pace().await;
-            let page = client
-                .describe_capacity_block_status()
-                .set_capacity_block_ids(Some(ids.to_vec()))
-                .set_next_token(next.take())
-                .send()
-                .await
-                .map_err(classify)?;
-            for item in page.capacity_block_statuses() {
-                let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
-                    return Err(Ec2Error::BadResponse(
-                        "EC2 described a Capacity Block's status without its ID".into(),
-                    ));
-                };
-                let status = match item.interconnect_status() {
-                    Some(CapacityBlockInterconnectStatus::Ok) => Interconnect::Ok,
-                    Some(CapacityBlockInterconnectStatus::Impaired) => Interconnect::Impaired,
-                    _ => Interconnect::InsufficientData,
-                };
-                out.insert(id.to_string(), status);
-            }
-            pages += 1;
-            next = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if next.is_none() {
-                return Ok(());
-            }
-            if pages >= MAX_PAGES {
-                return Err(Ec2Error::BadResponse(format!(
-                    "DescribeCapacityBlockStatus: still paginating after {MAX_PAGES} pages"
-                )));
-            }
-        }
+        self.follow(
+            "DescribeCapacityBlockStatus",
+            Pace::Every,
+            MAX_PAGES,
+            |token| {
+                let request = client
+                    .describe_capacity_block_status()
+                    .set_capacity_block_ids(Some(ids.to_vec()))
+                    .set_next_token(token);
+                async move { request.send().await.map_err(classify) }
+            },
+            |page| {
+                for item in page.capacity_block_statuses() {
+                    let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
+                        return Err(Ec2Error::BadResponse(
+                            "EC2 described a Capacity Block's status without its ID".into(),
+                        ));
+                    };
+                    let status = match item.interconnect_status() {
+                        Some(CapacityBlockInterconnectStatus::Ok) => Interconnect::Ok,
+                        Some(CapacityBlockInterconnectStatus::Impaired) => Interconnect::Impaired,
+                        _ => Interconnect::InsufficientData,
+                    };
+                    out.insert(id.to_string(), status);
+                }
+                Ok(page.next_token().map(str::to_owned))
+            },
+        )
+        .await
     }
 }

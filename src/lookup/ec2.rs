@@ -137,6 +137,15 @@ fn too_many(region: &str) -> Ec2Error {
     }
 }
 
+/// Which pages of a paginated call wait for the shared limiter ([`AwsTopology::follow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pace {
+    /// All but the first (whose token the caller took: the batcher's calls).
+    AfterFirst,
+    /// Every page.
+    Every,
+}
+
 pub struct AwsTopology {
     base: aws_config::SdkConfig,
     clients: Mutex<Clients>,
@@ -174,6 +183,37 @@ impl AwsTopology {
         if let Some(limiter) = &self.limiter {
             limiter.acquire().await;
         }
+    }
+
+    /// Follows one paginated EC2 call to its end: `send(token)` makes one request (`None` for
+    /// the first page, then the NextToken of the page before) and `read(page)` takes in its
+    /// items and returns its NextToken; an empty one ends the answer as an absent one does. A
+    /// page waits for the shared limiter as `pace` says. More than `max_pages` pages is a broken
+    /// answer (`what` names the call in the error).
+    pub(super) async fn follow<P, Fut>(
+        &self,
+        what: &str,
+        pace: Pace,
+        max_pages: usize,
+        mut send: impl FnMut(Option<String>) -> Fut,
+        mut read: impl FnMut(P) -> Result<Option<String>, Ec2Error>,
+    ) -> Result<(), Ec2Error>
+    where
+        Fut: std::future::Future<Output = Result<P, Ec2Error>>,
+    {
+        let mut next: Option<String> = None;
+        for page in 0..max_pages {
+            if page > 0 || pace == Pace::Every {
+                self.pace().await;
+            }
+            next = read(send(next.take()).await?)?.filter(|t| !t.is_empty());
+            if next.is_none() {
+                return Ok(());
+            }
+        }
+        Err(Ec2Error::BadResponse(format!(
+            "{what}: still paginating after {max_pages} pages"
+        )))
     }
 
     /// The SDK configuration loader with our transport, timeouts and retry policy.
@@ -253,38 +293,31 @@ impl AwsTopology {
     ) -> Result<Vec<InstanceTopology>, Ec2Error> {
         let client = self.client(region)?;
         let mut out = Vec::with_capacity(instance_ids.len());
-        let mut next_token: Option<String> = None;
-        for page_number in 0..MAX_PAGES {
-            // A further page is a further call: it waits for its own token.
-            if page_number > 0
-                && let Some(limiter) = &self.limiter
-            {
-                limiter.acquire().await;
-            }
-            // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never
-            // an unfiltered scan of the region.
-            let page = client
-                .describe_instance_topology()
-                .set_instance_ids(Some(instance_ids.to_vec()))
-                .set_next_token(next_token.take())
-                .send()
-                .await
-                .map_err(classify)?;
-            for item in page.instances() {
-                out.push(believe(item, instance_ids)?);
-            }
-            next_token = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if next_token.is_none() {
-                return Ok(out);
-            }
-        }
-        Err(Ec2Error::BadResponse(format!(
-            "still paginating after {MAX_PAGES} pages for {} instance IDs",
-            instance_ids.len()
-        )))
+        // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never an
+        // unfiltered scan of the region.
+        self.follow(
+            &format!(
+                "DescribeInstanceTopology for {} instance IDs",
+                instance_ids.len()
+            ),
+            Pace::AfterFirst,
+            MAX_PAGES,
+            |token| {
+                let request = client
+                    .describe_instance_topology()
+                    .set_instance_ids(Some(instance_ids.to_vec()))
+                    .set_next_token(token);
+                async move { request.send().await.map_err(classify) }
+            },
+            |page| {
+                for item in page.instances() {
+                    out.push(believe(item, instance_ids)?);
+                }
+                Ok(page.next_token().map(str::to_owned))
+            },
+        )
+        .await?;
+        Ok(out)
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use ec2_topology_core::reservations::Reservation;
 
-use super::ec2::{AwsTopology, classify};
+use super::ec2::{AwsTopology, Pace, classify};
 use crate::topology::Ec2Error;
 
 /// Pages of either call followed before giving up: 10,000 reservations of the topology call
@@ -29,103 +29,85 @@ impl AwsTopology {
     pub async fn reservations(&self, region: &str) -> Result<Vec<Reservation>, Ec2Error> {
         let client = self.client(region)?;
         let mut by_id: BTreeMap<String, Reservation> = BTreeMap::new();
-        let mut next: Option<String> = None;
-        let mut pages = 0;
-        loop {
-            self.pace().await;
-            let page = client
-                .describe_capacity_reservation_topology()
-                .max_results(TOPOLOGY_PAGE)
-                .set_next_token(next.take())
-                .send()
-                .await
-                .map_err(classify)?;
-            for item in page.capacity_reservations() {
-                let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
-                    return Err(Ec2Error::BadResponse(
-                        "EC2 described a Capacity Reservation without its ID".into(),
-                    ));
-                };
-                let text = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
-                by_id.insert(
-                    id.to_string(),
-                    Reservation {
+        let text = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+        self.follow(
+            "DescribeCapacityReservationTopology",
+            Pace::Every,
+            MAX_PAGES,
+            |token| {
+                let request = client
+                    .describe_capacity_reservation_topology()
+                    .max_results(TOPOLOGY_PAGE)
+                    .set_next_token(token);
+                async move { request.send().await.map_err(classify) }
+            },
+            |page| {
+                for item in page.capacity_reservations() {
+                    let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
+                        return Err(Ec2Error::BadResponse(
+                            "EC2 described a Capacity Reservation without its ID".into(),
+                        ));
+                    };
+                    by_id.insert(
+                        id.to_string(),
+                        Reservation {
+                            id: id.to_string(),
+                            instance_type: text(item.instance_type()),
+                            state: text(item.state()),
+                            availability_zone: text(item.availability_zone()),
+                            capacity_block_id: text(item.capacity_block_id()),
+                            group_name: text(item.group_name()),
+                            network_nodes: item.network_nodes().to_vec(),
+                            total: None,
+                            available: None,
+                            start: None,
+                        },
+                    );
+                }
+                Ok(page.next_token().map(str::to_owned))
+            },
+        )
+        .await?;
+        self.follow(
+            "DescribeCapacityReservations",
+            Pace::Every,
+            MAX_PAGES,
+            |token| {
+                let request = client
+                    .describe_capacity_reservations()
+                    .max_results(RESERVATIONS_PAGE)
+                    .set_next_token(token);
+                async move { request.send().await.map_err(classify) }
+            },
+            |page| {
+                for item in page.capacity_reservations() {
+                    let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
+                        continue;
+                    };
+                    // One the topology call left out (it describes pending and active ones) is
+                    // still the account's: listed without network nodes, so that a node carrying
+                    // its ID is not called a stranger.
+                    let r = by_id.entry(id.to_string()).or_insert_with(|| Reservation {
                         id: id.to_string(),
                         instance_type: text(item.instance_type()),
-                        state: text(item.state()),
                         availability_zone: text(item.availability_zone()),
                         capacity_block_id: text(item.capacity_block_id()),
-                        group_name: text(item.group_name()),
-                        network_nodes: item.network_nodes().to_vec(),
-                        total: None,
-                        available: None,
-                        start: None,
-                    },
-                );
-            }
-            pages += 1;
-            next = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if next.is_none() {
-                break;
-            }
-            if pages >= MAX_PAGES {
-                return Err(too_many("DescribeCapacityReservationTopology"));
-            }
-        }
-        let mut pages = 0;
-        loop {
-            self.pace().await;
-            let page = client
-                .describe_capacity_reservations()
-                .max_results(RESERVATIONS_PAGE)
-                .set_next_token(next.take())
-                .send()
-                .await
-                .map_err(classify)?;
-            for item in page.capacity_reservations() {
-                let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
-                    continue;
-                };
-                let text = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
-                // One the topology call left out (it describes pending and active ones) is
-                // still the account's: listed without network nodes, so that a node carrying
-                // its ID is not called a stranger.
-                let r = by_id.entry(id.to_string()).or_insert_with(|| Reservation {
-                    id: id.to_string(),
-                    instance_type: text(item.instance_type()),
-                    availability_zone: text(item.availability_zone()),
-                    capacity_block_id: text(item.capacity_block_id()),
-                    ..Reservation::default()
-                });
-                let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok());
-                r.total = count(item.total_instance_count());
-                r.available = count(item.available_instance_count());
-                r.start = item
-                    .start_date()
-                    .and_then(|t| std::time::SystemTime::try_from(*t).ok());
-                if r.state.is_none() {
-                    r.state = item.state().map(|s| s.as_str().to_owned());
+                        ..Reservation::default()
+                    });
+                    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok());
+                    r.total = count(item.total_instance_count());
+                    r.available = count(item.available_instance_count());
+                    r.start = item
+                        .start_date()
+                        .and_then(|t| std::time::SystemTime::try_from(*t).ok());
+                    if r.state.is_none() {
+                        r.state = item.state().map(|s| s.as_str().to_owned());
+                    }
                 }
-            }
-            pages += 1;
-            next = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if next.is_none() {
-                break;
-            }
-            if pages >= MAX_PAGES {
-                return Err(too_many("DescribeCapacityReservations"));
-            }
-        }
+                Ok(page.next_token().map(str::to_owned))
+            },
+        )
+        .await?;
         Ok(by_id.into_values().collect())
     }
-}
-
-fn too_many(call: &str) -> Ec2Error {
-    Ec2Error::BadResponse(format!("{call}: still paginating after {MAX_PAGES} pages"))
 }

@@ -1,10 +1,12 @@
 //! `make bench-scale SCALE_EVERYTHING=1`: the controller at one size with every feature on, as
 //! the chart turns them on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm
-//! ConfigMap, Slinky's annotation, the `TopologyLabeled` condition, the startup taint), under the
-//! chart's RBAC and admission policy, on the real API server with the schedulers' CRDs. The nodes
-//! join carrying the startup taint; once everything is labelled, released and published, a
-//! minute of steady state: CPU per publish interval, memory, and every object write the API
-//! server counts (0 is the target).
+//! ConfigMap, Slinky's annotation, the `TopologyLabeled` condition, the startup taint, UltraServer
+//! health and its taint), under the chart's RBAC and admission policy, on the real API server
+//! with the schedulers' CRDs. A quarter of the leaves are UltraServers (a capacity block each),
+//! so the UltraServer level is published and their health polled. The nodes join carrying the
+//! startup taint; once everything is labelled, released and published, a minute of steady state:
+//! CPU per publish interval, memory, EC2 calls (the health round's among them) and every object
+//! write the API server counts (0 is the target).
 //!
 //! Writes `docs/benchmarks-scale-everything.csv`; `scale::write_report` renders it as a section
 //! of `docs/benchmarks-scale.md`.
@@ -30,7 +32,14 @@ const CHART_SETS: &[&str] = &[
     "config.nodeCondition=true",
     "config.startupTaint=ec2-topology-labeler.io/topology-pending:NoSchedule",
     "config.slinkyAnnotation=true",
+    "config.ultraserverHealth=true",
+    "config.ultraserverHealthTaint=true",
 ];
+
+/// Every fourth leaf is an UltraServer (its 16 nodes one capacity block).
+const ULTRASERVER_EVERY: u32 = 4;
+/// The nodes under one leaf.
+const LEAF: u32 = 16;
 
 /// One run: a row of docs/benchmarks-scale-everything.csv.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,7 +171,7 @@ pub fn section(rows: &[EverythingRow]) -> anyhow::Result<String> {
     }
     writeln!(
         md,
-        "### Everything on\n\nBuilt up by `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl SCALE_EVERYTHING=1`. The chart installed with every feature on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm ConfigMap `{SLURM_CONFIGMAP}`, Slinky's annotation, the `TopologyLabeled` condition, the startup taint `{TAINT}`), the controller under its RBAC and admission policy, the schedulers' CRDs from their pinned releases. The nodes exist, each carrying the startup taint, when the controller starts cold (default resync period, publish interval {} s). *Settled* is when every node was labelled, every taint released and nothing had been written for two publish intervals. Steady state is the {} publish intervals after that: CPU per interval, EC2 calls, and every write the API server counts (any resource but Leases and the API server's own Endpoints; Events apart). The fleet is a tree (2 spines, 20 aggregation blocks, leaves of 16 nodes): Volcano and Slurm publish only a tree.\n",
+        "### Everything on\n\nBuilt up by `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl SCALE_EVERYTHING=1`. The chart installed with every feature on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm ConfigMap `{SLURM_CONFIGMAP}`, Slinky's annotation, the `TopologyLabeled` condition, the startup taint `{TAINT}`, UltraServer health and its taint), the controller under its RBAC and admission policy, the schedulers' CRDs from their pinned releases. The nodes exist, each carrying the startup taint, when the controller starts cold (default resync period, publish interval {} s). *Settled* is when every node was labelled, every taint released and nothing had been written for two publish intervals. Steady state is the {} publish intervals after that: CPU per interval, EC2 calls, and every write the API server counts (any resource but Leases and the API server's own Endpoints; Events apart). The fleet is a tree (2 spines, 20 aggregation blocks, leaves of 16 nodes): Volcano and Slurm publish only a tree. Every fourth leaf is an UltraServer (p6e-gb200, its 16 nodes one capacity block, every interconnect `ok`): the UltraServer level is published (Kueue and KAI Topologies, Volcano tier 0) and the leader polls their health every minute (default interval), so the steady state's EC2 calls are that round's (a call per 100 capacity blocks).\n",
         PUBLISH_INTERVAL.as_secs(),
         STEADY_INTERVALS
     )?;
@@ -312,18 +321,62 @@ async fn tainted(client: &Client) -> anyhow::Result<usize> {
 }
 
 /// The fleet as a tree (Volcano and Slurm publish only a tree): 2 spines, 20 aggregation
-/// blocks, 10 under each spine, leaves of 16 nodes.
+/// blocks, 10 under each spine, leaves of 16 nodes; every fourth leaf an UltraServer
+/// (p6e-gb200, the leaf's nodes one capacity block).
 fn tree(n: u32) -> Vec<(NodeSpec, Instance)> {
     (0..n)
         .map(|k| {
-            let s = NodeSpec::ec2(0xbe0, k, "p5.48xlarge");
-            let agg = (k / 16) % 20;
-            let i = s.instance(&[
+            let leaf = k / LEAF;
+            let block = leaf
+                .is_multiple_of(ULTRASERVER_EVERY)
+                .then(|| capacity_block(leaf));
+            let kind = if block.is_some() {
+                "p6e-gb200.36xlarge"
+            } else {
+                "p5.48xlarge"
+            };
+            let s = NodeSpec::ec2(0xbe0, k, kind);
+            let agg = leaf % 20;
+            let mut i = s.instance(&[
                 &format!("nn-spine-{}", agg % 2),
                 &format!("nn-agg-{agg}"),
-                &format!("nn-leaf-{}", k / 16),
+                &format!("nn-leaf-{leaf}"),
             ]);
+            i.capacity_block_id = block;
             (s, i)
+        })
+        .collect()
+}
+
+/// The capacity block of UltraServer leaf `leaf`.
+fn capacity_block(leaf: u32) -> String {
+    format!("cr-{leaf:017x}")
+}
+
+/// What EC2 says of the fleet's capacity blocks (every interconnect `ok`: a healthy fleet is
+/// never written to).
+fn capacity_blocks(
+    pairs: &[(NodeSpec, Instance)],
+) -> Vec<mock_ec2::capacity_blocks::CapacityBlock> {
+    let ids: std::collections::BTreeSet<&str> = pairs
+        .iter()
+        .filter_map(|(_, i)| i.capacity_block_id.as_deref())
+        .collect();
+    ids.into_iter()
+        .map(|id| mock_ec2::capacity_blocks::CapacityBlock {
+            capacity_block_id: id.into(),
+            ultraserver_type: Some("u-p6e-gb200x72".into()),
+            availability_zone: "us-west-2a".into(),
+            availability_zone_id: "usw2-az1".into(),
+            capacity_reservation_ids: vec![],
+            start_date: None,
+            end_date: None,
+            create_date: None,
+            state: "active".into(),
+            interconnect_status: "ok".into(),
+            total_capacity: LEAF,
+            total_available_capacity: 0,
+            total_unavailable_capacity: 0,
         })
         .collect()
 }
@@ -360,6 +413,9 @@ pub async fn run(
             .len();
         eprintln!("  {k} CRDs from {}", crds.display());
     }
+    let blocks = capacity_blocks(&pairs);
+    env.mock.admin.set_capacity_blocks(&blocks).await?;
+    eprintln!("  {} UltraServers (capacity blocks)", blocks.len());
     let bodies = pending_bodies(&pairs)?;
     drop(pairs);
     eprintln!("everything on: creating {n} nodes with the startup taint");
@@ -377,6 +433,8 @@ pub async fn run(
         "--kai-topology=true",
         "--slinky-annotation=true",
         "--node-condition=true",
+        "--ultraserver-health=true",
+        "--ultraserver-health-taint=true",
     ]
     .iter()
     .map(|f| f.to_string())

@@ -441,6 +441,10 @@ pub async fn run(
     .chain([
         format!("--slurm-topology-configmap={SLURM_CONFIGMAP}"),
         format!("--startup-taint={TAINT}"),
+        // This installation's identity (the Lease's namespace and name), which the chart's
+        // admission policy holds every scheduler object to: the chart's namespace, as the
+        // controller's Pod would take it.
+        format!("--leader-election-namespace={}", e2e::cluster::NAMESPACE),
         format!("--publish-interval={}s", PUBLISH_INTERVAL.as_secs()),
     ])
     .collect();

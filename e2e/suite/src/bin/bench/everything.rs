@@ -296,6 +296,13 @@ async fn slurm_bytes(client: &Client) -> anyhow::Result<usize> {
         .unwrap_or(0))
 }
 
+/// Every EC2 call mock-ec2 received since its counts were reset: DescribeInstanceTopology and
+/// the Capacity Block calls (the health rounds').
+async fn ec2_calls(env: &Env) -> anyhow::Result<u64> {
+    let blocks = env.mock.admin.capacity_block_stats().await?;
+    Ok(env.mock.admin.stats().await?.calls + blocks.blocks_calls + blocks.status_calls)
+}
+
 /// Nodes still carrying the startup taint.
 async fn tainted(client: &Client) -> anyhow::Result<usize> {
     let api: Api<Node> = Api::all(client.clone());
@@ -491,7 +498,7 @@ pub async fn run(
     let install = delta(&w0, &last);
     let pid = labeler.pid().unwrap_or(0);
     let (hwm, install_cpu_s) = proc_stats(pid);
-    let calls = env.mock.admin.stats().await?.calls;
+    let calls = ec2_calls(&env).await?;
     eprintln!(
         "  settled at {settled_s:.1}s: {calls} EC2 calls, writes {install:?}, peak RSS {:.0} MiB, {install_cpu_s:.1} CPU-s",
         hwm as f64 / 1024.0
@@ -505,7 +512,7 @@ pub async fn run(
     tokio::time::sleep(PUBLISH_INTERVAL * STEADY_INTERVALS).await;
     let cpu_per_publish_s = (proc_stats(pid).1 - cpu0) / f64::from(STEADY_INTERVALS);
     let steady_rss_end_mib = scale::rss_now(pid);
-    let steady_calls = env.mock.admin.stats().await?.calls;
+    let steady_calls = ec2_calls(&env).await?;
     let steady = delta(&w1, &writes_by_resource(&env.client).await?);
     let (hypernodes, slurm_bytes) = (
         hypernodes(&env.client).await?,

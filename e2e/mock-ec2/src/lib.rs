@@ -987,6 +987,9 @@ async fn expire_credentials(State(mock): State<MockEc2>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
+/// The largest scenario `PUT /_admin/instances` takes.
+const ADMIN_SCENARIO_LIMIT: usize = 256 << 20;
+
 /// The mock's HTTP API: EC2 and STS on `/`, EKS Auth under `/clusters`, administration under
 /// `/_admin`.
 pub fn router(mock: MockEc2) -> Router {
@@ -1011,7 +1014,14 @@ pub fn router(mock: MockEc2) -> Router {
             axum::routing::put(put_interconnect),
         )
         .route("/_admin/faults", get(get_faults).put(put_faults))
-        .route("/_admin/instances", get(get_instances).put(put_instances))
+        // A whole scenario (every instance, every capacity block): tens of MB at 100,000
+        // instances, past axum's 2 MB default (the benchmarks replace it whole).
+        .route(
+            "/_admin/instances",
+            get(get_instances)
+                .put(put_instances)
+                .layer(axum::extract::DefaultBodyLimit::max(ADMIN_SCENARIO_LIMIT)),
+        )
         .route(
             "/_admin/instances/{id}",
             put(put_instance).delete(delete_instance),

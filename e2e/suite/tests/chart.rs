@@ -2597,10 +2597,11 @@ fn sizing_section() -> String {
         .max_by_key(|r| r.get("date").to_string())
     {
         s += &format!(
-            "- Everything on (Kueue, Volcano, KAI, Slurm, Slinky, the condition and the startup taint: the\n  \
-             \"Everything on\" section of `docs/benchmarks-scale.md`) costs more while nodes join: at {}\n  \
-             Nodes the {} peaked at {:.0} MiB ({:.0} at rest); request `{}Mi` there. At rest its\n  \
-             publishers cost {:.2} CPU-seconds per publish interval (5 s) at that size, and write nothing.\n",
+            "- Everything on (Kueue, Volcano, KAI, Slurm, Slinky, the condition, the startup taint and\n  \
+             UltraServer health: the \"Everything on\" section of `docs/benchmarks-scale.md`) costs more\n  \
+             while nodes join: at {} Nodes the {} peaked at {:.0} MiB ({:.0} at rest); request\n  \
+             `{}Mi` there. At rest its publishers cost {:.2} CPU-seconds per publish interval (5 s) at\n  \
+             that size, and write nothing.\n",
             thousands(e.nodes()),
             if e.get("build") == "musl" {
                 "image's binary".to_string()

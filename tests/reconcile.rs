@@ -1328,8 +1328,9 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
 }
 
 /// On election the joining nodes' reconciles go first; the rest of the fleet follows in
-/// chunks, each sent once the controller has run most of what was sent before it (else after a
-/// second), so a node that joins meanwhile waits behind one chunk, not behind the fleet.
+/// chunks, the first once every joiner's reconcile has run, each after once the controller has
+/// run most of what was sent before it (else after a second), so a node that joins meanwhile
+/// waits behind one chunk, not behind the fleet.
 #[tokio::test(start_paused = true)]
 async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
     use futures::StreamExt;
@@ -1376,6 +1377,12 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
     );
     let ran = |n: usize| (0..n).for_each(|_| ctx.metrics.reconciled(Duration::ZERO));
     ran(2);
+    assert_eq!(
+        next().await,
+        None,
+        "the fleet waits while one joiner has not run"
+    );
+    ran(1);
     let mut chunk = Vec::new();
     while let Some(n) = next().await {
         chunk.push(n);

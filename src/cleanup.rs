@@ -76,6 +76,15 @@ impl OnNode {
         }
     }
 
+    /// The flag that writes it (off: it is removed at start-up).
+    pub fn flag(self) -> &'static str {
+        match self {
+            OnNode::Condition => "--node-condition",
+            OnNode::Interconnect => "--ultraserver-health",
+            OnNode::InterconnectTaint => "--ultraserver-health-taint",
+        }
+    }
+
     /// What it is, for a person.
     pub fn describe(self) -> &'static str {
         match self {

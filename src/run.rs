@@ -597,30 +597,26 @@ async fn retire_from_nodes_at_start(
     while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let nodes: Vec<_> = reader.state().iter().map(|n| n.expand()).collect();
+    // One pass over the cache, each node expanded in turn (never the whole fleet at once).
+    let found = crate::cleanup::on_nodes(reader.state().iter().map(|n| n.expand()), &what);
     for w in what {
-        let items = crate::cleanup::on_nodes(nodes.iter(), &[w]);
+        let items: Vec<_> = found
+            .iter()
+            .filter(|i| i.kind == w.kind())
+            .cloned()
+            .collect();
         if items.is_empty() {
             continue;
         }
         let failed = crate::cleanup::apply(&client, &items, &leader).await.failed;
         let removed = items.len() - failed.len();
-        let (what, flag) = (w.describe(), retired_by(w));
+        let (what, flag) = (w.describe(), w.flag());
         if removed > 0 {
             info!(removed, "removed {what} from nodes ({flag} is off)");
         }
         if let Some((item, e)) = failed.first() {
             warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove {what} ({flag} is off); grant the controller patch on nodes and nodes/status (the chart does) or run `ec2-topology-labeler uninstall`");
         }
-    }
-}
-
-/// The flag whose being off retires `what`.
-fn retired_by(what: crate::cleanup::OnNode) -> &'static str {
-    match what {
-        crate::cleanup::OnNode::Condition => "--node-condition",
-        crate::cleanup::OnNode::Interconnect => "--ultraserver-health",
-        crate::cleanup::OnNode::InterconnectTaint => "--ultraserver-health-taint",
     }
 }
 

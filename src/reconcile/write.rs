@@ -123,10 +123,7 @@ pub async fn write_labels(
         ?stale_annotations,
         "stale keys are co-owned by another field manager; removing them explicitly"
     );
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
+    let params = ours();
     let patched = nodes
         .patch(
             &name,
@@ -176,19 +173,8 @@ pub async fn release_taint(
             debug!("no longer leading; leaving the startup taint to the leader");
             return Ok(None);
         }
-        let mut metadata = serde_json::Map::new();
-        if let Some(rv) = &current.metadata.resource_version {
-            metadata.insert("resourceVersion".into(), rv.clone().into());
-        }
-        if let Some(uid) = &current.metadata.uid {
-            metadata.insert("uid".into(), uid.clone().into());
-        }
-        let body = json!({ "metadata": metadata, "spec": { "taints": taint.others(&current) } });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match nodes.patch(&name, &params, &Patch::Merge(body)).await {
+        let body = taints_patch(&current, taint.others(&current));
+        match nodes.patch(&name, &ours(), &Patch::Merge(body)).await {
             Ok(updated) => {
                 metrics.label_write("taint");
                 return Ok(Some(updated.into()));
@@ -207,6 +193,31 @@ pub async fn release_taint(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// The merge patch that sets `node`'s whole taint list to `taints`, conditional on the
+/// resourceVersion and UID it was read with (a concurrent edit fails it with 409; a node deleted
+/// and re-created under the name is not the one decided for).
+fn taints_patch(
+    node: &LiteNode,
+    taints: Vec<k8s_openapi::api::core::v1::Taint>,
+) -> serde_json::Value {
+    let mut metadata = serde_json::Map::new();
+    if let Some(rv) = &node.metadata.resource_version {
+        metadata.insert("resourceVersion".into(), rv.clone().into());
+    }
+    if let Some(uid) = &node.metadata.uid {
+        metadata.insert("uid".into(), uid.clone().into());
+    }
+    json!({ "metadata": metadata, "spec": { "taints": taints } })
+}
+
+/// Patch parameters under our field manager.
+fn ours() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
     }
 }
 
@@ -245,19 +256,8 @@ pub async fn set_taint(
                 time_added: None,
             });
         }
-        let mut metadata = serde_json::Map::new();
-        if let Some(rv) = &node.metadata.resource_version {
-            metadata.insert("resourceVersion".into(), rv.clone().into());
-        }
-        if let Some(uid) = &node.metadata.uid {
-            metadata.insert("uid".into(), uid.clone().into());
-        }
-        let body = json!({ "metadata": metadata, "spec": { "taints": taints } });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match nodes.patch(name, &params, &Patch::Merge(body)).await {
+        let body = taints_patch(&node, taints);
+        match nodes.patch(name, &ours(), &Patch::Merge(body)).await {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
@@ -275,10 +275,7 @@ pub async fn write_condition(
     body: serde_json::Value,
     metrics: &Metrics,
 ) -> Result<LiteNode> {
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
+    let params = ours();
     let updated = nodes
         .patch_status(name, &params, &Patch::Strategic(body))
         .await?;

@@ -176,3 +176,24 @@ impl NodeSpec {
         }
     }
 }
+
+/// An active UltraServer capacity block (`u-p6e-gb200x72`, in us-west-2a) of `instances`
+/// instances, its interconnect `ok`, as `DescribeCapacityBlocks` and
+/// `DescribeCapacityBlockStatus` describe one.
+pub fn ultraserver_block(id: &str, instances: u32) -> mock_ec2::capacity_blocks::CapacityBlock {
+    mock_ec2::capacity_blocks::CapacityBlock {
+        capacity_block_id: id.into(),
+        ultraserver_type: Some("u-p6e-gb200x72".into()),
+        availability_zone: "us-west-2a".into(),
+        availability_zone_id: "usw2-az1".into(),
+        capacity_reservation_ids: vec![],
+        start_date: None,
+        end_date: None,
+        create_date: None,
+        state: "active".into(),
+        interconnect_status: "ok".into(),
+        total_capacity: instances,
+        total_available_capacity: 0,
+        total_unavailable_capacity: 0,
+    }
+}

@@ -366,7 +366,6 @@ pub async fn nvlink_cliques_are_checked_against_ultraservers(env: &Env) -> anyho
 /// answering again turns the condition False and takes the taint off the same nodes.
 pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Node;
-    use mock_ec2::capacity_blocks::CapacityBlock;
     const TYPE: &str = "UltraServerInterconnectImpaired";
     let c = env.admin().await?;
     let (sick, well) = ("cr-0d0000000000001c0", "cr-0d0000000000001c1");
@@ -389,21 +388,7 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
         .collect();
     e2e::env::label_and_wait(env, &c, &pairs).await?;
     let names: Vec<String> = pairs.iter().map(|(s, _)| s.name.clone()).collect();
-    let block = |id: &str| CapacityBlock {
-        capacity_block_id: id.into(),
-        ultraserver_type: Some("u-p6e-gb200x72".into()),
-        availability_zone: "us-west-2a".into(),
-        availability_zone_id: "usw2-az1".into(),
-        capacity_reservation_ids: vec![],
-        start_date: None,
-        end_date: None,
-        create_date: None,
-        state: "active".into(),
-        interconnect_status: "ok".into(),
-        total_capacity: 18,
-        total_available_capacity: 0,
-        total_unavailable_capacity: 0,
-    };
+    let block = |id: &str| e2e::fixtures::ultraserver_block(id, 18);
     env.mock_admin
         .set_capacity_blocks(&[block(sick), block(well)])
         .await?;

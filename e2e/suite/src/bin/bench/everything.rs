@@ -370,21 +370,7 @@ fn capacity_blocks(
         .filter_map(|(_, i)| i.capacity_block_id.as_deref())
         .collect();
     ids.into_iter()
-        .map(|id| mock_ec2::capacity_blocks::CapacityBlock {
-            capacity_block_id: id.into(),
-            ultraserver_type: Some("u-p6e-gb200x72".into()),
-            availability_zone: "us-west-2a".into(),
-            availability_zone_id: "usw2-az1".into(),
-            capacity_reservation_ids: vec![],
-            start_date: None,
-            end_date: None,
-            create_date: None,
-            state: "active".into(),
-            interconnect_status: "ok".into(),
-            total_capacity: LEAF,
-            total_available_capacity: 0,
-            total_unavailable_capacity: 0,
-        })
+        .map(|id| e2e::fixtures::ultraserver_block(id, LEAF))
         .collect()
 }
 

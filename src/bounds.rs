@@ -85,6 +85,7 @@ pub const BOUNDS: &[Bound] = &[
     duration("resync-period", secs(1), secs(30 * DAY)),
     duration("reservations-interval", secs(10), secs(DAY)),
     duration("ultraserver-health-interval", secs(10), secs(3600)),
+    duration("ultraserver-shape-interval", secs(10), secs(DAY)),
     duration("reservation-idle-after", secs(10), secs(30 * DAY)),
     duration("conflict-backoff", secs(1), secs(3600)),
     duration("conflict-window", secs(1), secs(30 * DAY)),

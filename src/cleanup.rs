@@ -45,13 +45,16 @@ pub enum OnNode {
     Interconnect,
     /// The interconnect taint (`--ultraserver-health-taint`).
     InterconnectTaint,
+    /// The UltraServer shape labels and annotation (`--ultraserver-shape`).
+    Shape,
 }
 
 impl OnNode {
-    pub const ALL: [OnNode; 3] = [
+    pub const ALL: [OnNode; 4] = [
         OnNode::Condition,
         OnNode::Interconnect,
         OnNode::InterconnectTaint,
+        OnNode::Shape,
     ];
 
     /// The kind of its [`Item`]s.
@@ -60,6 +63,7 @@ impl OnNode {
             OnNode::Condition => "condition",
             OnNode::Interconnect => "interconnect",
             OnNode::InterconnectTaint => "impaired-taint",
+            OnNode::Shape => "shape",
         }
     }
 
@@ -73,6 +77,12 @@ impl OnNode {
             OnNode::Condition => node.topology_condition().is_some(),
             OnNode::Interconnect => node.interconnect_condition().is_some(),
             OnNode::InterconnectTaint => crate::publish::interconnect::taint().on(node),
+            OnNode::Shape => {
+                use crate::publish::shape::{END_KEY, SIZE_KEY, TYPE_KEY};
+                node.label(TYPE_KEY).is_some()
+                    || node.label(SIZE_KEY).is_some()
+                    || node.annotation(END_KEY).is_some()
+            }
         }
     }
 
@@ -82,6 +92,7 @@ impl OnNode {
             OnNode::Condition => "--node-condition",
             OnNode::Interconnect => "--ultraserver-health",
             OnNode::InterconnectTaint => "--ultraserver-health-taint",
+            OnNode::Shape => "--ultraserver-shape",
         }
     }
 
@@ -93,6 +104,7 @@ impl OnNode {
             OnNode::InterconnectTaint => {
                 "our interconnect taint (ec2-topology-labeler.io/interconnect-impaired:NoSchedule)"
             }
+            OnNode::Shape => "our UltraServer shape labels and annotation",
         }
     }
 }
@@ -258,6 +270,11 @@ async fn remove(
                 .await
                 .map(|_| Removed::Gone);
         }
+        Some(OnNode::Shape) => {
+            return give_up_keys(client, &item.name, crate::publish::shape::MANAGER)
+                .await
+                .map(|()| Removed::Gone);
+        }
         None => {}
     }
     match item.kind {
@@ -269,19 +286,19 @@ async fn remove(
                     .await,
             )
         }
-        "labels" => give_up_keys(client, &item.name)
+        "labels" => give_up_keys(client, &item.name, FIELD_MANAGER)
             .await
             .map(|()| Removed::Gone),
         _ => Ok(Removed::Gone),
     }
 }
 
-/// Give up every label and annotation key our field manager owns on node `name`: one
+/// Give up every label and annotation key field manager `manager` owns on node `name`: one
 /// server-side apply of an empty set. Keys only we own go; keys another manager co-owns (EKS's
 /// cloud controller writes the same layer keys) stay, theirs. The apply names the node's UID: a
 /// node deleted meanwhile (a scale-down) is not created again as an empty Node of that name (the
 /// API server refuses a UID it does not have), and one deleted and recreated is not touched.
-async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
+async fn give_up_keys(client: &Client, name: &str, manager: &str) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let Some(meta) = api.get_metadata_opt(name).await? else {
         return Ok(());
@@ -291,7 +308,7 @@ async fn give_up_keys(client: &Client, name: &str) -> Result<(), kube::Error> {
     match api
         .patch(
             name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(manager).force(),
             &Patch::Apply(body),
         )
         .await

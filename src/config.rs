@@ -137,6 +137,11 @@ impl RunArgs {
                 "--ultraserver-health needs the capacity block label (--capacity-block-label=true): its members are the nodes carrying it".into(),
             );
         }
+        if self.shape.ultraserver_shape && scheme.capacity_block_key.is_none() {
+            return Err(
+                "--ultraserver-shape needs the capacity block label (--capacity-block-label=true): its members are the nodes carrying it".into(),
+            );
+        }
         Ok(())
     }
 }
@@ -477,6 +482,8 @@ pub struct RunArgs {
     pub reservations: crate::reserved::ReservationArgs,
     #[command(flatten)]
     pub health: crate::publish::interconnect::HealthArgs,
+    #[command(flatten)]
+    pub shape: crate::publish::shape::ShapeArgs,
 }
 
 /// `-o`/`--output` of the commands that print a table or JSON.

@@ -294,6 +294,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             !args.health.ultraserver_health_taint,
             crate::cleanup::OnNode::InterconnectTaint,
         ),
+        (!args.shape.ultraserver_shape, crate::cleanup::OnNode::Shape),
     ]
     .into_iter()
     .filter_map(|(off, what)| off.then_some(what))
@@ -347,7 +348,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     // One EC2 client (credentials, per-region clients, the shared limiter) for the leader's
     // other EC2 tasks, built once when any of them is on.
-    let side_ec2 = if args.reservations.capacity_reservations || args.health.ultraserver_health {
+    let side_ec2 = if args.reservations.capacity_reservations
+        || args.health.ultraserver_health
+        || args.shape.ultraserver_shape
+    {
         Some(Arc::new(
             AwsTopology::from_env(args.ec2.ec2_timeout.0)
                 .await
@@ -369,6 +373,28 @@ pub async fn run(args: RunArgs) -> Result<()> {
             metrics.clone(),
             move || {
                 crate::reserved::run(
+                    reader.clone(),
+                    ctx.clone(),
+                    synced.clone(),
+                    ec2.clone(),
+                    args.clone(),
+                )
+            },
+        );
+    }
+    if let (true, Some(ec2)) = (args.shape.ultraserver_shape, side_ec2.clone()) {
+        let (reader, ctx, synced, args) = (
+            reader.clone(),
+            ctx.clone(),
+            synced.clone(),
+            args.shape.clone(),
+        );
+        supervise(
+            "ultraserver-shape",
+            Lifetime::Forever,
+            metrics.clone(),
+            move || {
+                crate::publish::shape::run(
                     reader.clone(),
                     ctx.clone(),
                     synced.clone(),
@@ -580,7 +606,8 @@ async fn sweep(
 /// (`what`): our `TopologyLabeled` condition with `--node-condition` off (a stale `False` would
 /// hold back whatever gates on it), our `UltraServerInterconnectImpaired` condition with
 /// `--ultraserver-health` off (nothing would keep it true any more), our interconnect taint with
-/// `--ultraserver-health-taint` off (nothing would ever take it off). One pass; a failure is
+/// `--ultraserver-health-taint` off (nothing would ever take it off), the UltraServer shape
+/// labels and annotation with `--ultraserver-shape` off (nothing would keep them true). One pass; a failure is
 /// logged with what to do.
 ///
 /// What a scheduler feature now turned off published is not the controller's to remove: its

@@ -25,10 +25,13 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
                 || k == crate::coverage::ZONE_LABEL
                 || k == crate::reservations::RESERVATION_LABEL
                 || k == crate::publish::cliques::CLIQUE_LABEL
+                || k == crate::publish::shape::TYPE_KEY
+                || k == crate::publish::shape::SIZE_KEY
         });
     }
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| scheme.is_family_annotation(k));
+        annotations
+            .retain(|k, _| scheme.is_family_annotation(k) || k == crate::publish::shape::END_KEY);
         if annotations.is_empty() {
             meta.annotations = None;
         }

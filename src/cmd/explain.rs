@@ -58,7 +58,36 @@ pub struct Explanation {
     /// Its UltraServer (capacity block) against its NVLink clique, when it is in one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nvlink: Option<String>,
+    /// Its UltraServer's shape (`--ultraserver-shape`), when it is in a capacity block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ultraserver: Option<String>,
     pub verdict: String,
+}
+
+/// The node's UltraServer shape as its labels say (`--ultraserver-shape`); `None` unless it is
+/// in a capacity block.
+fn ultraserver(scheme: &crate::labels::LabelScheme, node: &Node) -> Option<String> {
+    use crate::publish::shape::{END_KEY, SIZE_KEY, TYPE_KEY};
+    let key = scheme.capacity_block_key.as_deref()?;
+    let block = node.labels().get(key).filter(|b| !b.is_empty())?;
+    let (kind, size) = (node.labels().get(TYPE_KEY), node.labels().get(SIZE_KEY));
+    let end = node.annotations().get(END_KEY);
+    if kind.is_none() && size.is_none() && end.is_none() {
+        return Some(format!(
+            "capacity block {block}; no shape labels (--ultraserver-shape off, or EC2 not asked about the block yet)"
+        ));
+    }
+    let mut parts = vec![format!("capacity block {block}")];
+    if let Some(k) = kind {
+        parts.push(format!("type {k}"));
+    }
+    if let Some(n) = size {
+        parts.push(format!("{n} instances"));
+    }
+    if let Some(e) = end {
+        parts.push(format!("ends {e}"));
+    }
+    Some(parts.join(", "))
 }
 
 /// The node's capacity block against its NVLink clique (GPU Feature Discovery's label), from
@@ -351,6 +380,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         labels,
         record,
         nvlink: nvlink(&client, &scheme, &node).await,
+        ultraserver: ultraserver(&scheme, &node),
         verdict: String::new(),
     };
     e.verdict = verdict(&e);
@@ -534,6 +564,9 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
     if let Some(n) = &e.nvlink {
         line("NVLink", n.clone());
     }
+    if let Some(u) = &e.ultraserver {
+        line("UltraServer", u.clone());
+    }
     line(
         "Labels now",
         if e.labels.is_empty() {
@@ -558,6 +591,46 @@ mod tests {
 
     fn cmdline(args: &[&str]) -> Vec<u8> {
         args.iter().flat_map(|a| a.bytes().chain([0])).collect()
+    }
+
+    #[test]
+    fn the_ultraserver_line_says_what_the_shape_labels_say() {
+        use crate::publish::shape::{END_KEY, SIZE_KEY, TYPE_KEY};
+        let scheme = crate::labels::LabelScheme::default();
+        let node = |labels: &[(&str, &str)], end: Option<&str>| Node {
+            metadata: kube::api::ObjectMeta {
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                annotations: end.map(|e| [(END_KEY.to_string(), e.to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let block = crate::labels::CAPACITY_BLOCK_KEY;
+        assert_eq!(ultraserver(&scheme, &node(&[], None)), None);
+        let bare = ultraserver(&scheme, &node(&[(block, "cr-1")], None)).unwrap_or_default();
+        assert!(bare.contains("no shape labels"), "{bare}");
+        assert_eq!(
+            ultraserver(
+                &scheme,
+                &node(
+                    &[
+                        (block, "cr-1"),
+                        (TYPE_KEY, "u-p6e-gb200x72"),
+                        (SIZE_KEY, "18")
+                    ],
+                    Some("2026-12-31T11:30:00Z")
+                )
+            )
+            .as_deref(),
+            Some(
+                "capacity block cr-1, type u-p6e-gb200x72, 18 instances, ends 2026-12-31T11:30:00Z"
+            )
+        );
     }
 
     /// `kubectl exec deploy/... -- ec2-topology-labeler explain NODE` (or `tree`, `plan`) sees

@@ -1,8 +1,10 @@
-//! The accelerator interconnect of the account's Capacity Blocks (UltraServers):
-//! `DescribeCapacityBlockStatus` for the blocks named, each block's `interconnectStatus`
-//! (`ok`, `impaired`, `insufficient-data`). Needs `ec2:DescribeCapacityBlockStatus`.
+//! The account's Capacity Blocks (UltraServers), for the blocks named:
+//! `DescribeCapacityBlockStatus`, each block's `interconnectStatus` (`ok`, `impaired`,
+//! `insufficient-data`) and `totalCapacity` (needs `ec2:DescribeCapacityBlockStatus`); and
+//! `DescribeCapacityBlocks`, each block's UltraServer type, state and end date (needs
+//! `ec2:DescribeCapacityBlocks`).
 //!
-//! Owns: reading that call's pages into [`Interconnect`]s. Never caches or retries; each page
+//! Owns: reading those calls' pages into [`Found`] and [`Shapes`]. Never caches or retries; each page
 //! waits for the shared limiter's token, as every EC2 call does. A block EC2 leaves out of its
 //! answer (one it does not know: the API Reference names no error for it) is absent from the
 //! result, never taken as healthy.
@@ -45,6 +47,27 @@ impl Interconnect {
 #[derive(Debug, Default)]
 pub struct Found {
     pub statuses: BTreeMap<String, Interconnect>,
+    /// Each described block's `totalCapacity` (its instances, available or not), when EC2 gave
+    /// a positive one.
+    pub capacities: BTreeMap<String, u32>,
+    pub failed: Vec<(Vec<String>, Ec2Error)>,
+}
+
+/// What `DescribeCapacityBlocks` says of one block.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// The UltraServer type (`u-p6e-gb200x72`, `u-trn2x64`); `None` for a block of instances.
+    pub ultraserver_type: Option<String>,
+    /// When the block ends (its instances are terminated then), RFC 3339.
+    pub end: Option<String>,
+    /// Its state (`active`, `scheduled`, …), as EC2 spells it.
+    pub state: Option<String>,
+}
+
+/// What one region's `DescribeCapacityBlocks` round found, as [`Found`].
+#[derive(Debug, Default)]
+pub struct Shapes {
+    pub blocks: BTreeMap<String, Shape>,
     pub failed: Vec<(Vec<String>, Ec2Error)>,
 }
 
@@ -64,12 +87,86 @@ impl AwsTopology {
         };
         for chunk in ids.chunks(IDS_PER_CALL) {
             let mut statuses = BTreeMap::new();
-            match self.chunk(&client, chunk, &mut statuses).await {
-                Ok(()) => out.statuses.extend(statuses),
+            let mut capacities = BTreeMap::new();
+            match self
+                .chunk(&client, chunk, &mut statuses, &mut capacities)
+                .await
+            {
+                Ok(()) => {
+                    out.statuses.extend(statuses);
+                    out.capacities.extend(capacities);
+                }
                 Err(e) => out.failed.push((chunk.to_vec(), e)),
             }
         }
         out
+    }
+
+    /// What `DescribeCapacityBlocks` says of each of `ids` in `region` (type, end, state), a
+    /// request of at most [`IDS_PER_CALL`] IDs at a time, as [`AwsTopology::interconnects`].
+    pub async fn shapes(&self, region: &str, ids: &[String]) -> Shapes {
+        let mut out = Shapes::default();
+        let client = match self.client(region) {
+            Ok(c) => c,
+            Err(e) => {
+                out.failed.push((ids.to_vec(), e));
+                return out;
+            }
+        };
+        for chunk in ids.chunks(IDS_PER_CALL) {
+            let mut blocks = BTreeMap::new();
+            match self.shape_chunk(&client, chunk, &mut blocks).await {
+                Ok(()) => out.blocks.extend(blocks),
+                Err(e) => out.failed.push((chunk.to_vec(), e)),
+            }
+        }
+        out
+    }
+
+    async fn shape_chunk(
+        &self,
+        client: &aws_sdk_ec2::Client,
+        ids: &[String],
+        out: &mut BTreeMap<String, Shape>,
+    ) -> Result<(), Ec2Error> {
+        self.follow(
+            "DescribeCapacityBlocks",
+            Pace::Every,
+            MAX_PAGES,
+            |token| {
+                let request = client
+                    .describe_capacity_blocks()
+                    .set_capacity_block_ids(Some(ids.to_vec()))
+                    .set_next_token(token);
+                async move { request.send().await.map_err(classify) }
+            },
+            |page| {
+                for item in page.capacity_blocks() {
+                    let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
+                        return Err(Ec2Error::BadResponse(
+                            "EC2 described a Capacity Block without its ID".into(),
+                        ));
+                    };
+                    let end = item.end_date().and_then(|d| {
+                        d.fmt(aws_sdk_ec2::primitives::DateTimeFormat::DateTime)
+                            .ok()
+                    });
+                    out.insert(
+                        id.to_string(),
+                        Shape {
+                            ultraserver_type: item
+                                .ultraserver_type()
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_owned),
+                            end,
+                            state: item.state().map(|s| s.as_str().to_owned()),
+                        },
+                    );
+                }
+                Ok(page.next_token().map(str::to_owned))
+            },
+        )
+        .await
     }
 
     async fn chunk(
@@ -77,6 +174,7 @@ impl AwsTopology {
         client: &aws_sdk_ec2::Client,
         ids: &[String],
         out: &mut BTreeMap<String, Interconnect>,
+        capacities: &mut BTreeMap<String, u32>,
     ) -> Result<(), Ec2Error> {
         self.follow(
             "DescribeCapacityBlockStatus",
@@ -102,6 +200,13 @@ impl AwsTopology {
                         _ => Interconnect::InsufficientData,
                     };
                     out.insert(id.to_string(), status);
+                    if let Some(n) = item
+                        .total_capacity()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| *n > 0)
+                    {
+                        capacities.insert(id.to_string(), n);
+                    }
                 }
                 Ok(page.next_token().map(str::to_owned))
             },

@@ -183,6 +183,18 @@ impl CachedNode {
         value(self.plain_labels(), &self.labels, key).map(str::to_owned)
     }
 
+    /// The value of the annotation `key` as the cache keeps it (ours only, and never the
+    /// verification record: see [`CachedNode::expand`]), if any.
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        let plain = self.plain.as_ref().map_or(&None, |p| &p.1);
+        value(plain, &self.annotations, key).map(str::to_owned)
+    }
+
+    /// The node's UID, if it has one.
+    pub fn uid(&self) -> Option<&str> {
+        self.text(UID)
+    }
+
     /// The packed labels, for hashing what changed.
     pub fn packed_labels(&self) -> Option<&PackedMap> {
         self.labels.as_ref()

@@ -197,7 +197,7 @@ pub fn plan(
 
 /// The members among `views` (the nodes EC2's answers vouch for), with their condition from the
 /// node cache.
-fn members(
+pub(crate) fn members(
     ctx: &Context,
     views: &[NodeView],
     cache: &[Arc<crate::node::CachedNode>],

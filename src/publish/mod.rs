@@ -12,6 +12,7 @@ pub mod kai;
 pub mod kueue;
 pub mod owner;
 pub mod plugin;
+pub mod shape;
 pub mod slurm;
 pub mod topology;
 pub mod trusted;

@@ -24,13 +24,14 @@ use crate::metrics::Metrics;
 mod tests;
 
 /// The supervised tasks' names (their `task_restarts_total` series exist from the start, at 0).
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "retire at start",
     "retire condition at start",
     "warm-up",
     "coverage",
     "reservations",
     "ultraserver-health",
+    "ultraserver-shape",
     "housekeeping",
     "election sweep",
 ];

@@ -93,6 +93,12 @@ for the checks in _checks.tpl. */ -}}
     "min": 10000000000,
     "range": "10s to 1h"
   },
+  "config.ultraserverShapeInterval": {
+    "flag": "ultraserver-shape-interval",
+    "max": 86400000000000,
+    "min": 10000000000,
+    "range": "10s to 1day"
+  },
   "leaderElection.leaseDuration": {
     "flag": "leader-election-lease-duration",
     "max": 3600000000000,

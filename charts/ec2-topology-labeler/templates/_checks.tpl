@@ -157,6 +157,9 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- if and (eq (toString $c.ultraserverHealth) "true") (eq (toString $c.capacityBlockLabel) "false") }}
 {{- fail "config: ultraserverHealth needs the capacity block label (capacityBlockLabel true): its members are the nodes carrying it" }}
 {{- end }}
+{{- if and (eq (toString $c.ultraserverShape) "true") (eq (toString $c.capacityBlockLabel) "false") }}
+{{- fail "config: ultraserverShape needs the capacity block label (capacityBlockLabel true): its members are the nodes carrying it" }}
+{{- end }}
 {{- if and (hasKey $c "uniformDepth") (ne $numbering "top-first") }}
 {{- fail "config: uniformDepth needs top-first layer numbering (with leaf-first, layer 1 is already the switch above every node; the topograph preset numbers leaf-first)" }}
 {{- end }}

@@ -15,6 +15,12 @@ pub const EKS_LAYER_PREFIX: &str = "topology.k8s.aws/network-node-layer-";
 pub const EKS_ZONE_ID_KEY: &str = "topology.k8s.aws/zone-id";
 pub const CAPACITY_BLOCK_KEY: &str = "ec2-topology-labeler.io/capacity-block-id";
 pub const PLACEMENT_GROUP_KEY: &str = "ec2-topology-labeler.io/placement-group";
+/// `--ultraserver-shape`: the UltraServer type of the node's capacity block.
+pub const ULTRASERVER_TYPE_KEY: &str = "ec2-topology-labeler.io/ultraserver-type";
+/// `--ultraserver-shape`: the instances of the node's capacity block (Slurm's base block size).
+pub const CAPACITY_BLOCK_SIZE_KEY: &str = "ec2-topology-labeler.io/capacity-block-size";
+/// `--ultraserver-shape`: when the node's capacity block ends (an annotation, RFC 3339).
+pub const CAPACITY_BLOCK_END_KEY: &str = "ec2-topology-labeler.io/capacity-block-end";
 /// The annotation Slinky's slurm-operator reads to place a node in Slurm's topology
 /// (`<topology>:<switch or block>[,<topology>:<switch or block>]`).
 pub const SLINKY_SPEC_KEY: &str = "topology.slinky.slurm.net/spec";

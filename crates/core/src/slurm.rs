@@ -96,6 +96,9 @@ pub struct Options {
 pub struct Blocks {
     pub topology: String,
     pub blocks: BTreeMap<String, Vec<String>>,
+    /// Per block, its instances as EC2 counts them (the `capacity-block-size` label of
+    /// `--ultraserver-shape`), where its nodes carry one.
+    pub sizes: BTreeMap<String, usize>,
 }
 
 /// One switch: its name and either its child switches or its nodes (in switches-only mode a
@@ -112,12 +115,23 @@ impl Blocks {
     /// nodes that carry its label and topology labels (those Slinky's annotation names it for).
     pub fn of(scheme: &LabelScheme, nodes: &[NodeView], topology: &str) -> Self {
         let mut blocks: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut sizes = BTreeMap::new();
         if let Some(key) = &scheme.capacity_block_key {
             for n in nodes {
                 if let Some(cb) = n.labels.get(key)
                     && path_of(scheme, &n.labels).is_some()
                 {
                     blocks.entry(cb.clone()).or_default().push(n.name.clone());
+                    if let Some(size) = n
+                        .labels
+                        .get(crate::labels::CAPACITY_BLOCK_SIZE_KEY)
+                        .and_then(|s| s.parse::<usize>().ok())
+                        .filter(|s| *s > 0)
+                    {
+                        // Members agree (one block, one answer); the largest if they do not.
+                        let at = sizes.entry(cb.clone()).or_insert(size);
+                        *at = (*at).max(size);
+                    }
                 }
             }
         }
@@ -127,7 +141,20 @@ impl Blocks {
         Self {
             topology: topology.to_string(),
             blocks,
+            sizes,
         }
+    }
+
+    /// The base block size of switches-only mode (no nodes listed: Slinky's pods join their
+    /// block as they come): the smallest block's size, each block's being its instances as EC2
+    /// counts them where known, else the nodes labelled in it.
+    pub fn base_size(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|(b, nodes)| self.sizes.get(b).copied().unwrap_or(nodes.len()))
+            .min()
+            .unwrap_or(1)
+            .max(1)
     }
 }
 
@@ -281,8 +308,8 @@ pub fn topology_yaml(forest: &Forest, name: &str, opts: &Options) -> Result<Stri
         let _ = writeln!(out, "- topology: {}\n  block:", yaml_scalar(&b.topology));
         if opts.switches_only {
             // Blocks without nodes need a base block size (slurmctld 26.05: fatal otherwise):
-            // the smallest block's node count, so that every block can hold a job of it.
-            let base = b.blocks.values().map(Vec::len).min().unwrap_or(1).max(1);
+            // the smallest block's size, so that every block can hold a job of it.
+            let base = b.base_size();
             let _ = writeln!(out, "    block_sizes: [{base}]");
         }
         out.push_str("    blocks:\n");

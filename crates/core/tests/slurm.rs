@@ -302,6 +302,19 @@ fn switches_only_leaves_node_names_out_and_keeps_every_leaf_name() {
         yaml.contains("    block_sizes: [1]\n    blocks:\n      - block: cr-1\n"),
         "{yaml}"
     );
+    // With `--ultraserver-shape`, the block's size as EC2 counts it, not the nodes that joined.
+    let mut sized = nodes.clone();
+    sized[1].labels.insert(
+        "ec2-topology-labeler.io/capacity-block-size".into(),
+        "18".into(),
+    );
+    let sized_opts = Options {
+        switches_only: true,
+        blocks: Some(Blocks::of(&s, &sized, "topo-block")),
+    };
+    let yaml18 =
+        slurm::topology_yaml(&Forest::build(&s, &sized), "topo-switch", &sized_opts).unwrap();
+    assert!(yaml18.contains("    block_sizes: [18]\n"), "{yaml18}");
     let with_nodes = Options {
         switches_only: false,
         ..opts

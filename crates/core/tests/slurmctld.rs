@@ -25,7 +25,10 @@ use std::{
 };
 
 use ec2_topology_core::{
-    labels::{CAPACITY_BLOCK_KEY, LabelScheme, LayerNumbering, SlinkySpec, slinky_spec},
+    labels::{
+        CAPACITY_BLOCK_KEY, CAPACITY_BLOCK_SIZE_KEY, LabelScheme, LayerNumbering, SlinkySpec,
+        slinky_spec,
+    },
     slurm::{self, Files, Problem, data},
     tree::{Domain, Forest, NodeView, path_of},
 };
@@ -707,6 +710,8 @@ fn slinky_names_exist_in_the_switches_only_topology_yaml_and_place_dynamic_nodes
     for n in nodes.iter_mut().filter(|n| n.name.starts_with("gb200")) {
         n.labels
             .insert(CAPACITY_BLOCK_KEY.into(), "cr-0123456789abcdef0".into());
+        // `--ultraserver-shape`: the block's instances as EC2 counts them, 2 of which joined.
+        n.labels.insert(CAPACITY_BLOCK_SIZE_KEY.into(), "18".into());
     }
     let files = Files {
         tree_topology: "topo-switch".into(),
@@ -715,6 +720,8 @@ fn slinky_names_exist_in_the_switches_only_topology_yaml_and_place_dynamic_nodes
     let data = data(&s, &files, &nodes).expect("valid labels");
     assert_eq!(data.len(), 1, "topology.yaml alone: {data:?}");
     let yaml = &data[0].1;
+    // The base block size is the UltraServer's, not the 2 nodes that joined it so far.
+    assert!(yaml.contains("    block_sizes: [18]\n"), "{yaml}");
     let Some(slinky) = &s.slinky else {
         unreachable!()
     };

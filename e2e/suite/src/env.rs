@@ -274,6 +274,7 @@ pub const INSTALL_SETS: &[&str] = &[
     "config.slinkyAnnotation=true",
     "config.ultraserverHealth=true",
     "config.ultraserverHealthTaint=true",
+    "config.ultraserverShape=true",
 ];
 
 pub fn setup(prefix: &str) -> anyhow::Result<Env> {

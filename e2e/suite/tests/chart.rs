@@ -1649,8 +1649,36 @@ fn admission_policy_follows_the_api_and_the_configuration() {
         );
     }
     assert!(text.contains("may only remove ec2-topology-labeler.io/interconnect-impaired:NoSchedule from a Node's taints (config.startupTaint is not set, config.ultraserverHealthTaint is off)"));
-    // Slinky's annotation off: it may only be removed.
-    assert!(text.contains(&format!("k in [\"{SLINKY_SPEC_KEY}\"])")));
+    // Slinky's annotation and UltraServer shape off: they may only be removed.
+    let end = "ec2-topology-labeler.io/capacity-block-end";
+    assert!(
+        text.contains(&format!("k in [\"{SLINKY_SPEC_KEY}\",\"{end}\"])")),
+        "{text}"
+    );
+    let shape_labels = "\"ec2-topology-labeler.io/ultraserver-type\",\"ec2-topology-labeler.io/capacity-block-size\"]";
+    let retired_line = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("((oldObject.metadata.?labels"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let set_line = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("((object.metadata.?labels"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        !set_line(&text).contains(shape_labels) && retired_line(&text).contains(shape_labels),
+        "{text}"
+    );
+    // On: set too.
+    let on = cel(kind(
+        &render_with(&api, &["config.ultraserverShape=true".into()]),
+        "ValidatingAdmissionPolicy",
+    )[0]);
+    assert!(set_line(&on).contains(shape_labels), "{on}");
+    assert!(on.contains(&format!("\"{end}\"]")), "{on}");
     let docs = render_with(
         &api,
         &[
@@ -2817,6 +2845,8 @@ struct ChartConfig {
     reservations: ec2_topology_labeler::reserved::ReservationArgs,
     #[serde(flatten)]
     health: ec2_topology_labeler::publish::interconnect::HealthArgs,
+    #[serde(flatten)]
+    shape: ec2_topology_labeler::publish::shape::ShapeArgs,
 }
 
 /// JSON Schema (draft-07, what Helm validates) of the `config:` block. Every key is optional;

@@ -74,7 +74,7 @@ use uninstall::{turned_off_features_are_retired, uninstall_leaves_only_labels};
 mod whynot;
 use whynot::{
     every_reason_says_why_once, nvlink_cliques_are_checked_against_ultraservers,
-    ultraserver_interconnect_health,
+    ultraserver_interconnect_health, ultraserver_shape_labels,
 };
 #[path = "e2e/stalls.rs"]
 mod stalls;
@@ -2755,6 +2755,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(every_reason_says_why_once, true),
         scenario!(nvlink_cliques_are_checked_against_ultraservers, true),
         scenario!(ultraserver_interconnect_health, true),
+        scenario!(ultraserver_shape_labels, true),
         scenario!(missing_rbac_verb_fails_clearly, true),
         scenario!(a_revoked_node_watch_fails_readiness_until_restored, true),
         scenario!(a_panicking_background_task_restarts, true),

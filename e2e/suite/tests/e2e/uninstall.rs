@@ -146,19 +146,48 @@ async fn impaired(c: &Client, name: &str) -> anyhow::Result<()> {
             ] } })),
         )
         .await?;
+    // And what UltraServer shape left (under its own field manager, as the controller writes
+    // them).
+    let shape = serde_json::json!({ "apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name,
+        "labels": { SHAPE_LABELS[0]: "u-p6e-gb200x72", SHAPE_LABELS[1]: "18" },
+        "annotations": { SHAPE_END: "2026-12-31T11:30:00Z" } } });
+    nodes
+        .patch(
+            name,
+            &kube::api::PatchParams::apply("ec2-topology-labeler-ultraserver-shape").force(),
+            &kube::api::Patch::Apply(shape),
+        )
+        .await?;
     Ok(())
 }
+
+const SHAPE_LABELS: [&str; 2] = [
+    "ec2-topology-labeler.io/ultraserver-type",
+    "ec2-topology-labeler.io/capacity-block-size",
+];
+const SHAPE_END: &str = "ec2-topology-labeler.io/capacity-block-end";
 
 const INTERCONNECT: &str = "UltraServerInterconnectImpaired";
 const IMPAIRED_TAINT: &str = "ec2-topology-labeler.io/interconnect-impaired";
 
-/// What of [`impaired`] node `name` still carries: the condition's type and the taints' keys.
+/// What of [`impaired`] node `name` still carries: the condition (or any UltraServer shape key)
+/// and the taints' keys.
 async fn still_impaired(c: &Client, name: &str) -> anyhow::Result<(bool, Vec<String>)> {
     let n = Api::<Node>::all(c.clone()).get(name).await?;
-    let condition = n
-        .status
-        .and_then(|s| s.conditions)
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == INTERCONNECT));
+    let shape = n
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| SHAPE_LABELS.iter().any(|k| l.contains_key(*k)))
+        || n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(SHAPE_END));
+    let condition = shape
+        || n.status
+            .and_then(|s| s.conditions)
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == INTERCONNECT));
     let taints = n
         .spec
         .and_then(|s| s.taints)
@@ -264,10 +293,10 @@ pub async fn uninstall_leaves_only_labels(env: &Env) -> anyhow::Result<()> {
         let (condition, taints) = still_impaired(&c, &s.name).await?;
         ensure!(
             !condition && taints == ["example.com/theirs"],
-            "uninstall left the interconnect condition ({condition}) or changed taints other than ours: {taints:?}"
+            "uninstall left the interconnect condition or the shape keys ({condition}) or changed taints other than ours: {taints:?}"
         );
         ensure!(
-            ["interconnect", "impaired-taint"]
+            ["interconnect", "impaired-taint", "shape"]
                 .iter()
                 .all(|k| items.iter().any(|i| i["kind"] == *k && i["name"] == s.name.as_str())),
             "the report does not list the interconnect condition and taint: {items:?}"
@@ -409,9 +438,10 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
     // controller restarted with the features off.
     let off = [
         // The admission policy then lets the controller only remove the interconnect condition
-        // and taint.
+        // and taint and the UltraServer shape keys.
         "config.ultraserverHealth=false",
         "config.ultraserverHealthTaint=false",
+        "config.ultraserverShape=false",
         "config.volcanoHypernodes=false",
         "config.kueueTopology=false",
         "config.kaiTopology=false",
@@ -447,7 +477,7 @@ pub async fn turned_off_features_are_retired(env: &Env) -> anyhow::Result<()> {
         })
         .await?;
         eventually(
-            "the interconnect condition and taint removed by the controller",
+            "the interconnect condition and taint and the shape keys removed by the controller",
             WAIT,
             || async {
                 let (condition, taints) = still_impaired(&c, &s.name).await?;

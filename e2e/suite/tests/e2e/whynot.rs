@@ -527,3 +527,130 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     }
     result
 }
+
+/// `--ultraserver-shape` (issue 58 item 4): each node of a capacity block EC2 describes carries
+/// its UltraServer type and size as labels and its end as an annotation, a node in no block
+/// nothing; rounds with nothing new write nothing; EC2 failing changes nothing, even once EC2's
+/// answer changed; EC2 answering again brings the new size.
+pub async fn ultraserver_shape_labels(env: &Env) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    const TYPE: &str = "ec2-topology-labeler.io/ultraserver-type";
+    const SIZE: &str = "ec2-topology-labeler.io/capacity-block-size";
+    const END: &str = "ec2-topology-labeler.io/capacity-block-end";
+    let c = env.admin().await?;
+    let (x72, trn) = ("cr-0d0000000000001d0", "cr-0d0000000000001d1");
+    let pairs: Vec<_> = [(1, Some(x72)), (2, Some(x72)), (3, Some(trn)), (4, None)]
+        .into_iter()
+        .map(|(k, block)| {
+            let kind = if block.is_some() {
+                "p6e-gb200.36xlarge"
+            } else {
+                "p5.48xlarge"
+            };
+            let s = NodeSpec::ec2(0x1d0, k, kind);
+            let mut i = s.instance(&["nn-shs", "nn-sha", "nn-shl"]);
+            i.capacity_block_id = block.map(str::to_string);
+            (s, i)
+        })
+        .collect();
+    e2e::env::label_and_wait(env, &c, &pairs).await?;
+    let names: Vec<String> = pairs.iter().map(|(s, _)| s.name.clone()).collect();
+    let mut big = e2e::fixtures::ultraserver_block(x72, 18);
+    big.end_date = Some("2026-12-31T11:30:00.000Z".into());
+    let mut small = e2e::fixtures::ultraserver_block(trn, 4);
+    small.ultraserver_type = Some("u-trn2x64".into());
+    env.mock_admin
+        .set_capacity_blocks(&[big.clone(), small.clone()])
+        .await?;
+    let api: Api<Node> = Api::all(c.clone());
+    // Each node's (type, size, end), `None` where absent.
+    type Shape = (Option<String>, Option<String>, Option<String>);
+    let shapes = || async {
+        let mut out: Vec<Shape> = Vec::new();
+        for n in &names {
+            let meta = api.get_metadata(n).await?.metadata;
+            let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).cloned();
+            let end = meta.annotations.as_ref().and_then(|a| a.get(END)).cloned();
+            out.push((label(TYPE), label(SIZE), end));
+        }
+        anyhow::Ok(out)
+    };
+    let some = |s: &str| Some(s.to_string());
+    let x72_shape = (
+        some("u-p6e-gb200x72"),
+        some("18"),
+        some("2026-12-31T11:30:00Z"),
+    );
+    let trn_shape = (some("u-trn2x64"), some("4"), None);
+    let nothing: Shape = (None, None, None);
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--ultraserver-shape=true",
+            "--ultraserver-shape-interval=10s",
+        ],
+    )
+    .await?;
+    let rounds = std::time::Duration::from_secs(60);
+    let result = async {
+        let want = vec![
+            x72_shape.clone(),
+            x72_shape.clone(),
+            trn_shape.clone(),
+            nothing.clone(),
+        ];
+        eventually("each block's nodes carry its shape", rounds, || async {
+            let now = shapes().await?;
+            Ok((now == want).then_some(()))
+        })
+        .await?;
+        // Quiet at rest: two more rounds with nothing new from EC2 write nothing.
+        let writes = |m: &str| {
+            metric_sum(
+                m,
+                "ec2_topology_labeler_label_writes_total",
+                &[r#"kind="shape""#],
+            )
+        };
+        let before = writes(&metrics(env).await?);
+        tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+        let after = writes(&metrics(env).await?);
+        ensure!(
+            before == after && before >= 3.0,
+            "rounds with nothing new wrote: {before} -> {after} shape writes"
+        );
+        // EC2 failing: the block grows meanwhile, but nothing EC2 could not say changes.
+        env.mock_admin
+            .set_faults(&Faults {
+                error_5xx_fraction: 1.0,
+                ..Faults::default()
+            })
+            .await?;
+        big.total_capacity = 9;
+        env.mock_admin
+            .set_capacity_blocks(&[big.clone(), small.clone()])
+            .await?;
+        tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+        ensure!(
+            shapes().await? == want,
+            "EC2 failing changed a shape: {:?}",
+            shapes().await?
+        );
+        env.mock_admin.set_faults(&Faults::default()).await?;
+        let mut nine = x72_shape.clone();
+        nine.1 = some("9");
+        let changed = vec![nine.clone(), nine, trn_shape.clone(), nothing.clone()];
+        eventually("the new size once EC2 answers", rounds, || async {
+            Ok((shapes().await? == changed).then_some(()))
+        })
+        .await
+    }
+    .await;
+    env.mock_admin.set_faults(&Faults::default()).await?;
+    env.mock_admin.set_capacity_blocks(&[]).await?;
+    e2e::env::restart_labeler_with(env, &[]).await?;
+    for n in &names {
+        api.delete(n, &Default::default()).await?;
+    }
+    result
+}

@@ -1,9 +1,9 @@
 //! `make bench-scale SCALE_EVERYTHING=1`: the controller at one size with every feature on, as
 //! the chart turns them on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm
 //! ConfigMap, Slinky's annotation, the `TopologyLabeled` condition, the startup taint, UltraServer
-//! health and its taint), under the chart's RBAC and admission policy, on the real API server
+//! health and its taint, UltraServer shape), under the chart's RBAC and admission policy, on the real API server
 //! with the schedulers' CRDs. A quarter of the leaves are UltraServers (a capacity block each),
-//! so the UltraServer level is published and their health polled. The nodes join carrying the
+//! so the UltraServer level is published, their health polled and their shape labelled. The nodes join carrying the
 //! startup taint; once everything is labelled, released and published, a minute of steady state:
 //! CPU per publish interval, memory, EC2 calls (the health round's among them) and every object
 //! write the API server counts (0 is the target).
@@ -34,6 +34,7 @@ const CHART_SETS: &[&str] = &[
     "config.slinkyAnnotation=true",
     "config.ultraserverHealth=true",
     "config.ultraserverHealthTaint=true",
+    "config.ultraserverShape=true",
 ];
 
 /// Every fourth leaf is an UltraServer (its 16 nodes one capacity block).
@@ -171,7 +172,7 @@ pub fn section(rows: &[EverythingRow]) -> anyhow::Result<String> {
     }
     writeln!(
         md,
-        "### Everything on\n\nBuilt up by `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl SCALE_EVERYTHING=1`. The chart installed with every feature on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm ConfigMap `{SLURM_CONFIGMAP}`, Slinky's annotation, the `TopologyLabeled` condition, the startup taint `{TAINT}`, UltraServer health and its taint), the controller under its RBAC and admission policy, the schedulers' CRDs from their pinned releases. The nodes exist, each carrying the startup taint, when the controller starts cold (default resync period, publish interval {} s). *Settled* is when every node was labelled, every taint released and nothing had been written for two publish intervals. Steady state is the {} publish intervals after that: CPU per interval, EC2 calls, and every write the API server counts (any resource but Leases and the API server's own Endpoints; Events apart). The fleet is a tree (2 spines, 20 aggregation blocks, leaves of 16 nodes): Volcano and Slurm publish only a tree. Every fourth leaf is an UltraServer (p6e-gb200, its 16 nodes one capacity block, every interconnect `ok`): the UltraServer level is published (Kueue and KAI Topologies, Volcano tier 0) and the leader polls their health every minute (default interval), so the steady state's EC2 calls are that round's (a call per 100 capacity blocks).\n",
+        "### Everything on\n\nBuilt up by `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl SCALE_EVERYTHING=1`. The chart installed with every feature on (Kueue `Topology`, Volcano `HyperNode`s, KAI `Topology`, the Slurm ConfigMap `{SLURM_CONFIGMAP}`, Slinky's annotation, the `TopologyLabeled` condition, the startup taint `{TAINT}`, UltraServer health and its taint, UltraServer shape), the controller under its RBAC and admission policy, the schedulers' CRDs from their pinned releases. The nodes exist, each carrying the startup taint, when the controller starts cold (default resync period, publish interval {} s). *Settled* is when every node was labelled, every taint released and nothing had been written for two publish intervals. Steady state is the {} publish intervals after that: CPU per interval, EC2 calls, and every write the API server counts (any resource but Leases and the API server's own Endpoints; Events apart). The fleet is a tree (2 spines, 20 aggregation blocks, leaves of 16 nodes): Volcano and Slurm publish only a tree. Every fourth leaf is an UltraServer (p6e-gb200, its 16 nodes one capacity block, every interconnect `ok`): the UltraServer level is published (Kueue and KAI Topologies, Volcano tier 0) and the leader polls their health every minute and their shape every 10 minutes (default intervals), so the steady state's EC2 calls are those rounds' (a call per 100 capacity blocks each).\n",
         PUBLISH_INTERVAL.as_secs(),
         STEADY_INTERVALS
     )?;
@@ -428,6 +429,7 @@ pub async fn run(
         "--node-condition=true",
         "--ultraserver-health=true",
         "--ultraserver-health-taint=true",
+        "--ultraserver-shape=true",
     ]
     .iter()
     .map(|f| f.to_string())

@@ -196,25 +196,31 @@ impl Policy {
 
 /// A client to the cluster the environment names (kubeconfig or in-cluster), with `policy`.
 pub async fn connect(args: &ClientArgs, policy: Policy) -> crate::Result<kube::Client> {
+    // kube's own retries (429, 503, 504) run below this layer, each resent with the same
+    // `timeout`: a write retried just before its fence would get a fresh window at the API
+    // server. A failed call is retried by its caller instead (reconcile backoff, the next
+    // publish interval, the watcher's backoff).
+    build(args, policy, false).await
+}
+
+async fn build(args: &ClientArgs, policy: Policy, retry: bool) -> crate::Result<kube::Client> {
     let mut config = kube::Config::infer()
         .await
         .map_err(|e| crate::Error::Config(format!("no Kubernetes configuration: {e}")))?;
     config.connect_timeout = Some(args.kube_connect_timeout.0);
     // No read timeout on the connection: it would cut watches; calls are bounded per request.
     config.read_timeout = None;
-    // kube's own retries (429, 503, 504) run below this layer, each resent with the same
-    // `timeout`: a write retried just before its fence would get a fresh window at the API
-    // server. A failed call is retried by its caller instead (reconcile backoff, the next
-    // publish interval, the watcher's backoff).
-    config.default_retry = false;
+    config.default_retry = retry;
     let builder = ClientBuilder::try_from(config)?;
     Ok(builder.with_layer(&BoundedLayer(policy)).build())
 }
 
-/// A client with the default bounds and pace (the commands other than `run`).
+/// A client with the default bounds and pace (the commands other than `run`). No fence to
+/// outrun: kube's own retries are on, so that a command run as the API server comes up (or
+/// sheds load: 429 "storage is (re)initializing", 503, 504) waits for it instead of failing.
 pub async fn connect_default() -> crate::Result<kube::Client> {
     let args = ClientArgs::default();
-    connect(&args, Policy::new(&args)).await
+    build(&args, Policy::new(&args), true).await
 }
 
 /// A client over `service` (tests: a mocked API server) with `policy`.

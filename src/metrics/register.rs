@@ -273,7 +273,15 @@ impl Metrics {
                 })
                 .get();
         }
-        for kind in ["apply", "remove", "retire", "taint", "condition"] {
+        for kind in [
+            "apply",
+            "remove",
+            "retire",
+            "taint",
+            "condition",
+            "interconnect",
+            "shape",
+        ] {
             label_writes
                 .get_or_create(&WriteLabels {
                     kind: kind.to_string(),

@@ -19,12 +19,15 @@
 //!
 //! The keys are written by one server-side apply per node that must change, under the field
 //! manager [`MANAGER`] (not the reconciler's: its applies and its start-up retirement never
-//! touch these keys, and these writes never touch the topology labels).
+//! touch these keys, and these writes never touch the topology labels). A key the apply gives up
+//! that another field manager co-owns stays; that node is not written again until what EC2 says
+//! or what the node carries changes ([`Settled`]). A block EC2 leaves out of its answer is asked
+//! about again with the next full round, not every minute.
 //!
 //! Owns: those three keys. Never writes anything else; never acts unless this replica leads.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -80,6 +83,20 @@ pub struct Wanted {
 }
 
 impl Wanted {
+    /// What `node` (as a write returned it) carries.
+    pub fn of_lite(node: &crate::node::LiteNode) -> Self {
+        let mut out = Self::default();
+        for key in [TYPE_KEY, SIZE_KEY] {
+            if let Some(v) = node.label(key) {
+                out.labels.insert(key.into(), v);
+            }
+        }
+        if let Some(v) = node.annotation(END_KEY) {
+            out.annotations.insert(END_KEY.into(), v.into_owned());
+        }
+        out
+    }
+
     /// What `node` carries now.
     pub fn of(node: &CachedNode) -> Self {
         let mut out = Self::default();
@@ -142,15 +159,27 @@ pub struct Member {
     pub current: Wanted,
 }
 
+/// Nodes where our last apply of a shape left the node otherwise (a key we gave up that another
+/// field manager co-owns stays): node → (what we applied, what the API server left). Not written
+/// again while both still hold.
+pub type Settled = HashMap<String, (Wanted, Wanted)>;
+
 /// What to write, by node: only members of a block EC2 described (`known`) whose keys must
-/// change.
-pub fn plan(members: &[Member], known: &Known) -> Vec<(String, Option<String>, Wanted)> {
+/// change, and not what an apply already settled as far as it can.
+pub fn plan(
+    members: &[Member],
+    known: &Known,
+    settled: &Settled,
+) -> Vec<(String, Option<String>, Wanted)> {
     members
         .iter()
         .filter_map(|m| {
             let (shape, size) = known.get(&m.block)?;
             let w = wanted(shape, *size, &m.current);
-            (w != m.current).then(|| (m.name.clone(), m.uid.clone(), w))
+            let done = settled
+                .get(&m.name)
+                .is_some_and(|(applied, left)| *applied == w && *left == m.current);
+            (w != m.current && !done).then(|| (m.name.clone(), m.uid.clone(), w))
         })
         .collect()
 }
@@ -211,11 +240,19 @@ pub async fn run(
     let params = PatchParams::apply(MANAGER).force();
     let mut known = Known::new();
     let mut last_full: Option<tokio::time::Instant> = None;
+    // Blocks asked about since the last full round (one EC2 leaves out is not asked again
+    // every minute, only with the next full round).
+    let mut asked: BTreeSet<String> = BTreeSet::new();
+    let mut settled = Settled::new();
     loop {
-        tick.tick().await;
+        // The tick's scheduled instant: full rounds keep to whole intervals, whatever a round's
+        // own calls took.
+        let at = tick.tick().await;
         if !ctx.leader.is_leader() {
             // A new term starts from EC2's answers, not from what a former term knew.
             known.clear();
+            asked.clear();
+            settled.clear();
             last_full = None;
             continue;
         }
@@ -229,20 +266,25 @@ pub async fn run(
         if found.is_empty() {
             continue;
         }
-        let full = last_full.is_none_or(|t| t.elapsed() >= every);
+        let full = last_full.is_none_or(|t| at.duration_since(t) >= every);
         let mut by_region: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for m in &found {
             if let Some(region) = &m.region
-                && (full || !known.contains_key(&m.block))
+                && (full || !(known.contains_key(&m.block) || asked.contains(&m.block)))
             {
                 by_region.entry(region).or_default().insert(&m.block);
             }
         }
         if full {
-            last_full = Some(tokio::time::Instant::now());
+            last_full = Some(at);
+            asked.clear();
+            // Members that left: their settled writes go too.
+            let names: BTreeSet<&str> = found.iter().map(|m| m.name.as_str()).collect();
+            settled.retain(|n, _| names.contains(n.as_str()));
         }
         for (region, blocks) in &by_region {
             let ids: Vec<String> = blocks.iter().map(|b| b.to_string()).collect();
+            asked.extend(ids.iter().cloned());
             let described = ec2.shapes(region, &ids).await;
             let mut failed = BTreeSet::new();
             for (ids, e) in described.failed {
@@ -274,14 +316,21 @@ pub async fn run(
             })
             .collect();
         drop(by_name);
-        for (node, uid, wanted) in plan(&members, &known) {
+        for (node, uid, wanted) in plan(&members, &known, &settled) {
             if !ctx.leader.is_leader() {
                 break;
             }
             let body = apply_body(&node, uid.as_deref(), &wanted);
             match ctx.api.patch(&node, &params, &Patch::Apply(body)).await {
-                Ok(_) => {
+                Ok(written) => {
                     ctx.metrics.label_write("shape");
+                    let left = Wanted::of_lite(&crate::node::LiteNode::from(written));
+                    if left == wanted {
+                        settled.remove(&node);
+                    } else {
+                        warn!(%node, wanted = ?wanted, left = ?left, "another field manager co-owns an UltraServer shape key we gave up: it stays, and is not written again until something changes");
+                        settled.insert(node.clone(), (wanted.clone(), left));
+                    }
                     info!(%node, labels = ?wanted.labels, annotations = ?wanted.annotations, "UltraServer shape written");
                 }
                 Err(e) => {
@@ -379,7 +428,7 @@ mod tests {
             ("cb-b".to_string(), shape(None, None)),
         ]);
         let capacities = BTreeMap::from([("cb-a".to_string(), 18), ("cb-b".to_string(), 4)]);
-        let p = plan(&members, &known(shapes, &capacities));
+        let p = plan(&members, &known(shapes, &capacities), &Settled::new());
         let names: Vec<&str> = p.iter().map(|(n, _, _)| n.as_str()).collect();
         // a2 carries it all already; b1's block no longer has a type: it goes, the size comes.
         assert_eq!(names, ["a1", "b1"]);
@@ -413,14 +462,40 @@ mod tests {
         let shapes =
             BTreeMap::from([("cb-a".to_string(), shape(Some("u-p6e-gb200x72"), Some(END)))]);
         // The status call failed: no capacities at all.
-        let p = plan(&members, &known(shapes, &BTreeMap::new()));
+        let p = plan(&members, &known(shapes, &BTreeMap::new()), &Settled::new());
         assert_eq!(p.len(), 1, "{p:?}");
         let (name, _, w) = &p[0];
         assert_eq!(name, "a1");
         assert_eq!(w.labels[SIZE_KEY], "18", "kept as it was");
         assert_eq!(w.annotations[END_KEY], END);
         // Nothing described at all (EC2 unreachable): nothing written.
-        assert!(plan(&members, &Known::new()).is_empty());
+        assert!(plan(&members, &Known::new(), &Settled::new()).is_empty());
+    }
+
+    #[test]
+    fn a_key_another_manager_keeps_is_not_written_again_until_something_changes() {
+        // EC2 no longer gives a type; the apply gave it up, but another manager co-owns it.
+        let m = member(
+            "a1",
+            "cb-a",
+            &[(TYPE_KEY, "u-trn2x64"), (SIZE_KEY, "4")],
+            None,
+        );
+        let k = known(
+            BTreeMap::from([("cb-a".to_string(), shape(None, None))]),
+            &BTreeMap::from([("cb-a".to_string(), 4)]),
+        );
+        let p = plan(std::slice::from_ref(&m), &k, &Settled::new());
+        assert_eq!(p.len(), 1, "{p:?}");
+        let applied = p[0].2.clone();
+        let settled = Settled::from([("a1".to_string(), (applied, m.current.clone()))]);
+        assert!(plan(std::slice::from_ref(&m), &k, &settled).is_empty());
+        // The size changes: written again.
+        let bigger = known(
+            BTreeMap::from([("cb-a".to_string(), shape(None, None))]),
+            &BTreeMap::from([("cb-a".to_string(), 8)]),
+        );
+        assert_eq!(plan(std::slice::from_ref(&m), &bigger, &settled).len(), 1);
     }
 
     #[test]

@@ -613,8 +613,14 @@ pub async fn ultraserver_shape_labels(env: &Env) -> anyhow::Result<()> {
             )
         };
         let before = writes(&metrics(env).await?);
+        let asked = env.mock_admin.capacity_block_stats().await?.blocks_calls;
         tokio::time::sleep(std::time::Duration::from_secs(25)).await;
         let after = writes(&metrics(env).await?);
+        let rounds_run = env.mock_admin.capacity_block_stats().await?.blocks_calls - asked;
+        ensure!(
+            rounds_run >= 2,
+            "{rounds_run} rounds asked EC2 in 25 s (every 10 s): the quiet window proves nothing"
+        );
         ensure!(
             before == after && before >= 3.0,
             "rounds with nothing new wrote: {before} -> {after} shape writes"
@@ -630,7 +636,13 @@ pub async fn ultraserver_shape_labels(env: &Env) -> anyhow::Result<()> {
         env.mock_admin
             .set_capacity_blocks(&[big.clone(), small.clone()])
             .await?;
+        let was = env.mock_admin.capacity_block_stats().await?;
         tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+        let now = env.mock_admin.capacity_block_stats().await?;
+        ensure!(
+            now.blocks_calls >= was.blocks_calls + 2 && now.failed >= was.failed + 2,
+            "rounds in the fault window: {was:?} -> {now:?}"
+        );
         ensure!(
             shapes().await? == want,
             "EC2 failing changed a shape: {:?}",

@@ -359,6 +359,30 @@ pub async fn nvlink_cliques_are_checked_against_ultraservers(env: &Env) -> anyho
     Ok(())
 }
 
+/// Nodes 1, 2, … of `base` under the network nodes `path`, each in the capacity block given
+/// (`p6e-gb200.36xlarge`) or in none (a type without one, `p5.48xlarge`: an UltraServer type
+/// without its block is asked about again every resync, as one whose block comes late).
+fn ultraserver_nodes<const N: usize>(
+    base: u32,
+    blocks: [Option<&str>; N],
+    path: &[&str],
+) -> Vec<(NodeSpec, mock_ec2::Instance)> {
+    (1..)
+        .zip(blocks)
+        .map(|(k, block)| {
+            let kind = if block.is_some() {
+                "p6e-gb200.36xlarge"
+            } else {
+                "p5.48xlarge"
+            };
+            let s = NodeSpec::ec2(base, k, kind);
+            let mut i = s.instance(path);
+            i.capacity_block_id = block.map(str::to_string);
+            (s, i)
+        })
+        .collect()
+}
+
 /// `--ultraserver-health` with its taint (issue 58 item 3): EC2 says one capacity block's
 /// interconnect is impaired: exactly its nodes carry `UltraServerInterconnectImpaired=True` and
 /// the `interconnect-impaired:NoSchedule` taint, the other block's node and a node in no block
@@ -372,20 +396,11 @@ pub async fn ultraserver_interconnect_health(env: &Env) -> anyhow::Result<()> {
     // Names, instances and network nodes of this scenario alone (others share the cluster);
     // the node in no block is of a type without one (an UltraServer type without its block is
     // asked about again every resync, as one whose block comes late).
-    let pairs: Vec<_> = [(1, Some(sick)), (2, Some(sick)), (3, Some(well)), (4, None)]
-        .into_iter()
-        .map(|(k, block)| {
-            let kind = if block.is_some() {
-                "p6e-gb200.36xlarge"
-            } else {
-                "p5.48xlarge"
-            };
-            let s = NodeSpec::ec2(0x1c0, k, kind);
-            let mut i = s.instance(&["nn-ics", "nn-ica", "nn-icl"]);
-            i.capacity_block_id = block.map(str::to_string);
-            (s, i)
-        })
-        .collect();
+    let pairs = ultraserver_nodes(
+        0x1c0,
+        [Some(sick), Some(sick), Some(well), None],
+        &["nn-ics", "nn-ica", "nn-icl"],
+    );
     e2e::env::label_and_wait(env, &c, &pairs).await?;
     let names: Vec<String> = pairs.iter().map(|(s, _)| s.name.clone()).collect();
     let block = |id: &str| e2e::fixtures::ultraserver_block(id, 18);
@@ -539,20 +554,11 @@ pub async fn ultraserver_shape_labels(env: &Env) -> anyhow::Result<()> {
     const END: &str = "ec2-topology-labeler.io/capacity-block-end";
     let c = env.admin().await?;
     let (x72, trn) = ("cr-0d0000000000001d0", "cr-0d0000000000001d1");
-    let pairs: Vec<_> = [(1, Some(x72)), (2, Some(x72)), (3, Some(trn)), (4, None)]
-        .into_iter()
-        .map(|(k, block)| {
-            let kind = if block.is_some() {
-                "p6e-gb200.36xlarge"
-            } else {
-                "p5.48xlarge"
-            };
-            let s = NodeSpec::ec2(0x1d0, k, kind);
-            let mut i = s.instance(&["nn-shs", "nn-sha", "nn-shl"]);
-            i.capacity_block_id = block.map(str::to_string);
-            (s, i)
-        })
-        .collect();
+    let pairs = ultraserver_nodes(
+        0x1d0,
+        [Some(x72), Some(x72), Some(trn), None],
+        &["nn-shs", "nn-sha", "nn-shl"],
+    );
     e2e::env::label_and_wait(env, &c, &pairs).await?;
     let names: Vec<String> = pairs.iter().map(|(s, _)| s.name.clone()).collect();
     let mut big = e2e::fixtures::ultraserver_block(x72, 18);

@@ -202,9 +202,9 @@ proptest! {
         };
         prop_assert_eq!(norm(&a), norm(&b));
         prop_assert_eq!(&a.conflicts, &b.conflicts);
-        prop_assert_eq!(volcano::desired(&s, &views, "p", true), volcano::desired(&s, &shuffled, "p", true));
+        prop_assert_eq!(volcano::desired(&s, &views, "p", volcano::Tier0::UltraServers), volcano::desired(&s, &shuffled, "p", volcano::Tier0::UltraServers));
         let names = |r: Result<Vec<volcano::HyperNode>, _>| r.map(|hs| hs.into_iter().map(|h| h.name).collect::<Vec<_>>());
-        if let Ok(hs) = names(volcano::desired(&s, &views, "p", true)) {
+        if let Ok(hs) = names(volcano::desired(&s, &views, "p", volcano::Tier0::UltraServers)) {
             for n in hs {
                 prop_assert!(n.len() <= 63 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
             }
@@ -233,7 +233,7 @@ proptest! {
         let (kept, out) = consistent::consistent(&s, views.clone());
         prop_assert_eq!(kept.len() + out.len(), views.len());
         prop_assert!(Forest::build(&s, &kept).conflicts.is_empty());
-        prop_assert!(volcano::desired(&s, &kept, "p", true).is_ok());
+        prop_assert!(volcano::desired(&s, &kept, "p", volcano::Tier0::UltraServers).is_ok());
         if !kept.is_empty() {
             let files = ec2_topology_labeler::slurm::Files { tree_topology: "topo-switch".into(), switches_only: false };
             let problems = ec2_topology_labeler::slurm::data(&s, &files, &kept).err().unwrap_or_default();

@@ -79,10 +79,11 @@ pub struct PublishArgs {
     #[serde(default)]
     pub ultraserver_level: topology::UltraServerLevel,
     /// Put the NVLink clique GPU Feature Discovery reports (`nvidia.com/gpu.clique`) under the
-    /// capacity block in the UltraServer members' Kueue and KAI Topologies, so that a capacity
+    /// capacity block in the UltraServer members' Kueue and KAI Topologies, and make Volcano's
+    /// tier 0 one HyperNode per clique (in place of one per UltraServer), so that a capacity
     /// block holding two cliques (an x72 as two x36) is two domains. Nodes without the clique
     /// label (no GPU Feature Discovery, the fabric not complete) then fit no UltraServer
-    /// Topology. Refused with `--ultraserver-level=never`.
+    /// Topology and no tier-0 HyperNode. Refused with `--ultraserver-level=never`.
     #[arg(long, env = "LABELER_NVLINK_CLIQUE_LEVEL", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
     pub nvlink_clique_level: bool,

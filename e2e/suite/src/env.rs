@@ -369,9 +369,124 @@ pub fn run_trials(
     prefix: &str,
     scenarios: fn() -> Vec<(&'static str, ScenarioFn, bool)>,
 ) -> libtest_mimic::Conclusion {
+    run_list(prefix, scenarios())
+}
+
+/// A scenario as the runner takes it: its name, its function, whether it needs the local
+/// environment (it stops or restarts processes).
+pub type ScenarioEntry = (&'static str, ScenarioFn, bool);
+
+/// Run `scenarios` in lanes, side by side, and exit: the list is cut before each scenario
+/// `starts` names, and each part runs one at a time, in order, on an environment of its own (its
+/// own control plane, mock-ec2 and controller), the first in this process and the others in
+/// child processes of this test binary (`E2E_LANE=k`), whose output is shown when they end. The
+/// scenarios mostly wait on the controller and the schedulers (one lane keeps a third of a core
+/// busy), so the lanes take the time of the longest, not of all. Only where the harness starts
+/// the environment itself: against a cluster given by `E2E_KUBECONFIG` (one cluster, one
+/// mock-ec2), or with `E2E_LANES=1`, everything runs in one lane. Filters (`cargo test --test e2e
+/// -- NAME`) apply to every lane; a lane with nothing selected is not started.
+pub fn run_in_lanes(prefix: &str, scenarios: fn() -> Vec<ScenarioEntry>, starts: &[&str]) -> ! {
+    let all = scenarios();
+    for start in starts {
+        if !all.iter().any(|(n, _, _)| n == start) {
+            eprintln!("lane start {start} is no scenario");
+            std::process::exit(1);
+        }
+    }
+    let mut lanes: Vec<Vec<ScenarioEntry>> = vec![Vec::new()];
+    for s in all {
+        if starts.contains(&s.0) && lanes.last().is_some_and(|l| !l.is_empty()) {
+            lanes.push(Vec::new());
+        }
+        if let Some(lane) = lanes.last_mut() {
+            lane.push(s);
+        }
+    }
+    if let Some(k) = std::env::var("E2E_LANE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let lane = lanes.get(k).cloned().unwrap_or_default();
+        run_list(prefix, lane).exit()
+    }
+    let args = Arguments::from_args();
+    let one_lane = args.list
+        || std::env::var_os("E2E_KUBECONFIG").is_some()
+        || std::env::var_os("E2E_LANES").is_some_and(|v| v == "1");
+    if one_lane {
+        run_list(prefix, lanes.into_iter().flatten().collect()).exit()
+    }
+    let selected = |lane: &[ScenarioEntry]| {
+        lane.iter()
+            .any(|(n, _, _)| !args.is_filtered_out(&Trial::test(*n, || Ok(()))))
+    };
+    let n = lanes.len();
+    let mut children = Vec::new();
+    for (k, lane) in lanes.iter().enumerate().skip(1) {
+        if !selected(lane) {
+            continue;
+        }
+        let log =
+            std::env::temp_dir().join(format!("{prefix}-lane{}-{}.log", k + 1, std::process::id()));
+        let spawned = std::fs::File::create(&log).and_then(|out| {
+            let err = out.try_clone()?;
+            std::process::Command::new(std::env::current_exe()?)
+                .args(std::env::args_os().skip(1))
+                .env("E2E_LANE", k.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+        });
+        match spawned {
+            Ok(child) => {
+                eprintln!(
+                    "lane {} of {n} ({} scenarios, {} … {}) started beside this one, log: {}",
+                    k + 1,
+                    lane.len(),
+                    lane.first().map(|s| s.0).unwrap_or_default(),
+                    lane.last().map(|s| s.0).unwrap_or_default(),
+                    log.display()
+                );
+                children.push((k, child, log));
+            }
+            Err(e) => {
+                eprintln!("could not start lane {}: {e}", k + 1);
+                std::process::exit(1);
+            }
+        }
+    }
+    let mut failed = false;
+    if selected(&lanes[0]) {
+        eprintln!("lane 1 of {n} ({} scenarios) runs here", lanes[0].len());
+        failed |= run_list(prefix, lanes[0].clone()).has_failed();
+    }
+    for (k, mut child, log) in children {
+        let status = child.wait();
+        let ok = status.as_ref().is_ok_and(|s| s.success());
+        eprintln!(
+            "\n---- lane {} of {n}: {} ({}) ----",
+            k + 1,
+            if ok { "passed" } else { "FAILED" },
+            log.display()
+        );
+        match std::fs::read_to_string(&log) {
+            Ok(text) => eprint!("{text}"),
+            Err(e) => eprintln!("its log cannot be read: {e}"),
+        }
+        if ok {
+            let _ = std::fs::remove_file(&log);
+        }
+        failed |= !ok;
+    }
+    std::process::exit(if failed { 101 } else { 0 })
+}
+
+/// Run `scenarios` one at a time, in order, on one environment, and stop it.
+fn run_list(prefix: &str, scenarios: Vec<ScenarioEntry>) -> libtest_mimic::Conclusion {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let names: Vec<(&str, bool)> = scenarios().iter().map(|(n, _, l)| (*n, *l)).collect();
+    let names: Vec<(&str, bool)> = scenarios.iter().map(|(n, _, l)| (*n, *l)).collect();
     if args.list {
         let trials = names
             .iter()
@@ -387,7 +502,7 @@ pub fn run_trials(
         }
     };
     eprintln!("e2e working directory: {}", env.dir.display());
-    let trials: Vec<Trial> = scenarios()
+    let trials: Vec<Trial> = scenarios
         .into_iter()
         .map(|(name, f, local_only)| {
             let ignored = local_only && !env.local();

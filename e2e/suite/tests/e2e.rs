@@ -5,7 +5,8 @@
 //! `E2E_KUBECONFIG` (admin), `E2E_MOCK_EC2_URL` (mock-ec2's address as the test reaches it) and
 //! the chart already installed; scenarios that stop processes are skipped there.
 //!
-//! Scenarios run one at a time, in order (some inject faults into the shared EC2 mock).
+//! Scenarios run one at a time, in order (some inject faults into the shared EC2 mock), in
+//! lanes that run side by side on environments of their own (`LANE_STARTS`).
 
 use std::{
     collections::BTreeMap,
@@ -45,8 +46,8 @@ mod volcano;
 use kai::kai_places_gangs_on_our_topology;
 use volcano::{
     volcano_label_discovery_on_a_mixed_fleet, volcano_on_a_mixed_fleet_both_ways,
-    volcano_places_gangs_by_its_label_discovery, volcano_places_gangs_inside_one_ultraserver,
-    volcano_places_gangs_on_our_hypernodes,
+    volcano_places_gangs_by_its_label_discovery, volcano_places_gangs_inside_one_clique,
+    volcano_places_gangs_inside_one_ultraserver, volcano_places_gangs_on_our_hypernodes,
 };
 #[path = "e2e/admission.rs"]
 mod admission;
@@ -303,10 +304,12 @@ async fn burst_is_batched(env: &Env) -> anyhow::Result<()> {
     // spanned. On kind the controller runs in the cluster on the same two shared cores and its
     // watch has been seen to deliver a burst created in 1.6 s in clumps over 13 s ([100, 100,
     // 25, 25]): each clump rightly goes out when the window passes, so there only batching
-    // itself is asserted (below).
+    // itself is asserted (below). Locally the suite's lanes and the oldest pass run beside this
+    // one on the same two cores (make test), and one stall of the creation or the watch longer
+    // than the batch window (500 ms here) is, by the same contract, one more call: one is allowed.
     let spans = (created_in.as_secs_f64() / 3.0).floor() as u64;
     let bound = if env.local() {
-        n.div_ceil(100) as u64 + stats.throttled + spans
+        n.div_ceil(100) as u64 + stats.throttled + spans + 1
     } else {
         u64::from(n) / 25
     };
@@ -2788,6 +2791,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(fit_agrees_with_kueue, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
         scenario!(volcano_places_gangs_inside_one_ultraserver, true),
+        scenario!(volcano_places_gangs_inside_one_clique, true),
         scenario!(volcano_places_gangs_by_its_label_discovery, true),
         scenario!(volcano_on_a_mixed_fleet_both_ways, true),
         scenario!(kai_places_gangs_on_our_topology, true),
@@ -2872,10 +2876,16 @@ fn scenarios_at_the_oldest() -> Vec<(&'static str, ScenarioFn, bool)> {
         .collect()
 }
 
+/// Where the suite is cut into lanes that run side by side, each on an environment of its own
+/// (`e2e::env::run_in_lanes`): each names the first scenario of a lane. Chosen so the lanes take
+/// about the same time (CI's log prints each scenario's), with what must run in order in one
+/// lane: the Volcano scenarios, then the relabelling and the one that deletes every Node.
+const LANE_STARTS: &[&str] = &["volcano_places_gangs_on_our_hypernodes"];
+
 fn main() {
     if std::env::var_os("E2E_AT_THE_OLDEST").is_some_and(|v| v == "1") {
         e2e::env::run("ec2tl-e2e", scenarios_at_the_oldest)
     } else {
-        e2e::env::run("ec2tl-e2e", scenarios)
+        e2e::env::run_in_lanes("ec2tl-e2e", scenarios, LANE_STARTS)
     }
 }

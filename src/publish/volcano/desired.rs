@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::{MANAGED_BY, OWNER};
 use crate::{
     labels::{LabelScheme, LayerNumbering, MAX_LAYERS},
+    publish::cliques::CLIQUE_LABEL,
     tree::{Conflict, NodeView, path_of},
 };
 
@@ -109,19 +110,36 @@ pub fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
     }
 }
 
+/// What tier 0, below the leaves, holds: the NVLink domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier0 {
+    /// Nothing (`--ultraserver-level=never`): the leaves are the lowest tier.
+    Off,
+    /// One HyperNode per (leaf, capacity block): an UltraServer, one NVLink domain to EC2.
+    UltraServers,
+    /// One per (leaf, capacity block, NVLink clique) (`--nvlink-clique-level`): the NVLink domain
+    /// as GPU Feature Discovery reports it (`nvidia.com/gpu.clique`), so that a capacity block
+    /// holding two cliques (an x72 as two x36) is two. Volcano's tiers start at 0 and a job names
+    /// them by number, so the clique takes the UltraServer's place rather than a tier below it.
+    Cliques,
+}
+
 /// The HyperNodes for these nodes, or the conflicts that forbid publishing any (a HyperNode
 /// with two parents would break Volcano's tree).
 ///
-/// With `ultraservers`, the nodes of one capacity block (one UltraServer, one NVLink domain)
-/// under one leaf are a HyperNode of tier 0 below that leaf, named by both: an UltraServer split
-/// across two leaves is two of them, each under its own leaf, and every other tier keeps its
-/// number (a job's `highestTierAllowed` means what it meant). The leaf then selects its other
-/// nodes by its layer label without the capacity block's label.
+/// With [`Tier0::UltraServers`], the nodes of one capacity block (one UltraServer, one NVLink
+/// domain) under one leaf are a HyperNode of tier 0 below that leaf, named by both: an
+/// UltraServer split across two leaves is two of them, each under its own leaf, and every other
+/// tier keeps its number (a job's `highestTierAllowed` means what it meant). The leaf then
+/// selects its other nodes by its layer label without the capacity block's label. With
+/// [`Tier0::Cliques`], tier 0 is one HyperNode per (leaf, capacity block, clique); a member of a
+/// capacity block without the clique label (GPU Feature Discovery not running, the fabric not
+/// complete yet) is selected by its leaf and is in no tier-0 HyperNode.
 pub fn desired(
     scheme: &LabelScheme,
     nodes: &[NodeView],
     prefix: &str,
-    ultraservers: bool,
+    tier0: Tier0,
 ) -> Result<Vec<HyperNode>, Vec<Conflict>> {
     // (tier, id) → (layer key, parents, children)
     #[derive(Default)]
@@ -130,10 +148,21 @@ pub fn desired(
         parents: BTreeSet<Option<(usize, String)>>,
         children: BTreeSet<(usize, String)>,
         leaf_selector: Option<(String, Option<String>)>,
-        /// A leaf's capacity blocks (with `ultraservers`): each a tier-0 HyperNode below it.
-        blocks: BTreeSet<String>,
+        /// A leaf's capacity blocks and, with [`Tier0::Cliques`], the NVLink cliques of their
+        /// nodes (`None`: without the clique label): each a tier-0 HyperNode below it, but a
+        /// block's nodes without the clique label under [`Tier0::Cliques`].
+        blocks: BTreeSet<(String, Option<String>)>,
     }
-    let block_key = scheme.capacity_block_key.as_ref().filter(|_| ultraservers);
+    let block_key = scheme
+        .capacity_block_key
+        .as_ref()
+        .filter(|_| tier0 != Tier0::Off);
+    let clique_of = |node: &NodeView| {
+        node.labels
+            .get(CLIQUE_LABEL)
+            .filter(|c| tier0 == Tier0::Cliques && !c.is_empty())
+            .cloned()
+    };
     let mut entries: BTreeMap<(usize, String), Entry> = BTreeMap::new();
     for node in nodes {
         let Some(path) = path_of(scheme, &node.labels) else {
@@ -166,7 +195,7 @@ pub fn desired(
                     .and_then(|k| node.labels.get(k))
                     .filter(|b| !b.is_empty())
                 {
-                    e.blocks.insert(block.clone());
+                    e.blocks.insert((block.clone(), clique_of(node)));
                 }
                 let (key, absent) = match scheme.numbering {
                     LayerNumbering::TopFirst => (
@@ -210,13 +239,26 @@ pub fn desired(
                 .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
                 .collect();
             if let Some((key, absent)) = &e.leaf_selector {
-                let mut absent: Vec<String> = absent.iter().cloned().collect();
+                let deeper: Vec<String> = absent.iter().cloned().collect();
+                let mut absent = deeper.clone();
                 if let Some(k) = block_key.filter(|_| !e.blocks.is_empty()) {
-                    members.extend(
-                        e.blocks
-                            .iter()
-                            .map(|b| Member::HyperNode(ultraserver_name(prefix, b, id))),
-                    );
+                    for (b, clique) in &e.blocks {
+                        members.push(match (clique, tier0) {
+                            (Some(c), _) => Member::HyperNode(clique_name(prefix, c, b, id)),
+                            (None, Tier0::Cliques) => Member::Nodes {
+                                labels: BTreeMap::from([
+                                    (key.clone(), id.clone()),
+                                    (k.clone(), b.clone()),
+                                ]),
+                                absent: deeper
+                                    .iter()
+                                    .cloned()
+                                    .chain([CLIQUE_LABEL.to_string()])
+                                    .collect(),
+                            },
+                            (None, _) => Member::HyperNode(ultraserver_name(prefix, b, id)),
+                        });
+                    }
                     absent.push(k.clone());
                 }
                 members.push(Member::Nodes {
@@ -238,14 +280,26 @@ pub fn desired(
             let Some((key, absent)) = &e.leaf_selector else {
                 continue;
             };
-            out.extend(e.blocks.iter().map(|b| HyperNode {
-                name: ultraserver_name(prefix, b, id),
-                tier: 0,
-                tier_name: k.clone(),
-                members: vec![Member::Nodes {
-                    labels: BTreeMap::from([(key.clone(), id.clone()), (k.clone(), b.clone())]),
-                    absent: absent.iter().cloned().collect(),
-                }],
+            out.extend(e.blocks.iter().filter_map(|(b, clique)| {
+                let mut labels =
+                    BTreeMap::from([(key.clone(), id.clone()), (k.clone(), b.clone())]);
+                let (name, tier_name) = match (clique, tier0) {
+                    (Some(c), _) => {
+                        labels.insert(CLIQUE_LABEL.to_string(), c.clone());
+                        (clique_name(prefix, c, b, id), CLIQUE_LABEL.to_string())
+                    }
+                    (None, Tier0::Cliques) => return None,
+                    (None, _) => (ultraserver_name(prefix, b, id), k.clone()),
+                };
+                Some(HyperNode {
+                    name,
+                    tier: 0,
+                    tier_name,
+                    members: vec![Member::Nodes {
+                        labels,
+                        absent: absent.iter().cloned().collect(),
+                    }],
+                })
             }));
         }
     }
@@ -256,6 +310,12 @@ pub fn desired(
 /// The tier-0 HyperNode of capacity block `block` under leaf `leaf`.
 fn ultraserver_name(prefix: &str, block: &str, leaf: &str) -> String {
     hypernode_name(prefix, 0, &format!("{block}-{leaf}"))
+}
+
+/// The tier-0 HyperNode of NVLink clique `clique` of capacity block `block` under leaf `leaf`
+/// ([`Tier0::Cliques`]).
+fn clique_name(prefix: &str, clique: &str, block: &str, leaf: &str) -> String {
+    hypernode_name(prefix, 0, &format!("{clique}-{block}-{leaf}"))
 }
 
 /// Whether HyperNode `name` is one this installation made: our `managed-by` label alone is not
@@ -316,7 +376,7 @@ mod tests {
             in_block("c2", "nn-l2", "cr-c"),
             view("plain", &["nn-s1", "nn-a1", "nn-l2"]),
         ];
-        let hns = desired(&s, &nodes, "ec2tl", true).unwrap();
+        let hns = desired(&s, &nodes, "ec2tl", Tier0::UltraServers).unwrap();
         let zero: Vec<&HyperNode> = hns.iter().filter(|h| h.tier == 0).collect();
         let selects = |h: &HyperNode| -> Vec<(BTreeMap<String, String>, Vec<String>)> {
             h.members
@@ -362,16 +422,115 @@ mod tests {
             "the other tiers keep their numbers"
         );
         // Off, or no node in a block: no tier 0, and leaves select as before.
-        let off = desired(&s, &nodes, "ec2tl", false).unwrap();
+        let off = desired(&s, &nodes, "ec2tl", Tier0::Off).unwrap();
         assert!(off.iter().all(|h| h.tier >= 1));
         let plain: Vec<NodeView> = ["n1", "n2"]
             .iter()
             .map(|n| view(n, &["nn-s1", "nn-a1", "nn-l1"]))
             .collect();
         assert_eq!(
-            desired(&s, &plain, "ec2tl", true),
-            desired(&s, &plain, "ec2tl", false)
+            desired(&s, &plain, "ec2tl", Tier0::UltraServers),
+            desired(&s, &plain, "ec2tl", Tier0::Off)
         );
+    }
+
+    /// With [`Tier0::Cliques`], tier 0 is one HyperNode per (leaf, block, clique): block A holds
+    /// two cliques under leaf l1 (an x72 as two x36: two tier-0 HyperNodes, each selecting its
+    /// clique's nodes), block C one clique split across l1 and l2 (one per leaf). A member of A
+    /// without the clique label is selected by its leaf (by the block's label and the clique's
+    /// absence) and is in no tier-0 HyperNode; the leaf's other nodes are selected as before. Every
+    /// node is selected exactly once.
+    #[test]
+    fn cliques_take_tier_zero_with_the_clique_level() {
+        let s = LabelScheme::default();
+        let block = s.capacity_block_key.clone().expect("a capacity block key");
+        let l3 = s.layer_key(3);
+        let node = |name: &str, leaf: &str, b: Option<&str>, c: Option<&str>| {
+            let mut v = view(name, &["nn-s1", "nn-a1", leaf]);
+            if let Some(b) = b {
+                v.labels.insert(block.clone(), b.into());
+            }
+            if let Some(c) = c {
+                v.labels.insert(CLIQUE_LABEL.into(), c.into());
+            }
+            v
+        };
+        let nodes = vec![
+            node("a1", "nn-l1", Some("cr-a"), Some("u.1")),
+            node("a2", "nn-l1", Some("cr-a"), Some("u.1")),
+            node("a3", "nn-l1", Some("cr-a"), Some("u.2")),
+            node("a4", "nn-l1", Some("cr-a"), None),
+            node("c1", "nn-l1", Some("cr-c"), Some("v.1")),
+            node("c2", "nn-l2", Some("cr-c"), Some("v.1")),
+            node("plain", "nn-l2", None, None),
+        ];
+        let hns = desired(&s, &nodes, "ec2tl", Tier0::Cliques).unwrap();
+        let zero: Vec<&HyperNode> = hns.iter().filter(|h| h.tier == 0).collect();
+        let mut zero_names: Vec<String> = zero.iter().map(|h| h.name.clone()).collect();
+        zero_names.sort();
+        let mut want: Vec<String> = [
+            ("u.1", "cr-a", "nn-l1"),
+            ("u.2", "cr-a", "nn-l1"),
+            ("v.1", "cr-c", "nn-l1"),
+            ("v.1", "cr-c", "nn-l2"),
+        ]
+        .iter()
+        .map(|(c, b, l)| clique_name("ec2tl", c, b, l))
+        .collect();
+        want.sort();
+        assert_eq!(zero_names, want, "{zero:#?}");
+        assert!(zero.iter().all(|h| h.tier_name == CLIQUE_LABEL));
+        let clique = hns
+            .iter()
+            .find(|h| h.name == clique_name("ec2tl", "u.2", "cr-a", "nn-l1"))
+            .expect("clique u.2");
+        assert_eq!(
+            clique.members,
+            vec![Member::Nodes {
+                labels: BTreeMap::from([
+                    (l3.clone(), "nn-l1".into()),
+                    (block.clone(), "cr-a".into()),
+                    (CLIQUE_LABEL.into(), "u.2".into()),
+                ]),
+                absent: vec![s.layer_key(4)],
+            }]
+        );
+        let leaf = hns
+            .iter()
+            .find(|h| h.name == hypernode_name("ec2tl", 1, "nn-l1"))
+            .expect("leaf l1");
+        assert!(leaf.members.contains(&Member::Nodes {
+            labels: BTreeMap::from([(l3.clone(), "nn-l1".into()), (block.clone(), "cr-a".into())]),
+            absent: vec![s.layer_key(4), CLIQUE_LABEL.into()],
+        }));
+        assert!(leaf.members.contains(&Member::Nodes {
+            labels: BTreeMap::from([(l3.clone(), "nn-l1".into())]),
+            absent: vec![s.layer_key(4), block.clone()],
+        }));
+        assert!(
+            !hns.iter()
+                .any(|h| h.name == ultraserver_name("ec2tl", "cr-a", "nn-l1")),
+            "no UltraServer HyperNode beside the cliques"
+        );
+        // Each node is selected by exactly one Node member of the whole tree.
+        let matches = |labels: &BTreeMap<String, String>, absent: &[String], v: &NodeView| {
+            labels.iter().all(|(k, val)| v.labels.get(k) == Some(val))
+                && absent.iter().all(|k| !v.labels.contains_key(k))
+        };
+        for v in &nodes {
+            let n = hns
+                .iter()
+                .flat_map(|h| &h.members)
+                .filter(|m| match m {
+                    Member::Nodes { labels, absent } => matches(labels, absent, v),
+                    Member::HyperNode(_) => false,
+                })
+                .count();
+            assert_eq!(n, 1, "{} is selected {n} times", v.name);
+        }
+        // Without the option the same nodes make UltraServers, one per (leaf, block).
+        let us = desired(&s, &nodes, "ec2tl", Tier0::UltraServers).unwrap();
+        assert_eq!(us.iter().filter(|h| h.tier == 0).count(), 3);
     }
 
     #[test]
@@ -381,7 +540,13 @@ mod tests {
             view("n2", &["nn-s1", "nn-a1", "nn-l2"]),
             view("n3", &["nn-s1", "nn-a1", "nn-l2"]),
         ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap();
+        let hns = desired(
+            &LabelScheme::default(),
+            &nodes,
+            "ec2tl",
+            Tier0::UltraServers,
+        )
+        .unwrap();
         let names: Vec<(&str, usize)> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
         assert_eq!(
             names,
@@ -443,7 +608,7 @@ mod tests {
             NodeView::labelled("n1", &s, &["s", "a", "m", "m"]),
             NodeView::labelled("n2", &s, &["s", "b", "r", "l"]),
         ];
-        let hns = desired(&s, &nodes, "ec2tl", true).unwrap();
+        let hns = desired(&s, &nodes, "ec2tl", Tier0::UltraServers).unwrap();
         let by_name: BTreeMap<&str, &HyperNode> =
             hns.iter().map(|h| (h.name.as_str(), h)).collect();
         assert!(!by_name.contains_key("ec2tl-t2-m"), "{:?}", by_name.keys());
@@ -469,7 +634,13 @@ mod tests {
             view("n1", &["s", "a", "r", "l"]),
             view("n2", &["s", "b", "m"]),
         ];
-        let hns = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap();
+        let hns = desired(
+            &LabelScheme::default(),
+            &nodes,
+            "ec2tl",
+            Tier0::UltraServers,
+        )
+        .unwrap();
         let tiers: BTreeMap<&str, usize> = hns.iter().map(|h| (h.name.as_str(), h.tier)).collect();
         assert_eq!(tiers["ec2tl-t4-s"], 4);
         assert_eq!(
@@ -483,7 +654,13 @@ mod tests {
     #[test]
     fn two_parents_for_one_child_are_refused() {
         let nodes = vec![view("n1", &["s", "a1", "l"]), view("n2", &["s", "a2", "l"])];
-        let err = desired(&LabelScheme::default(), &nodes, "ec2tl", true).unwrap_err();
+        let err = desired(
+            &LabelScheme::default(),
+            &nodes,
+            "ec2tl",
+            Tier0::UltraServers,
+        )
+        .unwrap_err();
         assert_eq!(err.len(), 1);
         assert_eq!(err[0].network_node, "l");
         assert_eq!(err[0].parents, vec!["a1", "a2"]);
@@ -516,7 +693,7 @@ mod tests {
         let mut v = view("n", &[]);
         v.labels.insert("other".into(), "x".into());
         assert_eq!(
-            desired(&LabelScheme::default(), &[v], "ec2tl", true),
+            desired(&LabelScheme::default(), &[v], "ec2tl", Tier0::UltraServers),
             Ok(vec![])
         );
     }

@@ -37,7 +37,7 @@ use super::{
 };
 
 mod desired;
-pub use desired::{HyperNode, Member, desired, hypernode_name, owned_by};
+pub use desired::{HyperNode, Member, Tier0, desired, hypernode_name, owned_by};
 
 /// A HyperNode this installation would publish that another installation holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,9 +289,10 @@ pub struct VolcanoPublisher {
     sync: HyperNodeSync,
     prefix: String,
     scheme: LabelScheme,
-    /// Each UltraServer under a leaf as a HyperNode of tier 0 (`--ultraserver-level` not
-    /// `never`; only nodes with a capacity block make one).
-    ultraservers: bool,
+    /// What tier 0 holds: each UltraServer under a leaf (`--ultraserver-level` not `never`;
+    /// only nodes with a capacity block make one), or each NVLink clique of one
+    /// (`--nvlink-clique-level`), or nothing.
+    tier0: Tier0,
     metrics: Arc<Metrics>,
     events: crate::events::Events,
     last_conflicts: Vec<Conflict>,
@@ -317,7 +318,7 @@ impl VolcanoPublisher {
             sync: HyperNodeSync::new(client, prefix, owner, recheck, leader),
             prefix: prefix.to_string(),
             scheme,
-            ultraservers: true,
+            tier0: Tier0::UltraServers,
             metrics,
             events,
             last_conflicts: Vec::new(),
@@ -325,14 +326,14 @@ impl VolcanoPublisher {
         }
     }
 
-    /// Without the UltraServer tier (`--ultraserver-level=never`).
-    pub fn without_ultraservers(mut self) -> Self {
-        self.ultraservers = false;
+    /// Tier 0 holding `tier0` (UltraServers unless told).
+    pub fn with_tier0(mut self, tier0: Tier0) -> Self {
+        self.tier0 = tier0;
         self
     }
 
     async fn publish_views(&mut self, views: &[NodeView]) {
-        match desired(&self.scheme, views, &self.prefix, self.ultraservers) {
+        match desired(&self.scheme, views, &self.prefix, self.tier0) {
             Ok(desired) => {
                 self.last_conflicts.clear();
                 self.metrics.hypernode_conflicts(0);
@@ -440,11 +441,15 @@ impl super::plugin::Plugin for Plugin {
                     s.events.clone(),
                     s.leader.clone(),
                 );
-                let p = if a.ultraserver_level == super::topology::UltraServerLevel::Never {
-                    p.without_ultraservers()
-                } else {
-                    p
-                };
+                let p = p.with_tier0(
+                    if a.ultraserver_level == super::topology::UltraServerLevel::Never {
+                        Tier0::Off
+                    } else if a.nvlink_clique_level {
+                        Tier0::Cliques
+                    } else {
+                        Tier0::UltraServers
+                    },
+                );
                 Box::new(p) as Box<dyn super::Publisher>
             })
             .into_iter()
@@ -649,7 +654,7 @@ mod sync_tests {
             &s,
             &[NodeView::labelled("n1", &s, &["s", "a", "m"])],
             "ec2tl",
-            true,
+            Tier0::UltraServers,
         )
         .expect("a tree")
     }

@@ -17,7 +17,9 @@ use e2e::{
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams},
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    },
 };
 use serde_json::Value;
 
@@ -1156,6 +1158,120 @@ async fn mixed_ways(
     );
     reports.push(r);
     Ok(reports)
+}
+
+/// `--nvlink-clique-level`: tier 0 of our HyperNodes is the NVLink clique. One UltraServer of four
+/// nodes under one leaf holds two cliques of two (an x72 running as two x36: GPU Feature
+/// Discovery's `nvidia.com/gpu.clique`, set here as it would). Tier 0 is one HyperNode per clique
+/// (none for the UltraServer). Real Volcano keeps a gang of 3 at `highestTierAllowed: 0` pending
+/// (no clique has 3 nodes; without the option it would fit the UltraServer), places two gangs of
+/// 2 one per clique, each inside one; the labeler goes back to the usual flags after.
+pub async fn volcano_places_gangs_inside_one_clique(env: &Env) -> anyhow::Result<()> {
+    const NS: &str = "volcano-clique";
+    const CLIQUE: &str = "nvidia.com/gpu.clique";
+    let c = env.admin().await?;
+    let block = "cr-0d00000000000170d";
+    let path = ["nn-vq-s", "nn-vq-a", "nn-vq-l1"];
+    e2e::env::restart_labeler_with(env, &["--nvlink-clique-level=true"]).await?;
+    let result = async {
+        let fleet = Fleet::create_in_blocks(
+            env,
+            &c,
+            NS,
+            0x170,
+            &[("p6e-gb200-e2e.36xlarge", &path[..], 4, Some(block))],
+        )
+        .await?;
+        let cliques = ["e2e-fabric-0170.1", "e2e-fabric-0170.2"];
+        let clique_of: BTreeMap<String, &str> = fleet
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| (s.name.clone(), cliques[i / 2]))
+            .collect();
+        let nodes: Api<Node> = Api::all(c.clone());
+        for (name, clique) in &clique_of {
+            nodes
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": {CLIQUE: clique}}})),
+                )
+                .await?;
+        }
+        gangs::workload_namespace(env, &c, NS).await?;
+        let zero = eventually("our tier-0 HyperNodes, one per clique", WAIT, || async {
+            let have: BTreeMap<String, Value> = hypernodes(&c)
+                .list(&ListParams::default().labels(OURS_LABEL))
+                .await?
+                .items
+                .into_iter()
+                .filter(|h| h.data["spec"]["tier"] == 0)
+                .filter_map(|h| Some((h.metadata.name.clone()?, h.data["spec"].clone())))
+                // Names are shortened with a hash past 63 characters: by what they select.
+                .filter(|(_, spec)| spec["members"].to_string().contains("nn-vq-l1"))
+                .collect();
+            Ok(
+                (have.len() == 2 && have.values().all(|spec| spec["tierName"] == CLIQUE))
+                    .then_some(have),
+            )
+        })
+        .await?;
+        for clique in cliques {
+            ensure!(
+                zero.values()
+                    .any(|spec| spec["members"].to_string().contains(clique)),
+                "no tier-0 HyperNode selects clique {clique}: {zero:#?}"
+            );
+        }
+        let mut volcano = start_volcano(env, &c, "volcano-clique").await?;
+        let placing = async {
+            let pool = &fleet.pool;
+            let mut seen = Vec::new();
+            let why = stays_pending(&c, NS, "clique-3", pool, 3, 0).await?;
+            seen.push(format!(
+                "3 pods, tier 0, cliques of 2 in an UltraServer of 4 -> pending: {why}"
+            ));
+            let mut taken = BTreeSet::new();
+            for name in ["clique-a", "clique-b"] {
+                let placed = placed(&c, NS, name, pool, 2, 0).await?;
+                let of: BTreeSet<&str> = placed
+                    .iter()
+                    .map(|n| clique_of.get(n).copied().unwrap_or("(none)"))
+                    .collect();
+                ensure!(
+                    of.len() == 1,
+                    "gang {name} spans cliques: {of:?} ({placed:?})"
+                );
+                taken.extend(of.iter().map(|c| c.to_string()));
+                seen.push(format!(
+                    "2 pods, tier 0 -> clique {of:?}: {:?}",
+                    Fleet::short(&placed)
+                ));
+            }
+            ensure!(taken.len() == 2, "both gangs in one clique: {taken:?}");
+            for name in ["clique-a", "clique-b"] {
+                delete_job(&c, NS, name).await?;
+            }
+            anyhow::Ok(seen)
+        }
+        .await;
+        volcano.stop();
+        let seen = placing.map_err(|e| {
+            anyhow::anyhow!(
+                "{e:#}\ntier-0 HyperNodes: {:?}\n{}",
+                zero.keys().collect::<Vec<_>>(),
+                volcano.log_tails(20)
+            )
+        })?;
+        for line in seen {
+            eprintln!("    cliques: {line}");
+        }
+        fleet.delete(&c).await
+    }
+    .await;
+    let restored = e2e::env::restart_labeler_with(env, &[]).await;
+    result.and(restored)
 }
 
 /// UltraServers as tier 0 of our HyperNodes: three UltraServers of two nodes under two leaves

@@ -1873,6 +1873,153 @@ async fn kueue_places_slices_inside_one_ultraserver(env: &Env) -> anyhow::Result
     result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", kueue.log_tail(15)))
 }
 
+/// `--nvlink-clique-level`: the Kueue UltraServer Topology gets GPU Feature Discovery's NVLink
+/// clique (`nvidia.com/gpu.clique`) under the capacity block, and the real Kueue places by it.
+/// One UltraServer of four nodes under one leaf holds two cliques of two (an x72 running as two
+/// x36; the clique labels set here as GPU Feature Discovery would). The Topology gets a name of
+/// its own here (`--kueue-topology-ultraserver-name`): a Topology's levels are never changed in
+/// place, and the suite's `aws-network-ultraserver` is held by Kueue's finalizer for its
+/// ResourceFlavor.
+/// Three pods requiring one clique stay pending though three requiring one capacity block are
+/// admitted; two requiring one clique land inside one. The labeler goes back to the suite's
+/// usual flags after.
+async fn kueue_places_gangs_inside_one_clique(env: &Env) -> anyhow::Result<()> {
+    use e2e::schedulers::Kueue;
+    const ULTRA: &str = "aws-clique-ultraserver";
+    const BLOCK: &str = "ec2-topology-labeler.io/capacity-block-id";
+    const CLIQUE: &str = "nvidia.com/gpu.clique";
+    let c = env.admin().await?;
+    let api = topology_api(&c);
+    let with_clique: Vec<String> = (1..=3)
+        .map(|i| format!("{L}{i}"))
+        .chain([BLOCK.into(), CLIQUE.into(), "kubernetes.io/hostname".into()])
+        .collect();
+    e2e::env::restart_labeler_with(
+        env,
+        &[
+            "--nvlink-clique-level=true",
+            "--kueue-topology-ultraserver-name=aws-clique-ultraserver",
+        ],
+    )
+    .await?;
+    let result = async {
+        let specs: Vec<NodeSpec> = (0..4)
+            .map(|k| NodeSpec::ec2(0x171, k, "p6e-gb200-e2e.36xlarge"))
+            .collect();
+        let pairs: Vec<(NodeSpec, Instance)> = specs
+            .iter()
+            .map(|s| {
+                let mut i = s.instance(&["nn-gqs", "nn-gqa", "nn-gq-l1"]);
+                i.capacity_block_id = Some("cr-0e00000000000171e".into());
+                (s.clone(), i)
+            })
+            .collect();
+        label_and_wait(env, &c, &pairs).await?;
+        let cliques = ["e2e-fabric-0171.1", "e2e-fabric-0171.2"];
+        let host = |s: &NodeSpec| s.name.split('.').next().unwrap_or_default().to_string();
+        let clique_of: BTreeMap<String, &str> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (host(s), cliques[i / 2]))
+            .collect();
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+        for (i, s) in specs.iter().enumerate() {
+            nodes
+                .patch(
+                    &s.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {CLIQUE: cliques[i / 2]}}})),
+                )
+                .await?;
+        }
+        schedulable(&c, &specs).await?;
+        eventually(
+            &format!("Topology {ULTRA} with levels {with_clique:?}"),
+            WAIT,
+            || async {
+                Ok(api
+                    .get_opt(ULTRA)
+                    .await?
+                    .filter(|t| levels(t) == with_clique)
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        let artifacts = e2e::schedulers::artifacts()?;
+        let mut kueue = Kueue::start(
+            &artifacts.join("kueue"),
+            &env.cluster.admin_kubeconfig,
+            &env.dir.join("kueue-clique"),
+            &c,
+        )
+        .await?;
+        kube_util::ensure_namespace(&c, "gb200q").await?;
+        kube_util::apply_yaml(
+            &c,
+            &kueue_queue(
+                "gb200q-e2e",
+                "p6e-gb200-e2e.36xlarge",
+                ULTRA,
+                "gb200q",
+                "gb200q",
+            ),
+            "e2e",
+        )
+        .await?;
+        let workloads = kueue_workloads(&c, "gb200q");
+        let workload = |name: &str, count: u32, level: &str| {
+            kueue_workload(name, "gb200q", "gb200q", count, &format!("required: {level}"))
+        };
+        let placing = async {
+            kube_util::apply_yaml(&c, &workload("three-in-a-clique", 3, CLIQUE), "e2e").await?;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let w = workloads.get("three-in-a-clique").await?;
+            ensure!(
+                w.data["status"]["admission"].is_null(),
+                "3 pods requiring one clique were admitted though each clique has 2 nodes: {}",
+                w.data["status"]
+            );
+            workloads
+                .delete("three-in-a-clique", &Default::default())
+                .await?;
+            kube_util::apply_yaml(&c, &workload("three-in-the-block", 3, BLOCK), "e2e").await?;
+            let ta = kueue_assignment(&workloads, "three-in-the-block").await?;
+            ensure!(
+                decode_assignment(&ta).len() == 3,
+                "3 pods requiring one capacity block fit its 4 nodes: {ta}"
+            );
+            workloads
+                .delete("three-in-the-block", &Default::default())
+                .await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            kube_util::apply_yaml(&c, &workload("two-in-a-clique", 2, CLIQUE), "e2e").await?;
+            let ta = kueue_assignment(&workloads, "two-in-a-clique").await?;
+            let hosts = decode_assignment(&ta);
+            let of: std::collections::BTreeSet<&str> = hosts
+                .iter()
+                .map(|h| clique_of.get(h).copied().unwrap_or("(none)"))
+                .collect();
+            ensure!(
+                hosts.len() == 2 && of.len() == 1 && !of.contains("(none)"),
+                "2 pods requiring one clique land inside one: {of:?} {ta}"
+            );
+            workloads
+                .delete("two-in-a-clique", &Default::default())
+                .await?;
+            eprintln!(
+                "    Kueue: 3 pods requiring one clique pending, 3 requiring the capacity block admitted, 2 requiring one clique placed in {of:?}"
+            );
+            anyhow::Ok(())
+        }
+        .await;
+        kueue.stop();
+        placing.map_err(|e| anyhow::anyhow!("{e:#}\n{}", kueue.log_tail(15)))
+    }
+    .await;
+    let restored = e2e::env::restart_labeler_with(env, &[]).await;
+    result.and(restored)
+}
+
 /// `--uniform-depth=4`: one 4-level Kueue Topology covers a fleet of 3- and 4-layer nodes. A
 /// 3-layer node gets its switch repeated as layer 4, so Kueue no longer leaves it out of TAS,
 /// and a workload requiring one layer-4 domain lands under one switch on either kind of node.
@@ -2788,6 +2935,7 @@ fn scenarios() -> Vec<(&'static str, ScenarioFn, bool)> {
         scenario!(kueue_admits_into_one_layer3_domain, true),
         scenario!(kueue_one_topology_for_a_mixed_fleet, true),
         scenario!(kueue_places_slices_inside_one_ultraserver, true),
+        scenario!(kueue_places_gangs_inside_one_clique, true),
         scenario!(fit_agrees_with_kueue, true),
         scenario!(volcano_places_gangs_on_our_hypernodes, true),
         scenario!(volcano_places_gangs_inside_one_ultraserver, true),

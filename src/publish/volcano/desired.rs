@@ -230,78 +230,65 @@ pub fn desired(
     if !conflicts.is_empty() {
         return Err(conflicts);
     }
-    let mut out: Vec<HyperNode> = entries
-        .iter()
-        .map(|((tier, id), e)| {
-            let mut members: Vec<Member> = e
-                .children
-                .iter()
-                .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
-                .collect();
-            if let Some((key, absent)) = &e.leaf_selector {
-                let deeper: Vec<String> = absent.iter().cloned().collect();
-                let mut absent = deeper.clone();
-                if let Some(k) = block_key.filter(|_| !e.blocks.is_empty()) {
-                    for (b, clique) in &e.blocks {
-                        members.push(match (clique, tier0) {
-                            (Some(c), _) => Member::HyperNode(clique_name(prefix, c, b, id)),
-                            (None, Tier0::Cliques) => Member::Nodes {
-                                labels: BTreeMap::from([
-                                    (key.clone(), id.clone()),
-                                    (k.clone(), b.clone()),
-                                ]),
+    let mut out: Vec<HyperNode> = Vec::new();
+    for ((tier, id), e) in &entries {
+        let mut members: Vec<Member> = e
+            .children
+            .iter()
+            .map(|(t, c)| Member::HyperNode(hypernode_name(prefix, *t, c)))
+            .collect();
+        if let Some((key, absent)) = &e.leaf_selector {
+            let deeper: Vec<String> = absent.iter().cloned().collect();
+            let mut absent = deeper.clone();
+            if let Some(k) = block_key.filter(|_| !e.blocks.is_empty()) {
+                // Tier 0 below this leaf: the nodes of its selector that carry the block (and
+                // the clique), one HyperNode each; a block's nodes without the clique label
+                // under [`Tier0::Cliques`] stay with the leaf.
+                for (b, clique) in &e.blocks {
+                    let mut labels =
+                        BTreeMap::from([(key.clone(), id.clone()), (k.clone(), b.clone())]);
+                    let (name, tier_name) = match clique {
+                        Some(c) => {
+                            labels.insert(CLIQUE_LABEL.to_string(), c.clone());
+                            (clique_name(prefix, c, b, id), CLIQUE_LABEL.to_string())
+                        }
+                        None if tier0 == Tier0::Cliques => {
+                            members.push(Member::Nodes {
+                                labels,
                                 absent: deeper
                                     .iter()
                                     .cloned()
                                     .chain([CLIQUE_LABEL.to_string()])
                                     .collect(),
-                            },
-                            (None, _) => Member::HyperNode(ultraserver_name(prefix, b, id)),
-                        });
-                    }
-                    absent.push(k.clone());
+                            });
+                            continue;
+                        }
+                        None => (ultraserver_name(prefix, b, id), k.clone()),
+                    };
+                    members.push(Member::HyperNode(name.clone()));
+                    out.push(HyperNode {
+                        name,
+                        tier: 0,
+                        tier_name,
+                        members: vec![Member::Nodes {
+                            labels,
+                            absent: deeper.clone(),
+                        }],
+                    });
                 }
-                members.push(Member::Nodes {
-                    labels: BTreeMap::from([(key.clone(), id.clone())]),
-                    absent,
-                });
+                absent.push(k.clone());
             }
-            HyperNode {
-                name: hypernode_name(prefix, *tier, id),
-                tier: *tier,
-                tier_name: e.key.clone(),
-                members,
-            }
-        })
-        .collect();
-    // The UltraServers, tier 0: the nodes of the leaf's selector that carry the block.
-    if let Some(k) = block_key {
-        for ((_, id), e) in &entries {
-            let Some((key, absent)) = &e.leaf_selector else {
-                continue;
-            };
-            out.extend(e.blocks.iter().filter_map(|(b, clique)| {
-                let mut labels =
-                    BTreeMap::from([(key.clone(), id.clone()), (k.clone(), b.clone())]);
-                let (name, tier_name) = match (clique, tier0) {
-                    (Some(c), _) => {
-                        labels.insert(CLIQUE_LABEL.to_string(), c.clone());
-                        (clique_name(prefix, c, b, id), CLIQUE_LABEL.to_string())
-                    }
-                    (None, Tier0::Cliques) => return None,
-                    (None, _) => (ultraserver_name(prefix, b, id), k.clone()),
-                };
-                Some(HyperNode {
-                    name,
-                    tier: 0,
-                    tier_name,
-                    members: vec![Member::Nodes {
-                        labels,
-                        absent: absent.iter().cloned().collect(),
-                    }],
-                })
-            }));
+            members.push(Member::Nodes {
+                labels: BTreeMap::from([(key.clone(), id.clone())]),
+                absent,
+            });
         }
+        out.push(HyperNode {
+            name: hypernode_name(prefix, *tier, id),
+            tier: *tier,
+            tier_name: e.key.clone(),
+            members,
+        });
     }
     out.sort_by(|a, b| (a.tier, &a.name).cmp(&(b.tier, &b.name)));
     Ok(out)

@@ -141,6 +141,20 @@ async fn podgroup_of(c: &Client, ns: &str, name: &str) -> anyhow::Result<Option<
         }))
 }
 
+/// Stop Volcano and hand back `result`, an error with `context` (if any) and the tails of
+/// Volcano's logs.
+fn stopped<T>(mut volcano: Volcano, result: anyhow::Result<T>, context: &str) -> anyhow::Result<T> {
+    volcano.stop();
+    result.map_err(|e| {
+        let context = if context.is_empty() {
+            String::new()
+        } else {
+            format!("{context}\n")
+        };
+        anyhow::anyhow!("{e:#}\n{context}{}", volcano.log_tails(20))
+    })
+}
+
 /// Submit job `name` and wait until all its pods are bound; returns their nodes.
 async fn placed(
     c: &Client,
@@ -351,10 +365,9 @@ pub async fn volcano_places_gangs_on_our_hypernodes(env: &Env) -> anyhow::Result
         Ok(want.iter().all(|w| names.contains(*w)).then_some(()))
     })
     .await?;
-    let mut volcano = start_volcano(env, &c, "volcano-ours").await?;
+    let volcano = start_volcano(env, &c, "volcano-ours").await?;
     let result = gangs_keep_to_one_domain(&c, NS, "vo", &fleet).await;
-    volcano.stop();
-    let seen = result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", volcano.log_tails(20)))?;
+    let seen = stopped(volcano, result, "")?;
     for line in seen {
         eprintln!("    our HyperNodes: {line}");
     }
@@ -547,7 +560,7 @@ pub async fn volcano_places_gangs_by_its_label_discovery(env: &Env) -> anyhow::R
     let fleet = three_layer_fleet(env, &c, "vl", 0x121, NS).await?;
     use_label_discovery(env, &c, None).await?;
     let result = async {
-        let mut volcano = start_volcano(env, &c, "volcano-labels").await?;
+        let volcano = start_volcano(env, &c, "volcano-labels").await?;
         let result = async {
             // Discovery's tier 1 for this fleet: one HyperNode per switch, listing its nodes.
             let switch_names = || async {
@@ -607,8 +620,7 @@ pub async fn volcano_places_gangs_by_its_label_discovery(env: &Env) -> anyhow::R
             anyhow::Ok((switches, repaired, seen))
         }
         .await;
-        volcano.stop();
-        result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", volcano.log_tails(20)))
+        stopped(volcano, result, "")
     }
     .await;
     stop_label_discovery(env, &c).await?;
@@ -959,11 +971,11 @@ async fn mixed_fleet(env: &Env, discovery: bool) -> anyhow::Result<()> {
     )
     .await?;
     gangs::workload_namespace(env, &c, NS).await?;
-    let mut volcano = start_volcano(env, &c, "volcano-mixed").await?;
+    let volcano = start_volcano(env, &c, "volcano-mixed").await?;
     let result = mixed_ways(env, &c, NS, &fleet, discovery).await;
-    volcano.stop();
+    let result = stopped(volcano, result, "");
     let teardown = stop_label_discovery(env, &c).await;
-    let reports = result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", volcano.log_tails(20)))?;
+    let reports = result?;
     teardown?;
     for r in &reports {
         eprintln!("    {}:", r.way);
@@ -1224,7 +1236,7 @@ pub async fn volcano_places_gangs_inside_one_clique(env: &Env) -> anyhow::Result
                 "no tier-0 HyperNode selects clique {clique}: {zero:#?}"
             );
         }
-        let mut volcano = start_volcano(env, &c, "volcano-clique").await?;
+        let volcano = start_volcano(env, &c, "volcano-clique").await?;
         let placing = async {
             let pool = &fleet.pool;
             let mut seen = Vec::new();
@@ -1256,14 +1268,11 @@ pub async fn volcano_places_gangs_inside_one_clique(env: &Env) -> anyhow::Result
             anyhow::Ok(seen)
         }
         .await;
-        volcano.stop();
-        let seen = placing.map_err(|e| {
-            anyhow::anyhow!(
-                "{e:#}\ntier-0 HyperNodes: {:?}\n{}",
-                zero.keys().collect::<Vec<_>>(),
-                volcano.log_tails(20)
-            )
-        })?;
+        let seen = stopped(
+            volcano,
+            placing,
+            &format!("tier-0 HyperNodes: {:?}", zero.keys().collect::<Vec<_>>()),
+        )?;
         for line in seen {
             eprintln!("    cliques: {line}");
         }
@@ -1337,7 +1346,7 @@ pub async fn volcano_places_gangs_inside_one_ultraserver(env: &Env) -> anyhow::R
             && members.contains("DoesNotExist"),
         "leaf l1 holds its UltraServers and selects its other nodes without a block: {members}"
     );
-    let mut volcano = start_volcano(env, &c, "volcano-ultraserver").await?;
+    let volcano = start_volcano(env, &c, "volcano-ultraserver").await?;
     let result = async {
         let pool = &fleet.pool;
         let mut seen = Vec::new();
@@ -1380,14 +1389,11 @@ pub async fn volcano_places_gangs_inside_one_ultraserver(env: &Env) -> anyhow::R
         anyhow::Ok(seen)
     }
     .await;
-    volcano.stop();
-    let seen = result.map_err(|e| {
-        anyhow::anyhow!(
-            "{e:#}\ntier-0 HyperNodes: {:?}\n{}",
-            zero.keys().collect::<Vec<_>>(),
-            volcano.log_tails(20)
-        )
-    })?;
+    let seen = stopped(
+        volcano,
+        result,
+        &format!("tier-0 HyperNodes: {:?}", zero.keys().collect::<Vec<_>>()),
+    )?;
     for line in seen {
         eprintln!("    UltraServers: {line}");
     }

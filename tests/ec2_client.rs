@@ -4,12 +4,13 @@
     clippy::panic,
     clippy::indexing_slicing
 )]
-//! The real EC2 client (AWS SDK) against mock-ec2, a real HTTP server speaking EC2's query
+//! The real EC2 client (EC2's Query API, `lookup::query`) against mock-ec2, a real HTTP server speaking EC2's query
 //! protocol: answers, pagination, throttling, error XML, broken bodies, timeouts, no server.
 
 use std::{sync::Arc, time::Duration};
 
-use aws_sdk_ec2::config::{Credentials, Region};
+use aws_config::Region;
+use aws_credential_types::Credentials;
 use ec2_topology_labeler::{
     lookup::ec2::AwsTopology,
     lookup::limiter::{Limiter, LimiterConfig},
@@ -258,12 +259,12 @@ async fn the_lookup_stack_batches_250_instances_into_3_calls() {
     assert!(stats.ids_per_call.iter().all(|n| *n <= 100));
 }
 
-/// mock-ec2's Capacity Block calls as AWS's own SDK reads them: every field parses, the
-/// paginators walk the pages, and an interconnect that turns impaired is what the next status
-/// call says (what UltraServer health polling will rely on).
+/// mock-ec2's Capacity Block calls as the controller reads them: every field it uses parses,
+/// and an interconnect that turns impaired is what the next status call says (what UltraServer
+/// health polling relies on).
 #[tokio::test]
-async fn capacity_block_calls_parse_in_the_sdk() {
-    use aws_sdk_ec2::types::{CapacityBlockInterconnectStatus, CapacityBlockResourceState};
+async fn capacity_block_calls_parse() {
+    use ec2_topology_labeler::lookup::capacity_blocks::Interconnect;
     use mock_ec2::capacity_blocks::CapacityBlock;
     let blocks: Vec<CapacityBlock> = (1..=3u32)
         .map(|n| CapacityBlock {
@@ -282,6 +283,7 @@ async fn capacity_block_calls_parse_in_the_sdk() {
             total_unavailable_capacity: 1,
         })
         .collect();
+    let ids: Vec<String> = blocks.iter().map(|b| b.capacity_block_id.clone()).collect();
     let mock = MockEc2::new(Scenario {
         capacity_blocks: blocks,
         ..Default::default()
@@ -289,55 +291,61 @@ async fn capacity_block_calls_parse_in_the_sdk() {
     let url = mock_ec2::spawn(mock.clone())
         .await
         .expect("mock-ec2 starts");
-    let ec2 = aws_sdk_ec2::Client::new(&sdk_config(&url, Duration::from_secs(5)).await);
-    let found: Vec<_> = ec2
-        .describe_capacity_blocks()
-        .max_results(2)
-        .into_paginator()
-        .items()
-        .send()
-        .collect::<Result<Vec<_>, _>>()
-        .await
-        .expect("described");
-    assert_eq!(found.len(), 3, "two pages walked");
-    let first = &found[0];
-    assert_eq!(first.ultraserver_type(), Some("u-p6e-gb200x72"));
-    assert_eq!(found[1].ultraserver_type(), None, "a block of instances");
-    assert_eq!(first.state(), Some(&CapacityBlockResourceState::Active));
-    assert_eq!(first.capacity_reservation_ids(), ["cr-00000000000000001"]);
+    let ec2 = client_for(&url, Duration::from_secs(5)).await;
+    let shapes = ec2.shapes("us-west-2", &ids).await;
+    assert!(shapes.failed.is_empty(), "{:?}", shapes.failed);
+    assert_eq!(shapes.blocks.len(), 3);
+    let first = &shapes.blocks["cb-00000000000000001"];
+    assert_eq!(first.ultraserver_type.as_deref(), Some("u-p6e-gb200x72"));
+    assert_eq!(first.state.as_deref(), Some("active"));
+    assert_eq!(first.end.as_deref(), Some("2026-12-19T11:30:00Z"));
     assert_eq!(
-        first.end_date().map(|d| d.secs()),
-        Some(1_797_679_800),
-        "2026-12-19T11:30:00Z"
+        shapes.blocks["cb-00000000000000002"].ultraserver_type, None,
+        "a block of instances"
     );
-    let status = |ec2: aws_sdk_ec2::Client| async move {
-        ec2.describe_capacity_block_status()
-            .capacity_block_ids("cb-00000000000000001")
-            .send()
-            .await
-            .expect("status")
-            .capacity_block_statuses()
-            .first()
-            .cloned()
-            .expect("one block")
-    };
-    let ok = status(ec2.clone()).await;
-    assert_eq!(
-        ok.interconnect_status(),
-        Some(&CapacityBlockInterconnectStatus::Ok)
-    );
-    assert_eq!(
-        (ok.total_capacity(), ok.total_unavailable_capacity()),
-        (Some(18), Some(1))
-    );
+    let one = vec!["cb-00000000000000001".to_string()];
+    let ok = ec2.interconnects("us-west-2", &one).await;
+    assert!(ok.failed.is_empty(), "{:?}", ok.failed);
+    assert_eq!(ok.statuses[&one[0]], Interconnect::Ok);
+    assert_eq!(ok.capacities[&one[0]], 18);
     assert!(mock.set_interconnect_status("cb-00000000000000001", "impaired"));
     assert_eq!(
-        status(ec2.clone()).await.interconnect_status(),
-        Some(&CapacityBlockInterconnectStatus::Impaired)
+        ec2.interconnects("us-west-2", &one).await.statuses[&one[0]],
+        Interconnect::Impaired
     );
     let stats = mock.capacity_block_stats();
     assert_eq!(
         (stats.blocks_calls, stats.status_calls, stats.failed),
-        (2, 2, 0)
+        (1, 2, 0)
     );
+}
+
+/// Calls are signed as EC2 checks them (Signature Version 4, recomputed by mock-ec2 with the
+/// SDK's own signer): accepted with the key EC2 knows, refused (`AuthFailure`, the operator's to
+/// fix) with a secret it does not.
+#[tokio::test]
+async fn calls_are_signed_as_ec2_checks_them() {
+    use mock_ec2::auth::{AuthConfig, StaticCredential};
+    let (mock, ec2) = start(vec![instance(1, &["a", "b", "c"])]).await;
+    mock.set_auth(AuthConfig {
+        verify_signatures: true,
+        static_credentials: vec![StaticCredential {
+            access_key_id: "AKIDEXAMPLE".into(),
+            secret_access_key: "secret".into(),
+        }],
+        ..AuthConfig::default()
+    });
+    let found = ec2.describe("us-west-2", &[id(1)]).await.expect("signed");
+    assert_eq!(found[0].network_nodes, ["a", "b", "c"]);
+    mock.set_auth(AuthConfig {
+        verify_signatures: true,
+        static_credentials: vec![StaticCredential {
+            access_key_id: "AKIDEXAMPLE".into(),
+            secret_access_key: "another".into(),
+        }],
+        ..AuthConfig::default()
+    });
+    let err = ec2.describe("us-west-2", &[id(1)]).await.unwrap_err();
+    assert!(matches!(err, Ec2Error::Unauthorized { .. }), "{err:?}");
+    assert!(err.needs_operator());
 }

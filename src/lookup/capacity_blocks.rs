@@ -11,9 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_ec2::types::CapacityBlockInterconnectStatus;
-
-use super::ec2::{AwsTopology, Pace, classify};
+use super::{
+    ec2::{AwsTopology, Pace},
+    query::{document, items, list, next_token, number, text, time},
+};
 use crate::topology::Ec2Error;
 
 /// Capacity Block IDs a request names (the API Reference sets no limit; a bounded request
@@ -78,8 +79,8 @@ impl AwsTopology {
     /// together; a request of 100 IDs is followed page by page whatever the page size).
     pub async fn interconnects(&self, region: &str, ids: &[String]) -> Found {
         let mut out = Found::default();
-        let client = match self.client(region) {
-            Ok(c) => c,
+        let url = match self.client(region) {
+            Ok(url) => url,
             Err(e) => {
                 out.failed.push((ids.to_vec(), e));
                 return out;
@@ -89,7 +90,7 @@ impl AwsTopology {
             let mut statuses = BTreeMap::new();
             let mut capacities = BTreeMap::new();
             match self
-                .chunk(&client, chunk, &mut statuses, &mut capacities)
+                .chunk(region, &url, chunk, &mut statuses, &mut capacities)
                 .await
             {
                 Ok(()) => {
@@ -106,8 +107,8 @@ impl AwsTopology {
     /// request of at most [`IDS_PER_CALL`] IDs at a time, as [`AwsTopology::interconnects`].
     pub async fn shapes(&self, region: &str, ids: &[String]) -> Shapes {
         let mut out = Shapes::default();
-        let client = match self.client(region) {
-            Ok(c) => c,
+        let url = match self.client(region) {
+            Ok(url) => url,
             Err(e) => {
                 out.failed.push((ids.to_vec(), e));
                 return out;
@@ -115,7 +116,7 @@ impl AwsTopology {
         };
         for chunk in ids.chunks(IDS_PER_CALL) {
             let mut blocks = BTreeMap::new();
-            match self.shape_chunk(&client, chunk, &mut blocks).await {
+            match self.shape_chunk(region, &url, chunk, &mut blocks).await {
                 Ok(()) => out.blocks.extend(blocks),
                 Err(e) => out.failed.push((chunk.to_vec(), e)),
             }
@@ -125,45 +126,40 @@ impl AwsTopology {
 
     async fn shape_chunk(
         &self,
-        client: &aws_sdk_ec2::Client,
+        region: &str,
+        url: &str,
         ids: &[String],
         out: &mut BTreeMap<String, Shape>,
     ) -> Result<(), Ec2Error> {
+        const ACTION: &str = "DescribeCapacityBlocks";
         self.follow(
-            "DescribeCapacityBlocks",
+            ACTION,
             Pace::Every,
             MAX_PAGES,
             |token| {
-                let request = client
-                    .describe_capacity_blocks()
-                    .set_capacity_block_ids(Some(ids.to_vec()))
-                    .set_next_token(token);
-                async move { request.send().await.map_err(classify) }
+                let mut params = list("CapacityBlockId", ids);
+                params.extend(token.map(|t| ("NextToken".to_string(), t)));
+                self.call(region, url, ACTION, params)
             },
-            |page| {
-                for item in page.capacity_blocks() {
-                    let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
+            |body: String| {
+                let doc = document(ACTION, &body)?;
+                for item in items(&doc, "capacityBlockSet") {
+                    let Some(id) = text(item, "capacityBlockId") else {
                         return Err(Ec2Error::BadResponse(
                             "EC2 described a Capacity Block without its ID".into(),
                         ));
                     };
-                    let end = item.end_date().and_then(|d| {
-                        d.fmt(aws_sdk_ec2::primitives::DateTimeFormat::DateTime)
-                            .ok()
-                    });
+                    let end = time(item, "endDate")?.map(humantime::format_rfc3339_seconds);
                     out.insert(
                         id.to_string(),
                         Shape {
-                            ultraserver_type: item
-                                .ultraserver_type()
-                                .filter(|s| !s.is_empty())
-                                .map(str::to_owned),
-                            end,
-                            state: item.state().map(|s| s.as_str().to_owned()),
+                            ultraserver_type: text(item, "ultraserverType").map(str::to_owned),
+                            end: end.map(|t| t.to_string()),
+                            state: text(item, "state").map(str::to_owned),
                         },
                     );
                 }
-                Ok(page.next_token().map(str::to_owned))
+                Ok(next_token(&doc))
             },
         )
         .await
@@ -171,44 +167,45 @@ impl AwsTopology {
 
     async fn chunk(
         &self,
-        client: &aws_sdk_ec2::Client,
+        region: &str,
+        url: &str,
         ids: &[String],
         out: &mut BTreeMap<String, Interconnect>,
         capacities: &mut BTreeMap<String, u32>,
     ) -> Result<(), Ec2Error> {
+        const ACTION: &str = "DescribeCapacityBlockStatus";
         self.follow(
-            "DescribeCapacityBlockStatus",
+            ACTION,
             Pace::Every,
             MAX_PAGES,
             |token| {
-                let request = client
-                    .describe_capacity_block_status()
-                    .set_capacity_block_ids(Some(ids.to_vec()))
-                    .set_next_token(token);
-                async move { request.send().await.map_err(classify) }
+                let mut params = list("CapacityBlockId", ids);
+                params.extend(token.map(|t| ("NextToken".to_string(), t)));
+                self.call(region, url, ACTION, params)
             },
-            |page| {
-                for item in page.capacity_block_statuses() {
-                    let Some(id) = item.capacity_block_id().filter(|s| !s.is_empty()) else {
+            |body: String| {
+                let doc = document(ACTION, &body)?;
+                for item in items(&doc, "capacityBlockStatusSet") {
+                    let Some(id) = text(item, "capacityBlockId") else {
                         return Err(Ec2Error::BadResponse(
                             "EC2 described a Capacity Block's status without its ID".into(),
                         ));
                     };
-                    let status = match item.interconnect_status() {
-                        Some(CapacityBlockInterconnectStatus::Ok) => Interconnect::Ok,
-                        Some(CapacityBlockInterconnectStatus::Impaired) => Interconnect::Impaired,
+                    // A value this build does not know is never acted on.
+                    let status = match text(item, "interconnectStatus") {
+                        Some("ok") => Interconnect::Ok,
+                        Some("impaired") => Interconnect::Impaired,
                         _ => Interconnect::InsufficientData,
                     };
                     out.insert(id.to_string(), status);
-                    if let Some(n) = item
-                        .total_capacity()
+                    if let Some(n) = number(item, "totalCapacity")?
                         .and_then(|n| u32::try_from(n).ok())
                         .filter(|n| *n > 0)
                     {
                         capacities.insert(id.to_string(), n);
                     }
                 }
-                Ok(page.next_token().map(str::to_owned))
+                Ok(next_token(&doc))
             },
         )
         .await

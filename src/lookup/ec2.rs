@@ -1,32 +1,36 @@
-//! The production [`TopologySource`]: `DescribeInstanceTopology` through the AWS SDK.
+//! The production [`TopologySource`]: `DescribeInstanceTopology` through EC2's Query API
+//! ([`super::query`]).
 //!
-//! Credentials come from the SDK's default chain (environment, profile, IRSA web identity, EKS
-//! Pod Identity); `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` redirect calls (tests use a mock).
-//! The SDK's own retries are off: throttling and retries are handled once, for every caller, by
-//! the shared limiter and the reconciler's backoff.
+//! Credentials come from the AWS SDK's default chain (environment, profile, IRSA web identity,
+//! EKS Pod Identity); `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` redirect calls (tests use a
+//! mock). Nothing retries behind the caller's back: throttling and retries are handled once, for
+//! every caller, by the shared limiter and the reconciler's backoff.
 //!
-//! Owns: the AWS SDK clients (one per region, at most [`MAX_REGIONS`]) and how their answers are
-//! read and refused. Never caches or retries: the cache, the batcher and the limiter do.
+//! Owns: the regions called (at most [`MAX_REGIONS`]) and how their answers are read and
+//! refused. Never caches or retries: the cache, the batcher and the limiter do.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use aws_config::{BehaviorVersion, retry::RetryConfig, timeout::TimeoutConfig};
-use aws_sdk_ec2::{
-    Client,
-    config::Region,
-    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
-};
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+use roxmltree::Node;
 
 use clap::Args;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::limiter::LimiterConfig;
+use super::{
+    limiter::LimiterConfig,
+    query::{Api, document, items, list, next_token, strings, text},
+};
 use crate::{
     duration::HumanDuration,
     topology::{Ec2Error, InstanceTopology, TopologySource},
 };
+
+/// Calls without a timeout of their own in the SDK configuration ([`AwsTopology::new`]) wait
+/// this long.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pages followed for one batch before giving up (EC2 answers up to 100 IDs in one page; this
 /// only guards against a misbehaving endpoint that keeps sending `nextToken`).
@@ -39,8 +43,8 @@ pub const MAX_REGIONS: usize = 32;
 /// checks the two agree).
 pub const REGION_PATTERN: &str = "^[a-z]{2,4}(-[a-z]{2,4})?-(north|south|east|west|central|northeast|northwest|southeast|southwest)-[0-9]{1,2}$";
 
-/// `--region`: a region name (`us-west-2`, `us-gov-west-1`), refused at start otherwise (the SDK
-/// would only fail every call later, naming a host that does not exist).
+/// `--region`: a region name (`us-west-2`, `us-gov-west-1`), refused at start otherwise (every
+/// call would only fail later, naming a host that does not exist).
 pub fn parse_region(s: &str) -> Result<String, String> {
     if crate::provider_id::is_region_name(s) {
         Ok(s.to_string())
@@ -84,14 +88,14 @@ impl Ec2Args {
     }
 }
 
-/// The regions with a client. Region names come from providerIDs, which whoever may create a
+/// The regions with a client (EC2's URL there). Region names come from providerIDs, which whoever may create a
 /// Node writes: a region EC2 has answered from (proven) keeps its client, up to
 /// [`MAX_REGIONS`]; any other is on trial, and all of them together take one slot (a new one
 /// replaces the last), so hostile names (`aws:///zz-north-1a/i-…`, one region each) never crowd
 /// out the real ones.
 #[derive(Default)]
 struct Clients {
-    by_region: HashMap<String, Client>,
+    by_region: HashMap<String, String>,
     proven: std::collections::HashSet<String>,
     trial: Option<String>,
 }
@@ -147,7 +151,7 @@ pub(super) enum Pace {
 }
 
 pub struct AwsTopology {
-    base: aws_config::SdkConfig,
+    api: Api,
     clients: Mutex<Clients>,
     /// The shared EC2 budget: each page after the first takes a token (the batcher takes the
     /// first's before it calls).
@@ -160,10 +164,15 @@ impl AwsTopology {
         Self::new(Self::loader(call_timeout).load().await)
     }
 
-    /// Use an SDK configuration built by the caller (tests point it at a mock).
+    /// Use an SDK configuration built by the caller (tests point it at a mock): its
+    /// credentials, endpoint settings and operation timeout.
     pub fn new(base: aws_config::SdkConfig) -> Self {
+        let timeout = base
+            .timeout_config()
+            .and_then(|t| t.operation_timeout())
+            .unwrap_or(DEFAULT_TIMEOUT);
         Self {
-            base,
+            api: Api::new(&base, timeout),
             clients: Mutex::new(Clients::default()),
             limiter: None,
         }
@@ -216,7 +225,8 @@ impl AwsTopology {
         )))
     }
 
-    /// The SDK configuration loader with our transport, timeouts and retry policy.
+    /// The SDK configuration loader with our transport (for the credential providers' own
+    /// calls: STS, the Pod Identity agent), timeouts and retry policy.
     pub fn loader(call_timeout: Duration) -> aws_config::ConfigLoader {
         // One TLS stack for the process: rustls with ring, the same provider kube uses.
         let http = aws_smithy_http_client::Builder::new()
@@ -233,20 +243,28 @@ impl AwsTopology {
             .timeout_config(timeouts)
     }
 
-    /// The client for `region`, made on first use (see [`Clients`]). Region names come from
+    /// EC2's URL in `region`, found on first use (see [`Clients`]). Region names come from
     /// providerIDs (validated, see `provider_id::is_region_name`).
-    pub(super) fn client(&self, region: &str) -> Result<Client, Ec2Error> {
+    pub(super) fn client(&self, region: &str) -> Result<String, Ec2Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = clients.by_region.get(region) {
-            return Ok(c.clone());
+        if let Some(url) = clients.by_region.get(region) {
+            return Ok(url.clone());
         }
+        let url = self.api.endpoints.url(region)?;
         clients.admit(region)?;
-        let conf = aws_sdk_ec2::config::Builder::from(&self.base)
-            .region(Region::new(region.to_string()))
-            .build();
-        let client = Client::from_conf(conf);
-        clients.by_region.insert(region.to_string(), client.clone());
-        Ok(client)
+        clients.by_region.insert(region.to_string(), url.clone());
+        Ok(url)
+    }
+
+    /// One call of `action` with `params` to EC2 in `region` at `url` (from [`Self::client`]).
+    pub(super) async fn call(
+        &self,
+        region: &str,
+        url: &str,
+        action: &str,
+        params: Vec<(String, String)>,
+    ) -> Result<String, Ec2Error> {
+        self.api.call(region, url, action, &params).await
     }
 
     /// What a call to `region` told of it: an answer from EC2 there (described instances, or
@@ -255,7 +273,9 @@ impl AwsTopology {
     fn heard(&self, region: &str, result: &Result<Vec<InstanceTopology>, Ec2Error>) {
         let answered = match result {
             Ok(_) => true,
-            Err(Ec2Error::InvalidRequest { code, .. }) => code != "TooManyRegions",
+            Err(Ec2Error::InvalidRequest { code, .. }) => {
+                code != "TooManyRegions" && code != "InvalidConfiguration"
+            }
             Err(
                 Ec2Error::Throttled { .. }
                 | Ec2Error::Service { .. }
@@ -291,29 +311,27 @@ impl AwsTopology {
         region: &str,
         instance_ids: &[String],
     ) -> Result<Vec<InstanceTopology>, Ec2Error> {
-        let client = self.client(region)?;
+        const ACTION: &str = "DescribeInstanceTopology";
+        let url = self.client(region)?;
+        let url = url.as_str();
         let mut out = Vec::with_capacity(instance_ids.len());
         // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never an
         // unfiltered scan of the region.
         self.follow(
-            &format!(
-                "DescribeInstanceTopology for {} instance IDs",
-                instance_ids.len()
-            ),
+            &format!("{ACTION} for {} instance IDs", instance_ids.len()),
             Pace::AfterFirst,
             MAX_PAGES,
             |token| {
-                let request = client
-                    .describe_instance_topology()
-                    .set_instance_ids(Some(instance_ids.to_vec()))
-                    .set_next_token(token);
-                async move { request.send().await.map_err(classify) }
+                let mut params = list("InstanceId", instance_ids);
+                params.extend(token.map(|t| ("NextToken".to_string(), t)));
+                self.call(region, url, ACTION, params)
             },
-            |page| {
-                for item in page.instances() {
+            |body: String| {
+                let doc = document(ACTION, &body)?;
+                for item in items(&doc, "instanceSet") {
                     out.push(believe(item, instance_ids)?);
                 }
-                Ok(page.next_token().map(str::to_owned))
+                Ok(next_token(&doc))
             },
         )
         .await?;
@@ -323,16 +341,13 @@ impl AwsTopology {
 
 /// Accept an item only if it is about an instance we asked for and is complete.
 ///
-/// The SDK's XML reader is lenient: a malformed body can parse into items with nonsense IDs, and
-/// a truncated one into an item whose network node list stops early, which would relabel a
-/// node one layer short. EC2 always sends the zone and zone ID after the network nodes, so an
-/// item without them is a broken answer, refused as a whole.
-fn believe(
-    item: &aws_sdk_ec2::types::InstanceTopology,
-    asked: &[String],
-) -> Result<InstanceTopology, Ec2Error> {
+/// The XML parser refuses a malformed or truncated body; an answer that is well-formed but
+/// wrong (items with nonsense IDs, an item whose network node list stops early, which would
+/// relabel a node one layer short) is caught here. EC2 always sends the zone and zone ID after
+/// the network nodes, so an item without them is a broken answer, refused as a whole.
+fn believe(item: Node<'_, '_>, asked: &[String]) -> Result<InstanceTopology, Ec2Error> {
     let shown = || {
-        item.instance_id()
+        text(item, "instanceId")
             .unwrap_or_default()
             .chars()
             .take(40)
@@ -356,67 +371,17 @@ fn believe(
     Ok(t)
 }
 
-fn convert(t: &aws_sdk_ec2::types::InstanceTopology) -> Option<InstanceTopology> {
-    let non_empty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+fn convert(t: Node<'_, '_>) -> Option<InstanceTopology> {
+    let owned = |name: &str| text(t, name).map(str::to_owned);
     Some(InstanceTopology {
-        instance_id: non_empty(t.instance_id())?,
-        instance_type: t.instance_type().map(|i| i.to_string()),
-        availability_zone: non_empty(t.availability_zone()),
-        zone_id: non_empty(t.zone_id()),
-        network_nodes: t.network_nodes().to_vec(),
-        group_name: non_empty(t.group_name()),
-        capacity_block_id: non_empty(t.capacity_block_id()),
+        instance_id: owned("instanceId")?,
+        instance_type: owned("instanceType"),
+        availability_zone: owned("availabilityZone"),
+        zone_id: owned("zoneId"),
+        network_nodes: strings(t, "networkNodeSet"),
+        group_name: owned("groupName"),
+        capacity_block_id: owned("capacityBlockId"),
     })
-}
-
-/// The SDK could not get credentials to sign the call with (no provider found any, IRSA's STS
-/// exchange or EKS Pod Identity's agent refused or failed): the operator's to fix, like a denied
-/// call. A provider that only timed out is transient.
-fn credentials_error(err: &(dyn std::error::Error + 'static)) -> Option<Ec2Error> {
-    use aws_credential_types::provider::error::CredentialsError;
-    let mut source = Some(err);
-    while let Some(e) = source {
-        if let Some(c) = e.downcast_ref::<CredentialsError>() {
-            return match c {
-                CredentialsError::ProviderTimedOut(_) => None,
-                _ => Some(Ec2Error::Unauthorized {
-                    code: "CredentialsUnavailable".into(),
-                    message: DisplayErrorContext(c).to_string(),
-                }),
-            };
-        }
-        source = e.source();
-    }
-    None
-}
-
-pub(super) fn classify<E, R>(err: SdkError<E, R>) -> Ec2Error
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug + 'static,
-{
-    let context = || DisplayErrorContext(&err).to_string();
-    if let Some(e) = credentials_error(&err) {
-        return e;
-    }
-    match &err {
-        SdkError::ServiceError(service) => {
-            let e = service.err();
-            match e.code() {
-                Some(code) => Ec2Error::from_code(code, e.message().unwrap_or_default()),
-                // An error without an EC2 error code: an HTTP error page, a broken body.
-                None => Ec2Error::Service {
-                    code: "Unknown".into(),
-                    message: context(),
-                },
-            }
-        }
-        SdkError::TimeoutError(_) => Ec2Error::Timeout(context()),
-        SdkError::DispatchFailure(d) if d.is_timeout() => Ec2Error::Timeout(context()),
-        SdkError::DispatchFailure(_) => Ec2Error::Transport(context()),
-        SdkError::ResponseError(_) => Ec2Error::BadResponse(context()),
-        _ => Ec2Error::Transport(context()),
-    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod capacity_blocks;
 pub mod ec2;
 pub mod limiter;
+mod query;
 mod reservations;
 #[cfg(test)]
 mod tests;

@@ -10,16 +10,19 @@ use std::collections::BTreeMap;
 
 use ec2_topology_core::reservations::Reservation;
 
-use super::ec2::{AwsTopology, Pace, classify};
+use super::{
+    ec2::{AwsTopology, Pace},
+    query::{document, items, next_token, number, strings, text, time},
+};
 use crate::topology::Ec2Error;
 
 /// Pages of either call followed before giving up: 10,000 reservations of the topology call
 /// (10 a page). Guards against an endpoint that keeps sending `nextToken`.
 const MAX_PAGES: usize = 1_000;
 /// Items a topology page may carry (documented range 1–10).
-const TOPOLOGY_PAGE: i32 = 10;
+const TOPOLOGY_PAGE: u32 = 10;
 /// Items a reservations page may carry (documented range 5–1,000).
-const RESERVATIONS_PAGE: i32 = 1_000;
+const RESERVATIONS_PAGE: u32 = 1_000;
 
 impl AwsTopology {
     /// Every Capacity Reservation of the account in `region`, by ID: placed (network nodes
@@ -27,23 +30,25 @@ impl AwsTopology {
     /// pending, or one only the reservations call lists) and counted (from the reservations
     /// call, when it lists it).
     pub async fn reservations(&self, region: &str) -> Result<Vec<Reservation>, Ec2Error> {
-        let client = self.client(region)?;
+        const TOPOLOGY: &str = "DescribeCapacityReservationTopology";
+        const RESERVATIONS: &str = "DescribeCapacityReservations";
+        let url = self.client(region)?;
+        let url = url.as_str();
         let mut by_id: BTreeMap<String, Reservation> = BTreeMap::new();
-        let text = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+        let page = |size: u32, token: Option<String>| {
+            let mut params = vec![("MaxResults".to_string(), size.to_string())];
+            params.extend(token.map(|t| ("NextToken".to_string(), t)));
+            params
+        };
         self.follow(
-            "DescribeCapacityReservationTopology",
+            TOPOLOGY,
             Pace::Every,
             MAX_PAGES,
-            |token| {
-                let request = client
-                    .describe_capacity_reservation_topology()
-                    .max_results(TOPOLOGY_PAGE)
-                    .set_next_token(token);
-                async move { request.send().await.map_err(classify) }
-            },
-            |page| {
-                for item in page.capacity_reservations() {
-                    let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
+            |token| self.call(region, url, TOPOLOGY, page(TOPOLOGY_PAGE, token)),
+            |body: String| {
+                let doc = document(TOPOLOGY, &body)?;
+                for item in items(&doc, "capacityReservationSet") {
+                    let Some(id) = text(item, "capacityReservationId") else {
                         return Err(Ec2Error::BadResponse(
                             "EC2 described a Capacity Reservation without its ID".into(),
                         ));
@@ -52,36 +57,31 @@ impl AwsTopology {
                         id.to_string(),
                         Reservation {
                             id: id.to_string(),
-                            instance_type: text(item.instance_type()),
-                            state: text(item.state()),
-                            availability_zone: text(item.availability_zone()),
-                            capacity_block_id: text(item.capacity_block_id()),
-                            group_name: text(item.group_name()),
-                            network_nodes: item.network_nodes().to_vec(),
+                            instance_type: owned(item, "instanceType"),
+                            state: owned(item, "state"),
+                            availability_zone: owned(item, "availabilityZone"),
+                            capacity_block_id: owned(item, "capacityBlockId"),
+                            group_name: owned(item, "groupName"),
+                            network_nodes: strings(item, "networkNodeSet"),
                             total: None,
                             available: None,
                             start: None,
                         },
                     );
                 }
-                Ok(page.next_token().map(str::to_owned))
+                Ok(next_token(&doc))
             },
         )
         .await?;
         self.follow(
-            "DescribeCapacityReservations",
+            RESERVATIONS,
             Pace::Every,
             MAX_PAGES,
-            |token| {
-                let request = client
-                    .describe_capacity_reservations()
-                    .max_results(RESERVATIONS_PAGE)
-                    .set_next_token(token);
-                async move { request.send().await.map_err(classify) }
-            },
-            |page| {
-                for item in page.capacity_reservations() {
-                    let Some(id) = item.capacity_reservation_id().filter(|s| !s.is_empty()) else {
+            |token| self.call(region, url, RESERVATIONS, page(RESERVATIONS_PAGE, token)),
+            |body: String| {
+                let doc = document(RESERVATIONS, &body)?;
+                for item in items(&doc, "capacityReservationSet") {
+                    let Some(id) = text(item, "capacityReservationId") else {
                         continue;
                     };
                     // One the topology call left out (it describes pending and active ones) is
@@ -89,25 +89,30 @@ impl AwsTopology {
                     // its ID is not called a stranger.
                     let r = by_id.entry(id.to_string()).or_insert_with(|| Reservation {
                         id: id.to_string(),
-                        instance_type: text(item.instance_type()),
-                        availability_zone: text(item.availability_zone()),
-                        capacity_block_id: text(item.capacity_block_id()),
+                        instance_type: owned(item, "instanceType"),
+                        availability_zone: owned(item, "availabilityZone"),
+                        capacity_block_id: owned(item, "capacityBlockId"),
                         ..Reservation::default()
                     });
-                    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok());
-                    r.total = count(item.total_instance_count());
-                    r.available = count(item.available_instance_count());
-                    r.start = item
-                        .start_date()
-                        .and_then(|t| std::time::SystemTime::try_from(*t).ok());
+                    let count = |name| -> Result<Option<u32>, Ec2Error> {
+                        Ok(number(item, name)?.and_then(|n| u32::try_from(n).ok()))
+                    };
+                    r.total = count("totalInstanceCount")?;
+                    r.available = count("availableInstanceCount")?;
+                    r.start = time(item, "startDate")?;
                     if r.state.is_none() {
-                        r.state = item.state().map(|s| s.as_str().to_owned());
+                        r.state = owned(item, "state");
                     }
                 }
-                Ok(page.next_token().map(str::to_owned))
+                Ok(next_token(&doc))
             },
         )
         .await?;
         Ok(by_id.into_values().collect())
     }
+}
+
+/// The text of `item`'s child `name`, owned.
+fn owned(item: roxmltree::Node<'_, '_>, name: &str) -> Option<String> {
+    text(item, name).map(str::to_owned)
 }

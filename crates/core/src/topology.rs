@@ -1,5 +1,5 @@
 //! What EC2 says about an instance's place in the network, and the trait that hides where the
-//! answer comes from (the AWS SDK in production, a fake in unit tests).
+//! answer comes from (EC2's Query API in production, a fake in unit tests).
 
 use std::future::Future;
 

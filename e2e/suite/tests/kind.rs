@@ -1476,7 +1476,7 @@ async fn signatures_and_sbom_verify(_env: &Env) -> anyhow::Result<()> {
     let components = intoto["predicate"]["components"]
         .as_array()
         .context("SBOM components")?;
-    for krate in ["kube-client", "aws-sdk-ec2", "rustls"] {
+    for krate in ["kube-client", "aws-config", "aws-sigv4", "rustls"] {
         ensure!(
             components.iter().any(|c| c["name"] == krate),
             "the SBOM does not list {krate}"

@@ -292,8 +292,8 @@ pub async fn pod_identity_credentials_rotate_while_nodes_join(env: &Env) -> anyh
 }
 
 /// Credentials that expire under the running controller: EC2 answers `RequestExpired` until the
-/// SDK replaces them (it keeps a credential until 5-10 s before the expiry it was told), then the
-/// controller labels the node that joined meanwhile, without a restart. Then the stand-ins
+/// controller renews them (EC2 called them expired), then labels the node that joined meanwhile,
+/// without a restart. Then the stand-ins
 /// refuse as AWS documents: STS a token for another audience or with a forged signature
 /// (`InvalidIdentityToken`), one whose ServiceAccount the role does not trust (`AccessDenied`),
 /// an injected refusal (`ExpiredTokenException`); the agent, for EKS Auth, a token without
@@ -302,13 +302,14 @@ pub async fn pod_identity_credentials_rotate_while_nodes_join(env: &Env) -> anyh
 pub async fn expired_and_refused_credentials_are_answered_as_aws_does(
     env: &Env,
 ) -> anyhow::Result<()> {
-    // Long enough that the SDK's credential is still fresh in its eyes when the mock expires it.
+    // Long enough that the controller's credential is still fresh in its eyes when the mock
+    // expires it.
     let auth = credentials::auth_config(30);
     let mut stage = stage(env, "creds-refused", Source::Irsa, auth.clone()).await?;
     let c = env.admin().await?;
     let mock = stage.mock.admin.clone();
     let result = async {
-        // A first node: the SDK holds a credential from now on.
+        // A first node: the controller holds a credential from now on.
         let a = NodeSpec::ec2(0x3c3, 1, "p5.48xlarge");
         let b = NodeSpec::ec2(0x3c3, 2, "p5.48xlarge");
         let ia = a.instance(&["nn-creds-spine", "nn-creds-agg", "nn-creds-a"]);

@@ -353,7 +353,7 @@ fn believe(item: Node<'_, '_>, asked: &[String]) -> Result<InstanceTopology, Ec2
             .take(40)
             .collect::<String>()
     };
-    let t = convert(item).ok_or_else(|| {
+    let t = convert(item)?.ok_or_else(|| {
         Ec2Error::BadResponse("EC2 described an instance without an instance ID".into())
     })?;
     if !asked.contains(&t.instance_id) {
@@ -371,17 +371,21 @@ fn believe(item: Node<'_, '_>, asked: &[String]) -> Result<InstanceTopology, Ec2
     Ok(t)
 }
 
-fn convert(t: Node<'_, '_>) -> Option<InstanceTopology> {
+fn convert(t: Node<'_, '_>) -> Result<Option<InstanceTopology>, Ec2Error> {
     let owned = |name: &str| text(t, name).map(str::to_owned);
-    Some(InstanceTopology {
-        instance_id: owned("instanceId")?,
+    let network_nodes = strings(t, "networkNodeSet")?;
+    let Some(instance_id) = owned("instanceId") else {
+        return Ok(None);
+    };
+    Ok(Some(InstanceTopology {
+        instance_id,
         instance_type: owned("instanceType"),
         availability_zone: owned("availabilityZone"),
         zone_id: owned("zoneId"),
-        network_nodes: strings(t, "networkNodeSet"),
+        network_nodes,
         group_name: owned("groupName"),
         capacity_block_id: owned("capacityBlockId"),
-    })
+    }))
 }
 
 #[cfg(test)]

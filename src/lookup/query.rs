@@ -12,7 +12,10 @@
 //! `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL`), signing, the credentials cache, one connection
 //! pool, and turning an answer into a document or an [`Ec2Error`]. Never retries.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::atomic::{AtomicI64, Ordering},
+    time::{Duration, SystemTime},
+};
 
 use aws_credential_types::{
     Credentials,
@@ -26,10 +29,10 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_types::{SdkConfig, service_config::ServiceConfigKey};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
+    rt::{TokioExecutor, TokioTimer},
 };
 use roxmltree::{Document, Node};
 
@@ -48,6 +51,11 @@ const STATIC_CREDENTIALS_TTL: Duration = Duration::from_secs(15 * 60);
 const RENEW_BEFORE: Duration = Duration::from_secs(60);
 /// What an answer's first characters show of it in an error.
 const SHOWN: usize = 200;
+/// A difference between our clock and EC2's (its answers' `Date`) at least this large is
+/// corrected when signing, as the SDKs do: EC2 refuses a request stamped more than 5 minutes
+/// off (`RequestExpired`, `SignatureDoesNotMatch`). Smaller ones are the `Date`'s one-second
+/// resolution and the answer's time in flight.
+const SKEW_CORRECTED: Duration = Duration::from_secs(60);
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -148,6 +156,9 @@ pub struct Api {
     held: tokio::sync::Mutex<Option<Held>>,
     pub(super) endpoints: Endpoints,
     timeout: Duration,
+    /// EC2's clock minus ours, in milliseconds, when at least [`SKEW_CORRECTED`] apart (else 0),
+    /// from the last answer's `Date`.
+    skew_ms: AtomicI64,
 }
 
 impl Api {
@@ -164,11 +175,14 @@ impl Api {
             .enable_http1()
             .wrap_connector(connector);
         Self {
-            http: Client::builder(TokioExecutor::new()).build(https),
+            http: Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .build(https),
             credentials: conf.credentials_provider(),
             held: tokio::sync::Mutex::new(None),
             endpoints: Endpoints::from_config(conf),
             timeout,
+            skew_ms: AtomicI64::new(0),
         }
     }
 
@@ -184,7 +198,7 @@ impl Api {
         match tokio::time::timeout(self.timeout, self.attempt(region, url, action, params)).await {
             Ok(result) => result,
             Err(_) => Err(Ec2Error::Timeout(format!(
-                "{action} at {url}: no answer within {:?}",
+                "{action} at {url}: not done within {:?} (credentials, connection and answer)",
                 self.timeout
             ))),
         }
@@ -222,13 +236,24 @@ impl Api {
             .body(Full::new(Bytes::from(body.clone())))
             .map_err(|e| Ec2Error::Transport(format!("building the request: {e}")))?;
         let credentials = self.credentials().await?;
-        sign_request(&mut request, &credentials, region, url, body.as_bytes())?;
+        let at = skewed(SystemTime::now(), self.skew_ms.load(Ordering::Relaxed));
+        sign_request(&mut request, &credentials, region, url, body.as_bytes(), at)?;
         let response = self.http.request(request).await.map_err(send_error)?;
         let status = response.status();
+        if let Some(date) = response.headers().get(http::header::DATE) {
+            let skew = skew_of(date.to_str().ok(), SystemTime::now());
+            self.skew_ms.store(skew, Ordering::Relaxed);
+        }
         let bytes = Limited::new(response.into_body(), MAX_BODY)
             .collect()
             .await
-            .map_err(|e| Ec2Error::Transport(format!("reading {action}'s answer: {e}")))?
+            .map_err(|e| {
+                if e.downcast_ref::<LengthLimitError>().is_some() {
+                    Ec2Error::BadResponse(format!("{action}'s answer is over {MAX_BODY} bytes"))
+                } else {
+                    Ec2Error::Transport(format!("reading {action}'s answer: {e}"))
+                }
+            })?
             .to_bytes();
         let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
             Ec2Error::BadResponse(format!("{action}'s answer (HTTP {status}) is not UTF-8"))
@@ -238,14 +263,22 @@ impl Api {
         }
         let refused = refusal(status, &text);
         // Credentials EC2 calls expired (revoked, or a session cut short) are renewed at the
-        // next call, not held until the expiry they came with.
+        // next call, not held until the expiry they came with. (`RequestExpired` is also a
+        // clock far off: the `Date` above corrects that, and a renewal costs one more call.)
         if let Ec2Error::Unauthorized { code, .. } = &refused
             && matches!(
                 code.as_str(),
                 "ExpiredToken" | "ExpiredTokenException" | "RequestExpired"
             )
         {
-            *self.held.lock().await = None;
+            let mut held = self.held.lock().await;
+            // Unless another call renewed them meanwhile.
+            if held.as_ref().is_some_and(|h| {
+                h.credentials.access_key_id() == credentials.access_key_id()
+                    && h.credentials.session_token() == credentials.session_token()
+            }) {
+                *held = None;
+            }
         }
         Err(refused)
     }
@@ -324,6 +357,34 @@ fn tls_config() -> rustls::ClientConfig {
     builder.with_root_certificates(roots).with_no_client_auth()
 }
 
+/// `now` moved by `skew_ms` (EC2's clock minus ours).
+fn skewed(now: SystemTime, skew_ms: i64) -> SystemTime {
+    let by = Duration::from_millis(skew_ms.unsigned_abs());
+    if skew_ms >= 0 {
+        now.checked_add(by)
+    } else {
+        now.checked_sub(by)
+    }
+    .unwrap_or(now)
+}
+
+/// EC2's clock minus ours (`now`) in milliseconds from an answer's `Date` (RFC 9110's
+/// IMF-fixdate), when at least [`SKEW_CORRECTED`] apart; 0 otherwise or when it does not parse.
+fn skew_of(date: Option<&str>, now: SystemTime) -> i64 {
+    let Some(theirs) = date.and_then(|d| httpdate::parse_http_date(d).ok()) else {
+        return 0;
+    };
+    let (ahead, by) = match theirs.duration_since(now) {
+        Ok(by) => (true, by),
+        Err(e) => (false, e.duration()),
+    };
+    if by < SKEW_CORRECTED {
+        return 0;
+    }
+    let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    if ahead { ms } else { -ms }
+}
+
 /// Signature Version 4 over the request as it will be sent (host, content type and body), by
 /// the SDK's signer; the signature, date and session token go into its headers.
 fn sign_request(
@@ -332,6 +393,7 @@ fn sign_request(
     region: &str,
     url: &str,
     body: &[u8],
+    at: SystemTime,
 ) -> Result<(), Ec2Error> {
     let identity: Identity = credentials.clone().into();
     let unsignable = |e: &dyn std::fmt::Display| Ec2Error::Transport(format!("signing: {e}"));
@@ -339,7 +401,7 @@ fn sign_request(
         .identity(&identity)
         .region(region)
         .name("ec2")
-        .time(SystemTime::now())
+        .time(at)
         .settings(SigningSettings::default())
         .build()
         .map_err(|e| unsignable(&e))?
@@ -461,13 +523,19 @@ pub(super) fn text<'a>(node: Node<'a, '_>, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// The texts of the `item`s of `node`'s list `set` (`networkNodeSet`), in order.
-pub(super) fn strings(node: Node<'_, '_>, set: &str) -> Vec<String> {
+/// The texts of the `item`s of `node`'s list `set` (`networkNodeSet`), in order; an empty item
+/// is a broken answer (dropping it would shift every layer below it).
+pub(super) fn strings(node: Node<'_, '_>, set: &str) -> Result<Vec<String>, Ec2Error> {
     node.children()
         .filter(|n| n.has_tag_name(set))
         .flat_map(|s| s.children().filter(|n| n.has_tag_name("item")))
-        .filter_map(|n| n.text())
-        .map(|s| s.trim().to_owned())
+        .map(|n| {
+            n.text()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .ok_or_else(|| Ec2Error::BadResponse(format!("an empty <item> in <{set}>")))
+        })
         .collect()
 }
 
@@ -639,7 +707,15 @@ mod tests {
         let found: Vec<_> = items(&doc, "instanceSet").collect();
         assert_eq!(found.len(), 2);
         assert_eq!(text(found[0], "instanceId"), Some("i-1"));
-        assert_eq!(strings(found[0], "networkNodeSet"), ["nn-1", "nn-2"]);
+        assert_eq!(
+            strings(found[0], "networkNodeSet").expect("items"),
+            ["nn-1", "nn-2"]
+        );
+        let hole = Document::parse(
+            "<item><networkNodeSet><item>nn-1</item><item/><item>nn-3</item></networkNodeSet></item>",
+        )
+        .expect("xml");
+        assert!(strings(hole.root_element(), "networkNodeSet").is_err());
         assert_eq!(next_token(&doc).as_deref(), Some("t+/="));
         // Truncated anywhere: an error, not fewer items.
         for cut in [body.len() - 1, body.len() / 2, 60] {
@@ -683,6 +759,23 @@ mod tests {
             1_797_679_800
         );
         assert!(time(r, "badt").is_err());
+    }
+
+    /// A clock minutes off EC2's is corrected from its answers' `Date` (EC2 refuses a request
+    /// stamped more than 5 minutes off); the `Date`'s own second of resolution is not.
+    #[test]
+    fn a_clock_minutes_off_is_corrected_from_the_answers_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_797_679_800);
+        let date = |at: SystemTime| httpdate::fmt_http_date(at);
+        let ahead = date(now + Duration::from_secs(600));
+        assert_eq!(skew_of(Some(&ahead), now), 600_000);
+        let behind = date(now - Duration::from_secs(420));
+        assert_eq!(skew_of(Some(&behind), now), -420_000);
+        assert_eq!(skew_of(Some(&date(now + Duration::from_secs(2))), now), 0);
+        assert_eq!(skew_of(Some("yesterday"), now), 0);
+        assert_eq!(skew_of(None, now), 0);
+        assert_eq!(skewed(now, -420_000), now - Duration::from_secs(420));
+        assert_eq!(skewed(now, 600_000), now + Duration::from_secs(600));
     }
 
     #[test]

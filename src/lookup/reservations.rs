@@ -62,7 +62,7 @@ impl AwsTopology {
                             availability_zone: owned(item, "availabilityZone"),
                             capacity_block_id: owned(item, "capacityBlockId"),
                             group_name: owned(item, "groupName"),
-                            network_nodes: strings(item, "networkNodeSet"),
+                            network_nodes: strings(item, "networkNodeSet")?,
                             total: None,
                             available: None,
                             start: None,

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use super::{
     ec2::{AwsTopology, Pace},
-    query::{document, items, list, next_token, number, text, time},
+    query::{Endpoint, document, items, list, next_token, number, paged, text, time},
 };
 use crate::topology::Ec2Error;
 
@@ -79,8 +79,8 @@ impl AwsTopology {
     /// together; a request of 100 IDs is followed page by page whatever the page size).
     pub async fn interconnects(&self, region: &str, ids: &[String]) -> Found {
         let mut out = Found::default();
-        let url = match self.client(region) {
-            Ok(url) => url,
+        let at = match self.client(region) {
+            Ok(at) => at,
             Err(e) => {
                 out.failed.push((ids.to_vec(), e));
                 return out;
@@ -90,7 +90,7 @@ impl AwsTopology {
             let mut statuses = BTreeMap::new();
             let mut capacities = BTreeMap::new();
             match self
-                .chunk(region, &url, chunk, &mut statuses, &mut capacities)
+                .chunk(region, &at, chunk, &mut statuses, &mut capacities)
                 .await
             {
                 Ok(()) => {
@@ -107,8 +107,8 @@ impl AwsTopology {
     /// request of at most [`IDS_PER_CALL`] IDs at a time, as [`AwsTopology::interconnects`].
     pub async fn shapes(&self, region: &str, ids: &[String]) -> Shapes {
         let mut out = Shapes::default();
-        let url = match self.client(region) {
-            Ok(url) => url,
+        let at = match self.client(region) {
+            Ok(at) => at,
             Err(e) => {
                 out.failed.push((ids.to_vec(), e));
                 return out;
@@ -116,7 +116,7 @@ impl AwsTopology {
         };
         for chunk in ids.chunks(IDS_PER_CALL) {
             let mut blocks = BTreeMap::new();
-            match self.shape_chunk(region, &url, chunk, &mut blocks).await {
+            match self.shape_chunk(region, &at, chunk, &mut blocks).await {
                 Ok(()) => out.blocks.extend(blocks),
                 Err(e) => out.failed.push((chunk.to_vec(), e)),
             }
@@ -127,7 +127,7 @@ impl AwsTopology {
     async fn shape_chunk(
         &self,
         region: &str,
-        url: &str,
+        at: &Endpoint,
         ids: &[String],
         out: &mut BTreeMap<String, Shape>,
     ) -> Result<(), Ec2Error> {
@@ -137,9 +137,12 @@ impl AwsTopology {
             Pace::Every,
             MAX_PAGES,
             |token| {
-                let mut params = list("CapacityBlockId", ids);
-                params.extend(token.map(|t| ("NextToken".to_string(), t)));
-                self.call(region, url, ACTION, params)
+                self.call(
+                    region,
+                    at,
+                    ACTION,
+                    paged(list("CapacityBlockId", ids), token),
+                )
             },
             |body: String| {
                 let doc = document(ACTION, &body)?;
@@ -168,7 +171,7 @@ impl AwsTopology {
     async fn chunk(
         &self,
         region: &str,
-        url: &str,
+        at: &Endpoint,
         ids: &[String],
         out: &mut BTreeMap<String, Interconnect>,
         capacities: &mut BTreeMap<String, u32>,
@@ -179,9 +182,12 @@ impl AwsTopology {
             Pace::Every,
             MAX_PAGES,
             |token| {
-                let mut params = list("CapacityBlockId", ids);
-                params.extend(token.map(|t| ("NextToken".to_string(), t)));
-                self.call(region, url, ACTION, params)
+                self.call(
+                    region,
+                    at,
+                    ACTION,
+                    paged(list("CapacityBlockId", ids), token),
+                )
             },
             |body: String| {
                 let doc = document(ACTION, &body)?;

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     limiter::LimiterConfig,
-    query::{Api, document, items, list, next_token, strings, text},
+    query::{Api, Endpoint, document, items, list, next_token, paged, strings, text},
 };
 use crate::{
     duration::HumanDuration,
@@ -88,14 +88,14 @@ impl Ec2Args {
     }
 }
 
-/// The regions with a client (EC2's URL there). Region names come from providerIDs, which whoever may create a
+/// The regions with a client (EC2's endpoint there). Region names come from providerIDs, which whoever may create a
 /// Node writes: a region EC2 has answered from (proven) keeps its client, up to
 /// [`MAX_REGIONS`]; any other is on trial, and all of them together take one slot (a new one
 /// replaces the last), so hostile names (`aws:///zz-north-1a/i-…`, one region each) never crowd
 /// out the real ones.
 #[derive(Default)]
 struct Clients {
-    by_region: HashMap<String, String>,
+    by_region: HashMap<String, Endpoint>,
     proven: std::collections::HashSet<String>,
     trial: Option<String>,
 }
@@ -243,28 +243,28 @@ impl AwsTopology {
             .timeout_config(timeouts)
     }
 
-    /// EC2's URL in `region`, found on first use (see [`Clients`]). Region names come from
-    /// providerIDs (validated, see `provider_id::is_region_name`).
-    pub(super) fn client(&self, region: &str) -> Result<String, Ec2Error> {
+    /// EC2's endpoint in `region`, found on first use (see [`Clients`]). Region names come
+    /// from providerIDs (validated, see `provider_id::is_region_name`).
+    pub(super) fn client(&self, region: &str) -> Result<Endpoint, Ec2Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(url) = clients.by_region.get(region) {
-            return Ok(url.clone());
+        if let Some(at) = clients.by_region.get(region) {
+            return Ok(at.clone());
         }
-        let url = self.api.endpoints.url(region)?;
+        let at = self.api.endpoints.endpoint(region)?;
         clients.admit(region)?;
-        clients.by_region.insert(region.to_string(), url.clone());
-        Ok(url)
+        clients.by_region.insert(region.to_string(), at.clone());
+        Ok(at)
     }
 
-    /// One call of `action` with `params` to EC2 in `region` at `url` (from [`Self::client`]).
+    /// One call of `action` with `params` to EC2 in `region` at `at` (from [`Self::client`]).
     pub(super) async fn call(
         &self,
         region: &str,
-        url: &str,
+        at: &Endpoint,
         action: &str,
         params: Vec<(String, String)>,
     ) -> Result<String, Ec2Error> {
-        self.api.call(region, url, action, &params).await
+        self.api.call(region, at, action, &params).await
     }
 
     /// What a call to `region` told of it: an answer from EC2 there (described instances, or
@@ -312,8 +312,7 @@ impl AwsTopology {
         instance_ids: &[String],
     ) -> Result<Vec<InstanceTopology>, Ec2Error> {
         const ACTION: &str = "DescribeInstanceTopology";
-        let url = self.client(region)?;
-        let url = url.as_str();
+        let at = &self.client(region)?;
         let mut out = Vec::with_capacity(instance_ids.len());
         // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never an
         // unfiltered scan of the region.
@@ -322,9 +321,12 @@ impl AwsTopology {
             Pace::AfterFirst,
             MAX_PAGES,
             |token| {
-                let mut params = list("InstanceId", instance_ids);
-                params.extend(token.map(|t| ("NextToken".to_string(), t)));
-                self.call(region, url, ACTION, params)
+                self.call(
+                    region,
+                    at,
+                    ACTION,
+                    paged(list("InstanceId", instance_ids), token),
+                )
             },
             |body: String| {
                 let doc = document(ACTION, &body)?;

@@ -95,6 +95,11 @@ impl Endpoints {
         }
     }
 
+    /// EC2's endpoint in `region`, parsed ([`Self::url`]).
+    pub fn endpoint(&self, region: &str) -> Result<Endpoint, Ec2Error> {
+        Endpoint::parse(self.url(region)?)
+    }
+
     /// EC2's URL in `region` (a region name `provider_id::is_region_name` accepts), by the
     /// SDK's endpoint rules for EC2.
     pub fn url(&self, region: &str) -> Result<String, Ec2Error> {
@@ -122,6 +127,29 @@ impl Endpoints {
             (false, true) => format!("https://ec2.{region}.{dual}"),
             (false, false) => format!("https://ec2.{region}.{dns}"),
         })
+    }
+}
+
+/// EC2's endpoint in one region, parsed once (for every call there).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    url: String,
+    uri: http::Uri,
+    host: String,
+}
+
+impl Endpoint {
+    fn parse(url: String) -> Result<Self, Ec2Error> {
+        let bad = |why: String| Ec2Error::InvalidRequest {
+            code: "InvalidConfiguration".into(),
+            message: format!("the EC2 endpoint {url:?} {why}"),
+        };
+        let uri: http::Uri = url.parse().map_err(|e| bad(format!("is not a URL: {e}")))?;
+        let host = uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .ok_or_else(|| bad("names no host".into()))?;
+        Ok(Self { url, uri, host })
     }
 }
 
@@ -186,20 +214,20 @@ impl Api {
         }
     }
 
-    /// One call: `action` with `params` to `url` (EC2 in `region`). The answer's body when EC2
+    /// One call: `action` with `params` to `at` (EC2 in `region`). The answer's body when EC2
     /// accepted the call; EC2's error (or what went wrong on the way) otherwise.
     pub async fn call(
         &self,
         region: &str,
-        url: &str,
+        at: &Endpoint,
         action: &str,
         params: &[(String, String)],
     ) -> Result<String, Ec2Error> {
-        match tokio::time::timeout(self.timeout, self.attempt(region, url, action, params)).await {
+        match tokio::time::timeout(self.timeout, self.attempt(region, at, action, params)).await {
             Ok(result) => result,
             Err(_) => Err(Ec2Error::Timeout(format!(
-                "{action} at {url}: not done within {:?} (credentials, connection and answer)",
-                self.timeout
+                "{action} at {}: not done within {:?} (credentials, connection and answer)",
+                at.url, self.timeout
             ))),
         }
     }
@@ -207,24 +235,13 @@ impl Api {
     async fn attempt(
         &self,
         region: &str,
-        url: &str,
+        at: &Endpoint,
         action: &str,
         params: &[(String, String)],
     ) -> Result<String, Ec2Error> {
-        let body = form(action, params);
-        let uri: http::Uri = url.parse().map_err(|e| Ec2Error::InvalidRequest {
-            code: "InvalidConfiguration".into(),
-            message: format!("the EC2 endpoint {url:?} is not a URL: {e}"),
-        })?;
-        let host = uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .ok_or_else(|| Ec2Error::InvalidRequest {
-                code: "InvalidConfiguration".into(),
-                message: format!("the EC2 endpoint {url:?} names no host"),
-            })?;
-        let mut request = http::Request::post(uri)
-            .header(http::header::HOST, host)
+        let body = Bytes::from(form(action, params));
+        let mut request = http::Request::post(at.uri.clone())
+            .header(http::header::HOST, at.host.as_str())
             .header(
                 http::header::CONTENT_TYPE,
                 "application/x-www-form-urlencoded; charset=utf-8",
@@ -233,11 +250,18 @@ impl Api {
                 http::header::USER_AGENT,
                 concat!("ec2-topology-labeler/", env!("CARGO_PKG_VERSION")),
             )
-            .body(Full::new(Bytes::from(body.clone())))
+            .body(Full::new(body.clone()))
             .map_err(|e| Ec2Error::Transport(format!("building the request: {e}")))?;
         let credentials = self.credentials().await?;
-        let at = skewed(SystemTime::now(), self.skew_ms.load(Ordering::Relaxed));
-        sign_request(&mut request, &credentials, region, url, body.as_bytes(), at)?;
+        let signed_at = skewed(SystemTime::now(), self.skew_ms.load(Ordering::Relaxed));
+        sign_request(
+            &mut request,
+            &credentials,
+            region,
+            &at.url,
+            &body,
+            signed_at,
+        )?;
         let response = self.http.request(request).await.map_err(send_error)?;
         let status = response.status();
         if let Some(date) = response.headers().get(http::header::DATE) {
@@ -560,6 +584,15 @@ pub(super) fn time(node: Node<'_, '_>, name: &str) -> Result<Option<SystemTime>,
             })
         })
         .transpose()
+}
+
+/// `params` and, after the first page, the `NextToken` of the page before.
+pub(super) fn paged(
+    mut params: Vec<(String, String)>,
+    token: Option<String>,
+) -> Vec<(String, String)> {
+    params.extend(token.map(|t| ("NextToken".to_string(), t)));
+    params
 }
 
 /// `values` as the numbered parameters of a list (`InstanceId.1`, `InstanceId.2`, …).

@@ -12,7 +12,7 @@ use ec2_topology_core::reservations::Reservation;
 
 use super::{
     ec2::{AwsTopology, Pace},
-    query::{document, items, next_token, number, strings, text, time},
+    query::{document, items, next_token, number, paged, strings, text, time},
 };
 use crate::topology::Ec2Error;
 
@@ -32,19 +32,14 @@ impl AwsTopology {
     pub async fn reservations(&self, region: &str) -> Result<Vec<Reservation>, Ec2Error> {
         const TOPOLOGY: &str = "DescribeCapacityReservationTopology";
         const RESERVATIONS: &str = "DescribeCapacityReservations";
-        let url = self.client(region)?;
-        let url = url.as_str();
+        let at = &self.client(region)?;
         let mut by_id: BTreeMap<String, Reservation> = BTreeMap::new();
-        let page = |size: u32, token: Option<String>| {
-            let mut params = vec![("MaxResults".to_string(), size.to_string())];
-            params.extend(token.map(|t| ("NextToken".to_string(), t)));
-            params
-        };
+        let page = |size: u32, token| paged(vec![("MaxResults".into(), size.to_string())], token);
         self.follow(
             TOPOLOGY,
             Pace::Every,
             MAX_PAGES,
-            |token| self.call(region, url, TOPOLOGY, page(TOPOLOGY_PAGE, token)),
+            |token| self.call(region, at, TOPOLOGY, page(TOPOLOGY_PAGE, token)),
             |body: String| {
                 let doc = document(TOPOLOGY, &body)?;
                 for item in items(&doc, "capacityReservationSet") {
@@ -77,7 +72,7 @@ impl AwsTopology {
             RESERVATIONS,
             Pace::Every,
             MAX_PAGES,
-            |token| self.call(region, url, RESERVATIONS, page(RESERVATIONS_PAGE, token)),
+            |token| self.call(region, at, RESERVATIONS, page(RESERVATIONS_PAGE, token)),
             |body: String| {
                 let doc = document(RESERVATIONS, &body)?;
                 for item in items(&doc, "capacityReservationSet") {

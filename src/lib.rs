@@ -7,24 +7,18 @@
 //! [`retire`] removes labels no longer configured; [`http`] serves metrics and probes. `plan` and
 //! `tree` ([`plan`], [`tree_cmd`]) read and write nothing.
 
-pub mod backoff;
-pub mod bounds;
 pub mod cleanup;
 pub mod client;
 pub mod cmd;
-pub mod compact;
 pub mod config;
 #[cfg(test)]
 mod docs;
-pub mod duration;
 pub mod events;
 pub mod http;
-pub mod intern;
 pub mod reconcile;
 pub mod run;
 
 pub mod leader;
-pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod pages;
@@ -44,6 +38,9 @@ pub use ec2_topology_core::{
     consistent, coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree,
     verified, vouch,
 };
+pub use ec2_topology_kit::{backoff, bounds, compact, duration, intern};
+/// Where EC2 is asked: its own crate, with no Kubernetes dependency.
+pub use ec2_topology_lookup as lookup;
 use topology::Ec2Error;
 
 /// Field manager of every write we make. Never rename it: server-side apply ownership is

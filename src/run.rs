@@ -139,7 +139,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let limiter = Arc::new(Limiter::new(args.ec2.limiter()));
     let lookup =
         crate::lookup::lookup_sharing(&args.ec2, &args.lookup, metrics.clone(), limiter.clone())
-            .await?;
+            .await
+            .map_err(crate::Error::Config)?;
     match lookup.record_key() {
         Some(key) => info!(key = %key.id(), previous = ?key.previous_ids(),
             "verification records are sealed with this key (and trusted when sealed with the previous ones)"),

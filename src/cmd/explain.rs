@@ -24,7 +24,6 @@ use crate::{
     Error, Result,
     config::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
     lookup::lookup_from,
-    metrics::Metrics,
     node::LiteNode,
     planning::{NodePlan, plan_nodes},
     provider_id,
@@ -337,7 +336,9 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     let now = if args.no_ec2 {
         None
     } else {
-        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await?;
+        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(()))
+            .await
+            .map_err(crate::Error::Config)?;
         let gate = Gate::from(&args.gate);
         plan_nodes(
             std::slice::from_ref(&lite),

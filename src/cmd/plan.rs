@@ -11,7 +11,6 @@ use crate::{
     Error, Result,
     config::{OutputFormat, PlanArgs},
     lookup::lookup_from,
-    metrics::Metrics,
     node::WireNode,
     planning::{add_retired, list_nodes, plan_nodes, render_table},
     reconcile::gate::Gate,
@@ -38,7 +37,9 @@ pub async fn run(args: PlanArgs) -> Result<()> {
     let client = crate::client::connect_default().await?;
     let api: Api<WireNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
-    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(Metrics::new())).await?;
+    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(()))
+        .await
+        .map_err(crate::Error::Config)?;
     let gate = Gate::from(&args.gate);
     let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
     let retired = crate::retire::find(&Api::all(client), &scheme).await?;

@@ -177,15 +177,6 @@ fn ec2_outcome(error: Option<&Ec2Error>) -> String {
 }
 
 impl Metrics {
-    /// What became of a node's verification record at its instance's first lookup.
-    pub fn verification_record(&self, outcome: &str) {
-        self.verification_records
-            .get_or_create(&OutcomeLabels {
-                outcome: outcome.to_string(),
-            })
-            .inc();
-    }
-
     /// A startup taint was removed `age` after the node's creation.
     pub fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
@@ -230,28 +221,6 @@ impl Metrics {
                 category: category.to_string(),
             })
             .inc();
-    }
-
-    pub fn ec2_call(&self, _region: &str, ids: usize, took: Duration, error: Option<&Ec2Error>) {
-        self.ec2_calls
-            .get_or_create(&OutcomeLabels {
-                outcome: ec2_outcome(error),
-            })
-            .inc();
-        self.ec2_duration.observe(took.as_secs_f64());
-        self.ec2_instances_per_call.observe(ids as f64);
-    }
-
-    pub fn cache_hit(&self) {
-        self.cache_hits.inc();
-    }
-
-    pub fn cache_miss(&self) {
-        self.cache_misses.inc();
-    }
-
-    pub fn reverified_early(&self, n: usize) {
-        self.reverified_early.inc_by(n as u64);
     }
 
     /// A Kubernetes API call cut short (see [`crate::client::Cut`]).
@@ -562,10 +531,45 @@ impl Metrics {
     }
 }
 
+/// What the EC2 lookup reports (its own crate, `ec2_topology_lookup`), counted here.
+impl ec2_topology_lookup::Observer for Metrics {
+    fn ec2_call(&self, _region: &str, ids: usize, took: Duration, error: Option<&Ec2Error>) {
+        self.ec2_calls
+            .get_or_create(&OutcomeLabels {
+                outcome: ec2_outcome(error),
+            })
+            .inc();
+        self.ec2_duration.observe(took.as_secs_f64());
+        self.ec2_instances_per_call.observe(ids as f64);
+    }
+
+    fn cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+
+    fn cache_miss(&self) {
+        self.cache_misses.inc();
+    }
+
+    fn reverified_early(&self, n: usize) {
+        self.reverified_early.inc_by(n as u64);
+    }
+
+    /// What became of a node's verification record at its instance's first lookup.
+    fn verification_record(&self, outcome: &str) {
+        self.verification_records
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::NotDescribed;
+    use ec2_topology_lookup::Observer;
 
     #[test]
     fn the_first_decision_of_each_term_is_timed_once() {

@@ -34,7 +34,7 @@ the release build), a reconcile's decision 2.1 MB. At rest the resident size abo
 about 1.3x the heap (musl's size classes). An install adds, per node written and until the \
 watch shows the write, an echo of what was written (a hash and the resourceVersion). Since \
 2026-12-05 the instance and boot IDs of the record and of the answer cache are kept compact \
-(`src/compact.rs`: instance IDs inline, kernel boot IDs as their 16 bytes; four allocations a \
+(`crates/kit/src/compact.rs`: instance IDs inline, kernel boot IDs as their 16 bytes; four allocations a \
 node fewer; the table's rows from that day on are measured with them).\n\n";
 
 /// How long the one-call-per-node workers call EC2.

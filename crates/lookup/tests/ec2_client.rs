@@ -11,12 +11,11 @@ use std::{sync::Arc, time::Duration};
 
 use aws_config::Region;
 use aws_credential_types::Credentials;
-use ec2_topology_labeler::{
-    lookup::ec2::AwsTopology,
-    lookup::limiter::{Limiter, LimiterConfig},
-    lookup::{Lookup, LookupConfig, Resolved},
-    metrics::Metrics,
-    topology::{Ec2Error, TopologySource},
+use ec2_topology_core::topology::{Ec2Error, TopologySource};
+use ec2_topology_lookup::{
+    Lookup, LookupConfig, Resolved,
+    ec2::AwsTopology,
+    limiter::{Limiter, LimiterConfig},
 };
 use mock_ec2::{Faults, Instance, MockEc2, Scenario};
 
@@ -115,7 +114,7 @@ async fn follows_next_token_pages() {
 /// (the batcher already took the first one's token) take a token of the shared limiter each.
 #[tokio::test]
 async fn each_further_page_takes_a_token() {
-    use ec2_topology_labeler::lookup::limiter::{Limiter, LimiterConfig};
+    use ec2_topology_lookup::limiter::{Limiter, LimiterConfig};
     let instances: Vec<Instance> = (0..7).map(|n| instance(n, &["a", "b", "c"])).collect();
     let (mock, ec2) = start(instances).await;
     // Two tokens, refilled so slowly that none comes back during the test.
@@ -242,7 +241,7 @@ async fn the_lookup_stack_batches_250_instances_into_3_calls() {
         ec2,
         Arc::new(Limiter::new(LimiterConfig::default())),
         LookupConfig::default(),
-        Arc::new(Metrics::new()),
+        Arc::new(()),
     );
     let asks = (0..250).map(|n| {
         let lookup = lookup.clone();
@@ -264,7 +263,7 @@ async fn the_lookup_stack_batches_250_instances_into_3_calls() {
 /// health polling relies on).
 #[tokio::test]
 async fn capacity_block_calls_parse() {
-    use ec2_topology_labeler::lookup::capacity_blocks::Interconnect;
+    use ec2_topology_lookup::capacity_blocks::Interconnect;
     use mock_ec2::capacity_blocks::CapacityBlock;
     let blocks: Vec<CapacityBlock> = (1..=3u32)
         .map(|n| CapacityBlock {

@@ -6,7 +6,9 @@
 //! calls of at most 100 IDs, through the shared [`limiter`], to the [`ec2`] client (or any other
 //! [`TopologySource`]).
 //!
-//! Owns: what we know about instances, and every EC2 call. Never touches the Kubernetes API.
+//! Owns: what we know about instances, and every EC2 call. Never touches the Kubernetes API: a
+//! crate of its own, with no Kubernetes dependency, so that it cannot. What it reports goes
+//! through [`Observer`], which the controller's metrics implement.
 
 mod batcher;
 pub mod cache;
@@ -35,16 +37,43 @@ use tokio::{
     time::Instant,
 };
 
+// The core's and the kit's modules, named as the rest of the workspace names them.
+use ec2_topology_core::{provider_id, topology, verified};
+use ec2_topology_kit::{backoff, bounds, compact, duration, intern};
+
 use crate::{
     duration::HumanDuration,
-    lookup::ec2::{AwsTopology, Ec2Args},
-    metrics::Metrics,
+    ec2::{AwsTopology, Ec2Args},
     topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
     verified::RecordKey,
 };
 use batcher::{Batcher, Health};
 use cache::{Answer, Cache, Check};
 use limiter::Limiter;
+
+/// What the lookup reports as it works, for the controller's metrics: the lookup keeps no
+/// metrics of its own and knows nothing of how they are exported.
+pub trait Observer: Send + Sync {
+    /// One EC2 call of `ids` instances in `region` ended after `took`, failed with `error` or not.
+    fn ec2_call(&self, region: &str, ids: usize, took: Duration, error: Option<&Ec2Error>);
+    /// A resolve answered from the cache.
+    fn cache_hit(&self);
+    /// A resolve that had to ask EC2.
+    fn cache_miss(&self);
+    /// `n` answers asked again before their time, riding along in a call that had room.
+    fn reverified_early(&self, n: usize);
+    /// What became of a node's verification record offered to [`Lookup::adopt`] (`outcome`).
+    fn verification_record(&self, outcome: &str);
+}
+
+/// Reports nothing: for tests and tools that keep no metrics.
+impl Observer for () {
+    fn ec2_call(&self, _: &str, _: usize, _: Duration, _: Option<&Ec2Error>) {}
+    fn cache_hit(&self) {}
+    fn cache_miss(&self) {}
+    fn reverified_early(&self, _: usize) {}
+    fn verification_record(&self, _: &str) {}
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LookupConfig {
@@ -233,7 +262,7 @@ pub struct Lookup {
     /// IDs per call (EC2 allows at most 100).
     max_batch: usize,
     requests: mpsc::UnboundedSender<Request>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Observer>,
     recoveries: watch::Receiver<u64>,
     /// False once the batcher task has ended (it never should): `/livez` reports it.
     batcher_alive: Arc<AtomicBool>,
@@ -254,7 +283,7 @@ impl Lookup {
         source: S,
         limiter: Arc<Limiter>,
         cfg: LookupConfig,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Observer>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let (recovered, recoveries) = watch::channel(0);
@@ -515,12 +544,13 @@ impl Asked {
     }
 }
 
-/// Build the lookup stack: EC2 client, shared limiter, batching cache.
+/// Build the lookup stack: EC2 client, shared limiter, batching cache. Fails only on a
+/// configuration the flags' parsers could not refuse alone (the record key's file).
 pub async fn lookup_from(
     ec2: &Ec2Args,
     lookup: &LookupArgs,
-    metrics: Arc<Metrics>,
-) -> crate::Result<Lookup> {
+    metrics: Arc<dyn Observer>,
+) -> Result<Lookup, String> {
     lookup_sharing(ec2, lookup, metrics, Arc::new(Limiter::new(ec2.limiter()))).await
 }
 
@@ -528,10 +558,10 @@ pub async fn lookup_from(
 pub async fn lookup_sharing(
     ec2: &Ec2Args,
     lookup: &LookupArgs,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Observer>,
     limiter: Arc<Limiter>,
-) -> crate::Result<Lookup> {
-    let key = lookup.record_key().map_err(crate::Error::Config)?;
+) -> Result<Lookup, String> {
+    let key = lookup.record_key()?;
     let source = AwsTopology::from_env(ec2.ec2_timeout.0)
         .await
         .with_limiter(limiter.clone());

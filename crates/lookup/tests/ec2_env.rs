@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use ec2_topology_labeler::{lookup::ec2::AwsTopology, topology::TopologySource};
+use ec2_topology_core::topology::TopologySource;
+use ec2_topology_lookup::ec2::AwsTopology;
 use mock_ec2::{Instance, MockEc2, Scenario};
 
 #[tokio::test]

@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 
 use super::{Answer, LookupConfig, Request, limiter::Limiter};
 use crate::{
-    metrics::Metrics,
+    Observer,
     topology::{Ec2Error, InstanceTopology, MAX_IDS_PER_CALL, TopologySource},
 };
 
@@ -31,7 +31,7 @@ pub(super) struct Batcher<S> {
     source: Arc<S>,
     limiter: Arc<Limiter>,
     cfg: LookupConfig,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Observer>,
     health: Arc<Health>,
 }
 
@@ -194,7 +194,7 @@ impl<S: TopologySource> Batcher<S> {
         source: Arc<S>,
         limiter: Arc<Limiter>,
         cfg: LookupConfig,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Observer>,
         health: Arc<Health>,
     ) -> Self {
         Self {

@@ -106,7 +106,7 @@ fn lookup(fake: &Fake) -> Lookup {
             ..LimiterConfig::default()
         })),
         LookupConfig::default(),
-        Arc::new(Metrics::default()),
+        Arc::new(()),
     )
 }
 
@@ -319,7 +319,7 @@ async fn while_the_limiter_has_no_token_calls_keep_filling() {
             ..LimiterConfig::default()
         })),
         LookupConfig::default(),
-        Arc::new(Metrics::default()),
+        Arc::new(()),
     );
     // Ten arrivals 300 ms apart: the first call takes the only token; the other nine wait
     // for the next token (1/s) and share calls.
@@ -984,7 +984,7 @@ fn paced_lookup(fake: &Fake) -> Lookup {
             ..LimiterConfig::default()
         })),
         LookupConfig::default(),
-        Arc::new(Metrics::default()),
+        Arc::new(()),
     )
 }
 
@@ -1112,7 +1112,7 @@ fn short_ttl_lookup(fake: &Fake, ttl: Duration) -> Lookup {
             cache_ttl: ttl,
             ..LookupConfig::default()
         },
-        Arc::new(Metrics::default()),
+        Arc::new(()),
     )
 }
 

@@ -1,0 +1,12 @@
+//! The small helpers the controller's crates share, each a leaf that imports nothing of ours:
+//! durations written the human way ([`duration`]) and the range every duration and count flag
+//! accepts ([`bounds`]), the one backoff every retry uses ([`backoff`]), per-node identifiers in
+//! compact form ([`compact`]) and values many holders share ([`intern`]).
+//!
+//! Owns: nothing of the domain. Never does I/O.
+
+pub mod backoff;
+pub mod bounds;
+pub mod compact;
+pub mod duration;
+pub mod intern;

@@ -97,6 +97,61 @@ fn the_architecture_page_names_every_room_and_only_rooms_that_exist() {
     );
 }
 
+/// The walls the architecture page states between crates hold in what is built: everything
+/// `ec2-topology-lookup` links, all the way down (`cargo tree`, normal and build dependencies;
+/// its tests' mock-ec2 is not linked), includes nothing of Kubernetes and not the controller,
+/// and `ec2-topology-core` and `ec2-topology-kit` link no crate of ours.
+#[test]
+fn the_crates_walls_hold_in_what_is_linked() {
+    let linked = |package: &str| -> Vec<String> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .current_dir(e2e::repo_root())
+            .args([
+                "tree",
+                "--locked",
+                "--offline",
+                "-e",
+                "normal,build",
+                "--prefix",
+                "none",
+            ])
+            .args(["--format", "{p}", "-p", package])
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            out.status.success(),
+            "cargo tree -p {package}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1) // the package itself
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let lookup = linked("ec2-topology-lookup");
+    assert!(
+        lookup.iter().any(|n| n == "aws-sigv4"),
+        "the tree is read: {lookup:?}"
+    );
+    let kubernetes: Vec<&String> = lookup
+        .iter()
+        .filter(|n| n.starts_with("kube") || n.starts_with("k8s-") || *n == "ec2-topology-labeler")
+        .collect();
+    assert!(
+        kubernetes.is_empty(),
+        "ec2-topology-lookup links {kubernetes:?}"
+    );
+    for leaf in ["ec2-topology-core", "ec2-topology-kit"] {
+        let ours: Vec<String> = linked(leaf)
+            .into_iter()
+            .filter(|n| n.starts_with("ec2-topology-") || n == "mock-ec2" || n == "e2e")
+            .collect();
+        assert!(ours.is_empty(), "{leaf} links crates of ours: {ours:?}");
+    }
+}
+
 /// A figure a doc copies from a benchmark's CSV carries its source in a comment right after it,
 /// and equals it, written with as many decimals as the doc gives:
 ///

@@ -66,7 +66,9 @@ step "host: Docker engine, egress guard, networks, runc wrapper if needed"
 
 step "kind CLI"
 if [[ ! -x "$kind_bin/kind" ]]; then
-  (cd "$here/tools" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+  # -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+  # build takes less CPU: docs/development.md, "Building").
+  (cd "$here/tools" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -gcflags="all=-N -l" -ldflags "-s -w" \
     -o "$kind_bin.partial/kind" sigs.k8s.io/kind)
   rm -rf "$kind_bin" && mv "$kind_bin.partial" "$kind_bin"
 fi

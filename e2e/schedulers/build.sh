@@ -19,7 +19,9 @@ start=$(date +%s)
 cd "$here/kueue"
 kueue_version=$(grep -o 'sigs.k8s.io/kueue v[^ ]*' go.mod | head -1 | cut -d' ' -f2)
 echo "building kueue ${kueue_version} (cold: several minutes)..." >&2
-GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out.partial/kueue" sigs.k8s.io/kueue/cmd/kueue
+# -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+# build takes less CPU: docs/development.md, "Building").
+GOFLAGS=-mod=mod go build -trimpath -gcflags="all=-N -l" -ldflags "-s -w" -o "$out.partial/kueue" sigs.k8s.io/kueue/cmd/kueue
 kueue_dir=$(GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
 cp "$kueue_dir"/config/components/crd/bases/*.yaml "$out.partial/crds/kueue/"
 

@@ -23,9 +23,13 @@ GOFLAGS=-mod=mod go build -trimpath \
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${k8s_minor} \
     -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${k8s_minor}" \
   -o "$out.partial/helm" helm.sh/helm/v3/cmd/helm
-(cd actionlint && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \
+# -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+# build takes less CPU: docs/development.md, "Building").
+(cd actionlint && GOFLAGS=-mod=mod go build -trimpath -gcflags="all=-N -l" -ldflags "-s -w" \
   -o "$out.partial/actionlint" github.com/rhysd/actionlint/cmd/actionlint)
-(cd helm-docs && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \
+# -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+# build takes less CPU: docs/development.md, "Building").
+(cd helm-docs && GOFLAGS=-mod=mod go build -trimpath -gcflags="all=-N -l" -ldflags "-s -w" \
   -o "$out.partial/helm-docs" github.com/norwoodj/helm-docs/cmd/helm-docs)
 rm -rf "$out"
 mv "$out.partial" "$out"

@@ -15,7 +15,9 @@ mkdir -p "$out.partial"
 start=$(date +%s)
 version=$(awk '$1 == "require" && $2 == "github.com/sigstore/cosign/v3" { print $3 }' go.mod)
 echo "building cosign $version (cold: a few minutes)..." >&2
-GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath \
+# -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+# build takes less CPU: docs/development.md, "Building").
+GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -gcflags="all=-N -l" \
   -ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$version" \
   -o "$out.partial/cosign" github.com/sigstore/cosign/v3/cmd/cosign
 rm -rf "$out"

@@ -15,7 +15,9 @@ fi
 mkdir -p "$out.partial"
 start=$(date +%s)
 echo "building promtool $(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" { print $3 }' go.mod) (cold: a few minutes)..." >&2
-GOFLAGS=-mod=mod go build -trimpath -tags remove_all_sd,netgo,builtinassets -ldflags "-s -w" \
+# -N -l: no optimiser or inliner for a test tool whose speed no test measures (a cold
+# build takes less CPU: docs/development.md, "Building").
+GOFLAGS=-mod=mod go build -trimpath -gcflags="all=-N -l" -tags remove_all_sd,netgo,builtinassets -ldflags "-s -w" \
   -o "$out.partial/promtool" github.com/prometheus/prometheus/cmd/promtool
 rm -rf "$out"
 mv "$out.partial" "$out"

@@ -7,10 +7,21 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 cache=${EC2TL_CACHE:-$HOME/.cache/ec2-topology-labeler}
 out="$cache/tools/$(cat go.mod go.sum actionlint/go.mod actionlint/go.sum helm-docs/go.mod helm-docs/go.sum build.sh | sha256sum | cut -c1-12)"
-if [[ -x "$out/helm" && -x "$out/actionlint" && -x "$out/helm-docs" ]]; then
+built() { [[ -x "$out/helm" && -x "$out/actionlint" && -x "$out/helm-docs" ]]; }
+if built; then
   echo "$out"
   exit 0
 fi
+# One build at a time: tests that need a tool may call this together on a fresh cache (the chart
+# tests do); the others wait for the lock and take what the first built.
+mkdir -p "$cache/tools"
+exec 9>"$cache/tools/.lock"
+flock 9
+if built; then
+  echo "$out"
+  exit 0
+fi
+rm -rf "$out.partial"
 mkdir -p "$out.partial"
 start=$(date +%s)
 helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2; exit }' go.mod)

@@ -177,6 +177,16 @@ fn ec2_outcome(error: Option<&Ec2Error>) -> String {
 }
 
 impl Metrics {
+    /// What became of a node's verification record at its instance's first lookup: `trusted`,
+    /// or why not.
+    pub fn verification_record(&self, outcome: &str) {
+        self.verification_records
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
     /// A startup taint was removed `age` after the node's creation.
     pub fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
@@ -553,15 +563,6 @@ impl ec2_topology_lookup::Observer for Metrics {
 
     fn reverified_early(&self, n: usize) {
         self.reverified_early.inc_by(n as u64);
-    }
-
-    /// What became of a node's verification record at its instance's first lookup.
-    fn verification_record(&self, outcome: &str) {
-        self.verification_records
-            .get_or_create(&OutcomeLabels {
-                outcome: outcome.to_string(),
-            })
-            .inc();
     }
 }
 

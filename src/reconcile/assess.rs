@@ -10,6 +10,7 @@ use tracing::debug;
 use crate::{
     labels::{self, DeriveError, Desired, LabelScheme, NodeDiff},
     lookup::{Lookup, Resolved},
+    metrics::Metrics,
     node::LiteNode,
     provider_id::{self, SkipReason},
     state::Distrust,
@@ -282,7 +283,13 @@ pub fn trusted(
 /// Before `node`'s instance is asked about for the first time in this process: take its
 /// verification record as the answer when [`trusted`] (counted, with why not, in
 /// `verification_records_total`). Nothing when the lookup knows the instance already.
-pub fn adopt(node: &LiteNode, scheme: &LabelScheme, target: &Target, lookup: &Lookup) {
+pub fn adopt(
+    node: &LiteNode,
+    scheme: &LabelScheme,
+    target: &Target,
+    lookup: &Lookup,
+    metrics: &Metrics,
+) {
     if lookup.knows(&target.instance_id) {
         return;
     }
@@ -290,13 +297,13 @@ pub fn adopt(node: &LiteNode, scheme: &LabelScheme, target: &Target, lookup: &Lo
         Ok(verified) => {
             // Taken unless another reconcile's answer got there first (then that one stands).
             if lookup.adopt(verified) {
-                lookup.note_record("trusted");
+                metrics.verification_record("trusted");
             }
         }
         Err(why) => {
             debug!(node = %node.metadata.name.as_deref().unwrap_or_default(), instance = %target.instance_id, why = why.as_str(),
                 "the node's verification record is not taken: its instance is asked about");
-            lookup.note_record(why.as_str());
+            metrics.verification_record(why.as_str());
         }
     }
 }

@@ -278,7 +278,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         // The first lookup of this node's instance in this process: its verification record
         // may answer it (a new leader asks EC2 nothing about what was verified).
         if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
-            assess::adopt(node, &ctx.scheme, &t, &ctx.lookup);
+            assess::adopt(node, &ctx.scheme, &t, &ctx.lookup, &ctx.metrics);
         }
         let lookup = assess(
             node,

@@ -151,7 +151,7 @@ fn ask(
     ctx: &Context,
 ) -> impl std::future::Future<Output = Result<(), Ec2Error>> + use<> {
     // A node whose verification record holds is answered from it: no EC2 call.
-    assess::adopt(node, &ctx.scheme, target, &ctx.lookup);
+    assess::adopt(node, &ctx.scheme, target, &ctx.lookup, &ctx.metrics);
     let asked = ctx.lookup.ask(
         &target.region,
         &target.instance_id,

@@ -1,4 +1,5 @@
-//! The small helpers the controller's crates share, each a leaf that imports nothing of ours:
+//! The small helpers the controller's crates share; the crate imports nothing of ours (only
+//! `bounds` builds on `duration`):
 //! durations written the human way ([`duration`]) and the range every duration and count flag
 //! accepts ([`bounds`]), the one backoff every retry uses ([`backoff`]), per-node identifiers in
 //! compact form ([`compact`]) and values many holders share ([`intern`]).

@@ -31,7 +31,7 @@ pub(super) struct Batcher<S> {
     source: Arc<S>,
     limiter: Arc<Limiter>,
     cfg: LookupConfig,
-    metrics: Arc<dyn Observer>,
+    observer: Arc<dyn Observer>,
     health: Arc<Health>,
 }
 
@@ -194,14 +194,14 @@ impl<S: TopologySource> Batcher<S> {
         source: Arc<S>,
         limiter: Arc<Limiter>,
         cfg: LookupConfig,
-        metrics: Arc<dyn Observer>,
+        observer: Arc<dyn Observer>,
         health: Arc<Health>,
     ) -> Self {
         Self {
             source,
             limiter,
             cfg,
-            metrics,
+            observer,
             health,
         }
     }
@@ -443,13 +443,13 @@ impl<S: TopologySource> Batcher<S> {
     ) -> impl std::future::Future<Output = BatchResult> + Send + 'static {
         let source = self.source.clone();
         let limiter = self.limiter.clone();
-        let metrics = self.metrics.clone();
+        let observer = self.observer.clone();
         let health = self.health.clone();
         async move {
             let (region, ids) = (&batch.region, &batch.ids);
             let started = std::time::Instant::now();
             let result = source.describe(region, ids).await;
-            metrics.ec2_call(region, ids.len(), started.elapsed(), result.as_ref().err());
+            observer.ec2_call(region, ids.len(), started.elapsed(), result.as_ref().err());
             // A refused instance ID is EC2 answering too (about that ID): it ends an outage.
             if result
                 .as_ref()

@@ -62,17 +62,14 @@ pub trait Observer: Send + Sync {
     fn cache_miss(&self);
     /// `n` answers asked again before their time, riding along in a call that had room.
     fn reverified_early(&self, n: usize);
-    /// What became of a node's verification record offered to [`Lookup::adopt`] (`outcome`).
-    fn verification_record(&self, outcome: &str);
 }
 
-/// Reports nothing: for tests and tools that keep no metrics.
+/// Reports nothing: for tests and commands that keep no metrics.
 impl Observer for () {
     fn ec2_call(&self, _: &str, _: usize, _: Duration, _: Option<&Ec2Error>) {}
     fn cache_hit(&self) {}
     fn cache_miss(&self) {}
     fn reverified_early(&self, _: usize) {}
-    fn verification_record(&self, _: &str) {}
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -262,7 +259,7 @@ pub struct Lookup {
     /// IDs per call (EC2 allows at most 100).
     max_batch: usize,
     requests: mpsc::UnboundedSender<Request>,
-    metrics: Arc<dyn Observer>,
+    observer: Arc<dyn Observer>,
     recoveries: watch::Receiver<u64>,
     /// False once the batcher task has ended (it never should): `/livez` reports it.
     batcher_alive: Arc<AtomicBool>,
@@ -283,7 +280,7 @@ impl Lookup {
         source: S,
         limiter: Arc<Limiter>,
         cfg: LookupConfig,
-        metrics: Arc<dyn Observer>,
+        observer: Arc<dyn Observer>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let (recovered, recoveries) = watch::channel(0);
@@ -291,7 +288,7 @@ impl Lookup {
             Arc::new(source),
             limiter,
             cfg,
-            metrics.clone(),
+            observer.clone(),
             Arc::new(Health::new(recovered)),
         );
         let batcher_alive = Arc::new(AtomicBool::new(true));
@@ -305,7 +302,7 @@ impl Lookup {
             record_key: None,
             max_batch: cfg.max_batch,
             requests: tx,
-            metrics,
+            observer,
             recoveries,
             batcher_alive,
         }
@@ -382,12 +379,12 @@ impl Lookup {
             Instant::now(),
         ) {
             Check::Answered(resolved) => {
-                self.metrics.cache_hit();
+                self.observer.cache_hit();
                 return Asked(AskedState::Known(Ok(resolved)));
             }
             Check::Ask { stale } => stale,
         };
-        self.metrics.cache_miss();
+        self.observer.cache_miss();
         let (reply, answer) = oneshot::channel();
         let alone = stale.as_ref().is_some_and(cache::Entry::refused);
         let sent = self.requests.send(Request {
@@ -444,26 +441,20 @@ impl Lookup {
             }
             pending.push(async move { (id, was, answer.await.ok()) });
         }
-        let (cache, metrics) = (self.cache.clone(), self.metrics.clone());
+        let (cache, observer) = (self.cache.clone(), self.observer.clone());
         tokio::spawn(pending.for_each(move |(id, was, answer)| {
             if cache.refreshed(&id, was, answer, Instant::now()) {
-                metrics.reverified_early(1);
+                observer.reverified_early(1);
             }
             std::future::ready(())
         }));
     }
 
-    /// Take the answer a node's verification record holds (trusted by the caller: see
-    /// `reconcile::assess::adopt`) when nothing is known about its instance yet; returns
+    /// Take the answer a node's verification record holds (trusted by the caller: the
+    /// controller's `reconcile::assess::adopt`) when nothing is known about its instance yet; returns
     /// whether it was taken.
     pub fn adopt(&self, verified: crate::verified::Verified) -> bool {
         self.cache.seed(verified, Instant::now())
-    }
-
-    /// Count what became of a node's verification record when its instance was first looked
-    /// up in this process: `trusted`, or why not.
-    pub fn note_record(&self, outcome: &str) {
-        self.metrics.verification_record(outcome);
     }
 
     /// Whether anything is known about `instance_id` (an answer, or a backoff).
@@ -549,21 +540,21 @@ impl Asked {
 pub async fn lookup_from(
     ec2: &Ec2Args,
     lookup: &LookupArgs,
-    metrics: Arc<dyn Observer>,
+    observer: Arc<dyn Observer>,
 ) -> Result<Lookup, String> {
-    lookup_sharing(ec2, lookup, metrics, Arc::new(Limiter::new(ec2.limiter()))).await
+    lookup_sharing(ec2, lookup, observer, Arc::new(Limiter::new(ec2.limiter()))).await
 }
 
 /// [`lookup_from`], pacing its calls with `limiter` (which other EC2 callers share).
 pub async fn lookup_sharing(
     ec2: &Ec2Args,
     lookup: &LookupArgs,
-    metrics: Arc<dyn Observer>,
+    observer: Arc<dyn Observer>,
     limiter: Arc<Limiter>,
 ) -> Result<Lookup, String> {
     let key = lookup.record_key()?;
     let source = AwsTopology::from_env(ec2.ec2_timeout.0)
         .await
         .with_limiter(limiter.clone());
-    Ok(Lookup::spawn(source, limiter, lookup.lookup(), metrics).with_record_key(key))
+    Ok(Lookup::spawn(source, limiter, lookup.lookup(), observer).with_record_key(key))
 }

@@ -3,7 +3,8 @@
 //! A call is a form-encoded `POST` (`Action`, `Version`, the call's parameters) to the region's
 //! EC2 endpoint, signed with Signature Version 4 by the AWS SDK's own signer (`aws-sigv4`) with
 //! credentials from the SDK's default chain (`aws-config`: environment, profile, IRSA web
-//! identity, EKS Pod Identity), sent over the hyper and rustls the Kubernetes client uses. The
+//! identity, EKS Pod Identity), sent over hyper 1.x and rustls with ring (what the controller's Kubernetes client
+//! resolves to, so the binary links one of each). The
 //! answer is read by a strict XML parser: a malformed or truncated body is an error, never an
 //! answer with fewer items. (The generated `aws-sdk-ec2` crate, every EC2 operation for the five
 //! we call, was a quarter of a cold build's CPU and compiled four times per CI run.)

@@ -96,6 +96,11 @@ fn internal_error() -> Ec2Error {
 }
 
 fn lookup(fake: &Fake) -> Lookup {
+    observed(fake, Arc::new(()))
+}
+
+/// [`lookup`], reporting to `observer`.
+fn observed(fake: &Fake, observer: Arc<dyn Observer>) -> Lookup {
     *fake.layer.lock().unwrap() = "nn-leaf-1".into();
     *fake.instance_type.lock().unwrap() = "p5.48xlarge".into();
     Lookup::spawn(
@@ -106,7 +111,7 @@ fn lookup(fake: &Fake) -> Lookup {
             ..LimiterConfig::default()
         })),
         LookupConfig::default(),
-        Arc::new(()),
+        observer,
     )
 }
 
@@ -1548,4 +1553,45 @@ async fn a_region_that_never_answers_is_its_own_failure() {
     assert!(l.resolve("us-west-2", &id(20), None).await.is_err());
     l.resolve("us-west-2", &id(22), None).await.unwrap();
     assert!(rx.has_changed().unwrap(), "us-west-2 recovered");
+}
+
+/// What the lookup reported, in order.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<String>>);
+
+impl Observer for Recorder {
+    fn ec2_call(&self, region: &str, ids: usize, _: Duration, error: Option<&Ec2Error>) {
+        let outcome = error.map_or("ok", Ec2Error::category);
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("call {region} {ids} {outcome}"));
+    }
+    fn cache_hit(&self) {
+        self.0.lock().unwrap().push("hit".into());
+    }
+    fn cache_miss(&self) {
+        self.0.lock().unwrap().push("miss".into());
+    }
+    fn reverified_early(&self, n: usize) {
+        self.0.lock().unwrap().push(format!("early {n}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_each_miss_call_and_hit() {
+    let fake = Fake::default();
+    let recorder = Arc::new(Recorder::default());
+    let l = observed(&fake, recorder.clone());
+    assert!(l.resolve("r", &id(2), None).await.is_ok());
+    assert!(l.resolve("r", &id(2), None).await.is_ok());
+    fake.fail_next.store(1, Ordering::SeqCst);
+    *fake.fail_with.lock().unwrap() = Some(internal_error());
+    assert!(l.resolve("r", &id(4), None).await.is_err());
+    let heard = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        heard,
+        ["miss", "call r 1 ok", "hit", "miss", "call r 1 service"],
+        "one miss and one call per instance first asked, one hit per answer from the cache"
+    );
 }

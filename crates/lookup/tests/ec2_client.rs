@@ -4,7 +4,7 @@
     clippy::panic,
     clippy::indexing_slicing
 )]
-//! The real EC2 client (EC2's Query API, `lookup::query`) against mock-ec2, a real HTTP server speaking EC2's query
+//! The real EC2 client (EC2's Query API, `crates/lookup/src/query.rs`) against mock-ec2, a real HTTP server speaking EC2's query
 //! protocol: answers, pagination, throttling, error XML, broken bodies, timeouts, no server.
 
 use std::{sync::Arc, time::Duration};

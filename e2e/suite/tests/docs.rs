@@ -98,9 +98,10 @@ fn the_architecture_page_names_every_room_and_only_rooms_that_exist() {
 }
 
 /// The walls the architecture page states between crates hold in what is built: everything
-/// `ec2-topology-lookup` links, all the way down (`cargo tree`, normal and build dependencies;
-/// its tests' mock-ec2 is not linked), includes nothing of Kubernetes and not the controller,
-/// and `ec2-topology-core` and `ec2-topology-kit` link no crate of ours.
+/// `ec2-topology-lookup` links, all the way down (`cargo tree`, normal and build dependencies,
+/// every feature, every target; its tests' mock-ec2 is not linked), includes nothing of
+/// Kubernetes and of ours only core and kit, and `ec2-topology-core` and `ec2-topology-kit`
+/// link no crate of ours.
 #[test]
 fn the_crates_walls_hold_in_what_is_linked() {
     let linked = |package: &str| -> Vec<String> {
@@ -116,6 +117,7 @@ fn the_crates_walls_hold_in_what_is_linked() {
                 "--prefix",
                 "none",
             ])
+            .args(["--all-features", "--target", "all"])
             .args(["--format", "{p}", "-p", package])
             .output()
             .expect("cargo tree runs");
@@ -137,11 +139,23 @@ fn the_crates_walls_hold_in_what_is_linked() {
     );
     let kubernetes: Vec<&String> = lookup
         .iter()
-        .filter(|n| n.starts_with("kube") || n.starts_with("k8s-") || *n == "ec2-topology-labeler")
+        .filter(|n| n.starts_with("kube") || n.starts_with("k8s-"))
         .collect();
     assert!(
         kubernetes.is_empty(),
         "ec2-topology-lookup links {kubernetes:?}"
+    );
+    let mut ours: Vec<&str> = lookup
+        .iter()
+        .map(String::as_str)
+        .filter(|n| n.starts_with("ec2-topology-") || *n == "mock-ec2" || *n == "e2e")
+        .collect();
+    ours.sort_unstable();
+    ours.dedup();
+    assert_eq!(
+        ours,
+        ["ec2-topology-core", "ec2-topology-kit"],
+        "ec2-topology-lookup links of ours only the core and the kit"
     );
     for leaf in ["ec2-topology-core", "ec2-topology-kit"] {
         let ours: Vec<String> = linked(leaf)

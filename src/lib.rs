@@ -1,42 +1,30 @@
 //! ec2-topology-labeler: keeps Kubernetes node labels in step with EC2 network topology.
 //!
-//! Pure logic ([`provider_id`], [`labels`], [`tree`]: the `ec2-topology-core` crate) is kept
-//! apart from I/O. [`run`] wires the controller: the Node watch feeds [`reconcile`], which asks
-//! [`lookup`] (cache → batcher → limiter → EC2, behind [`topology::TopologySource`]) and writes
-//! labels; [`leader`] decides who may write; [`publish`] keeps scheduler objects in step;
-//! [`retire`] removes labels no longer configured; [`http`] serves metrics and probes. `plan` and
-//! `tree` ([`plan`], [`tree_cmd`]) read and write nothing.
+//! Pure logic ([`provider_id`], [`labels`], [`tree`], [`state`]: the `ec2-topology-core`
+//! crate) and the EC2 lookup ([`lookup`]: the `ec2-topology-lookup` crate, no Kubernetes) are
+//! kept apart from the controller. The rooms here: [`cmd`] (every command; [`cmd::run`] wires
+//! the controller), [`flags`] (the command line), [`node`] (the node model, its watch and cache),
+//! [`reconcile`] (decide and write a node's labels), [`publish`] (scheduler objects),
+//! [`cleanup`] (what we remove), [`leader`], [`client`], [`tasks`], [`metrics`] and [`admin`]
+//! (the HTTP endpoints, Events, the process). docs/architecture.md draws them.
 
+pub mod admin;
 pub mod cleanup;
 pub mod client;
 pub mod cmd;
-pub mod config;
-#[cfg(test)]
-mod docs;
-pub mod events;
-pub mod http;
-pub mod reconcile;
-pub mod run;
-
+pub mod flags;
 pub mod leader;
 pub mod metrics;
 pub mod node;
-pub mod pages;
-pub mod planning;
-pub mod process;
 pub mod publish;
-pub mod reserved;
-pub mod retire;
-pub mod scheme;
-pub mod state;
-pub mod store;
+pub mod reconcile;
 pub mod tasks;
-pub mod view;
-pub mod watch;
+#[cfg(test)]
+mod testing;
 
 pub use ec2_topology_core::{
-    consistent, coverage, fit, labels, picture, provider_id, reservations, slurm, topology, tree,
-    verified, vouch,
+    consistent, coverage, fit, labels, picture, provider_id, reservations, slurm, state, topology,
+    tree, verified, vouch,
 };
 pub use ec2_topology_kit::{backoff, bounds, compact, duration, intern};
 /// Where EC2 is asked: its own crate, with no Kubernetes dependency.

@@ -2,7 +2,7 @@
 
 use std::{io::IsTerminal, process::ExitCode};
 
-use ec2_topology_labeler::config::{Cli, Command, LogFormat};
+use ec2_topology_labeler::flags::{Cli, Command, LogFormat};
 use tracing_subscriber::{EnvFilter, fmt};
 
 /// mimalloc instead of the C library's allocator, only when built with `--features mimalloc`:
@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
     // installed before any client is built. It can only fail if one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let result = match cli.command {
-        Command::Run(args) => ec2_topology_labeler::run::run(args).await,
+        Command::Run(args) => ec2_topology_labeler::cmd::run::run(args).await,
         Command::Plan(args) => ec2_topology_labeler::cmd::plan::run(args).await,
         Command::Tree(args) => ec2_topology_labeler::cmd::tree::run(args).await,
         Command::Fit(args) => ec2_topology_labeler::cmd::fit::run(args).await,

@@ -1052,8 +1052,8 @@ async fn an_unsupported_type_is_released_by_policy_and_kept_otherwise() {
 }
 
 /// `n` nodes on distinct instances, in a node cache as the watch would fill it.
-fn fleet(n: usize) -> ec2_topology_labeler::store::NodeCache {
-    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
+fn fleet(n: usize) -> ec2_topology_labeler::node::store::NodeCache {
+    let (reader, mut writer) = ec2_topology_labeler::node::store::NodeCache::new();
     for k in 0..n {
         let mut node = node(&[]);
         node.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
@@ -1116,7 +1116,7 @@ async fn a_follower_walks_nothing() {
 
 /// The first list's nodes, sent as the watch delivers them: pages of 100, a pause between.
 async fn deliver(
-    store: &ec2_topology_labeler::store::NodeCache,
+    store: &ec2_topology_labeler::node::store::NodeCache,
     tx: tokio::sync::mpsc::Sender<Arc<LiteNode>>,
 ) {
     let mut nodes = store.state();
@@ -1227,7 +1227,7 @@ async fn a_new_leader_asks_ec2_nothing_about_verified_nodes() {
     let fake = Fake::default();
     fake.0.describe_all.store(true, Ordering::SeqCst);
     let (ctx, mut handle) = setup(&fake);
-    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
+    let (reader, mut writer) = ec2_topology_labeler::node::store::NodeCache::new();
     for k in 0..1_050 {
         let mut n = node(&[]);
         n.metadata.name = Some(format!("ip-10-0-{}-{}.internal", k / 250, k % 250));
@@ -1269,7 +1269,7 @@ async fn a_new_leader_re_verifies_at_once_only_what_it_cannot_trust() {
     let fake = Fake::default();
     fake.0.describe_all.store(true, Ordering::SeqCst);
     let (ctx, _handle) = setup(&fake);
-    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
+    let (reader, mut writer) = ec2_topology_labeler::node::store::NodeCache::new();
     for k in 0..300usize {
         let mut n = node(&[]);
         n.metadata.name = Some(format!("ip-10-0-1-{k}.internal"));
@@ -1336,7 +1336,7 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
     use futures::StreamExt;
     let fake = Fake::default();
     let (ctx, _handle) = setup(&fake);
-    let (reader, mut writer) = ec2_topology_labeler::store::NodeCache::new();
+    let (reader, mut writer) = ec2_topology_labeler::node::store::NodeCache::new();
     for k in 0..600 {
         let mut n = node(&[("topology.k8s.aws/network-node-layer-1", "nn-1")]);
         n.metadata.name = Some(format!("fleet-{k:03}"));
@@ -1353,7 +1353,7 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
         writer.apply(kube::runtime::watcher::Event::Apply(n));
     }
     let (elected, rx) = futures::channel::mpsc::unbounded();
-    let mut refs = ec2_topology_labeler::run::on_election(rx, reader, ctx.clone());
+    let mut refs = ec2_topology_labeler::cmd::run::on_election(rx, reader, ctx.clone());
     elected.unbounded_send(()).expect("the pass is listening");
     let mut next = async || {
         tokio::time::timeout(Duration::from_millis(500), refs.next())

@@ -36,6 +36,7 @@ use crate::{
     lookup::limiter::{Limiter, LimiterConfig},
 };
 
+pub mod pages;
 #[cfg(test)]
 mod tests;
 
@@ -148,7 +149,7 @@ pub struct Policy {
     fence: Option<Leadership>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Told when a Node watch starts (a 2xx answer to the watch request).
-    watch: Option<Arc<crate::watch::WatchHealth>>,
+    watch: Option<Arc<crate::node::watch::WatchHealth>>,
 }
 
 impl Policy {
@@ -182,7 +183,7 @@ impl Policy {
     }
 
     /// Node watch starts told to `health`.
-    pub fn watching(mut self, health: Arc<crate::watch::WatchHealth>) -> Self {
+    pub fn watching(mut self, health: Arc<crate::node::watch::WatchHealth>) -> Self {
         self.watch = Some(health);
         self
     }

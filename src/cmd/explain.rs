@@ -22,14 +22,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    config::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
+    admin::view::ControllerView,
+    flags::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
     lookup::lookup_from,
     node::LiteNode,
-    planning::{NodePlan, plan_nodes},
+    node::watch::prune,
     provider_id,
     reconcile::gate::Gate,
-    view::ControllerView,
-    watch::prune,
+    reconcile::planning::{NodePlan, plan_nodes},
 };
 
 /// The whole report.
@@ -588,7 +588,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::config::{Cli, Command, run_args_of};
+    use crate::flags::{Cli, Command, run_args_of};
 
     fn cmdline(args: &[&str]) -> Vec<u8> {
         args.iter().flat_map(|a| a.bytes().chain([0])).collect()

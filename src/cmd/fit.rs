@@ -10,8 +10,8 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
-    config::{FitArgs, OutputFormat},
     fit::{Capacity, Gang, Milli, PODS, Taint, Toleration, fit, milli},
+    flags::{FitArgs, OutputFormat},
     labels::{LabelScheme, path_of},
     publish::cliques::CLIQUE_LABEL,
 };
@@ -122,9 +122,9 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut all = Vec::new();
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         params,
-        crate::pages::PAGE,
+        crate::client::pages::PAGE,
         |p| async move { api.list(&p).await },
         |items| all.extend(items),
     )
@@ -598,8 +598,8 @@ mod tests {
             Some("cb-1")
         );
         // The HyperPod preset's block key.
-        let hyperpod = crate::config::LabelArgs {
-            label_preset: crate::scheme::LabelPreset::Hyperpod,
+        let hyperpod = crate::flags::LabelArgs {
+            label_preset: crate::flags::scheme::LabelPreset::Hyperpod,
             ..default_label_args()
         }
         .scheme()
@@ -653,11 +653,11 @@ mod tests {
         );
     }
 
-    pub(super) fn default_label_args() -> crate::config::LabelArgs {
+    pub(super) fn default_label_args() -> crate::flags::LabelArgs {
         #[derive(clap::Parser)]
         struct Only {
             #[command(flatten)]
-            labels: crate::config::LabelArgs,
+            labels: crate::flags::LabelArgs,
         }
         <Only as clap::Parser>::try_parse_from(["x"])
             .map(|o| o.labels)

@@ -1,5 +1,5 @@
 //! `plan`: what `run` would do, without writing anything (the plan itself is
-//! [`crate::planning`]'s).
+//! [`crate::reconcile::planning`]'s).
 //!
 //! Owns: the report. Never writes to the cluster.
 
@@ -9,16 +9,16 @@ use kube::Api;
 
 use crate::{
     Error, Result,
-    config::{OutputFormat, PlanArgs},
+    flags::{OutputFormat, PlanArgs},
     lookup::lookup_from,
     node::WireNode,
-    planning::{add_retired, list_nodes, plan_nodes, render_table},
     reconcile::gate::Gate,
+    reconcile::planning::{add_retired, list_nodes, plan_nodes, render_table},
 };
 
 /// `args` with the running controller's label, gate, EC2 and lookup flags (`plan` run in its
 /// container with `kubectl exec`, where its credentials are too).
-pub fn adopt(args: PlanArgs, run: crate::config::RunArgs) -> PlanArgs {
+pub fn adopt(args: PlanArgs, run: crate::flags::RunArgs) -> PlanArgs {
     PlanArgs {
         labels: run.labels,
         gate: run.gate,
@@ -29,7 +29,7 @@ pub fn adopt(args: PlanArgs, run: crate::config::RunArgs) -> PlanArgs {
 }
 
 pub async fn run(args: PlanArgs) -> Result<()> {
-    let args = match crate::config::in_the_controllers_container(&args.own) {
+    let args = match crate::flags::in_the_controllers_container(&args.own) {
         Some(run) => adopt(args, run),
         None => args,
     };
@@ -42,7 +42,7 @@ pub async fn run(args: PlanArgs) -> Result<()> {
         .map_err(crate::Error::Config)?;
     let gate = Gate::from(&args.gate);
     let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
-    let retired = crate::retire::find(&Api::all(client), &scheme).await?;
+    let retired = crate::cleanup::retire::find(&Api::all(client), &scheme).await?;
     add_retired(&mut plans, retired);
     let text = match args.output.format {
         OutputFormat::Table => render_table(&plans),

@@ -23,7 +23,7 @@ use tracing::info;
 use crate::{
     Error, Result,
     cleanup::{self, Item, Scope},
-    config::RetireArgs,
+    flags::RetireArgs,
     leader::Leadership,
     publish::{PublishArgs, plugin::Purpose},
 };

@@ -9,8 +9,8 @@ use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
-    config::{TreeArgs, TreeFormat},
     coverage::Coverage,
+    flags::{TreeArgs, TreeFormat},
     node::LiteNode,
     picture,
     reconcile::gate::{self, StartupTaint},
@@ -40,7 +40,7 @@ fn note(taint: Option<&StartupTaint>, node: &Node) -> (Option<String>, bool) {
 
 /// `args` with the running controller's label keys and startup taint (`tree` run in its
 /// container with `kubectl exec`).
-pub fn adopt(args: TreeArgs, run: crate::config::RunArgs) -> TreeArgs {
+pub fn adopt(args: TreeArgs, run: crate::flags::RunArgs) -> TreeArgs {
     TreeArgs {
         labels: run.labels,
         taint: run.gate.taint,
@@ -111,7 +111,7 @@ fn leave_out_unvouched(
 }
 
 pub async fn run(args: TreeArgs) -> Result<()> {
-    let (args, adopted) = match crate::config::in_the_controllers_container(&args.own) {
+    let (args, adopted) = match crate::flags::in_the_controllers_container(&args.own) {
         Some(run) => (adopt(args, run), true),
         None => (args, false),
     };
@@ -124,9 +124,9 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     // and whether any node carries a record at all.
     let mut vouching: Vec<Result<(), Unvouched>> = Vec::new();
     let mut any_record = false;
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         ListParams::default(),
-        crate::pages::PAGE,
+        crate::client::pages::PAGE,
         |p| async move { api.list(&p).await },
         |items| {
             views.extend(items.iter().map(|n| {

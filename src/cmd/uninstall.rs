@@ -15,7 +15,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::{
     Error, Result,
     cleanup::{self, Item},
-    config::{OutputFormat, UninstallArgs},
+    flags::{OutputFormat, UninstallArgs},
     leader::Leadership,
     node::{LiteNode, WireNode},
     publish::plugin::{Purpose, SlurmConfigMaps, Uninstall},
@@ -72,9 +72,9 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
     let nodes: Api<WireNode> = Api::all(client.clone());
     let mut all: Vec<LiteNode> = Vec::new();
     let nodes = &nodes;
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         kube::api::ListParams::default(),
-        crate::pages::PAGE,
+        crate::client::pages::PAGE,
         |p| async move { nodes.list(&p).await },
         |items| all.extend(items.into_iter().map(LiteNode::from)),
     )

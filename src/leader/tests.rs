@@ -111,7 +111,7 @@ fn start(client: Client) -> (Election, Leadership) {
         "me".into(),
         Arc::new(Metrics::default()),
         tx,
-        crate::http::Liveness::default().task("leader election"),
+        crate::admin::http::Liveness::default().task("leader election"),
     )
     .expect("election");
     (election, leadership)

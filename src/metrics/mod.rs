@@ -204,7 +204,7 @@ impl Metrics {
 
     /// The text exposition format: this replica's metrics, and the fleet's while it leads.
     pub fn render(&self) -> String {
-        self.render_with(crate::process::encode)
+        self.render_with(crate::admin::process::encode)
     }
 
     /// [`Metrics::render`] with the process series from `process`.
@@ -817,7 +817,7 @@ mod tests {
         m.set_interconnects([("cb-0123456789abcdef0", "ok")], &[]);
         m.interconnect_poll("ok");
         // Every process series, whatever this machine has (a cgroup memory limit or not).
-        m.render_with(|out| crate::process::encode_values(out, Some(1), Some(1.0), Some(1)))
+        m.render_with(|out| crate::admin::process::encode_values(out, Some(1), Some(1.0), Some(1)))
     }
 
     /// Field manager names are whatever writers choose: at most 16 series of their own (plus
@@ -904,10 +904,10 @@ mod tests {
                 .join(", ");
             t.push_str(&format!(
                 "| `{shown}` | {kind} | {labels} | {} |\n",
-                crate::docs::cell(help)
+                crate::testing::docs::cell(help)
             ));
         }
-        crate::docs::check_generated("docs/operations.md", "metrics", &t);
+        crate::testing::docs::check_generated("docs/operations.md", "metrics", &t);
     }
 
     #[test]

@@ -28,6 +28,8 @@ use crate::{
 };
 
 mod cached;
+pub mod store;
+pub mod watch;
 pub use cached::CachedNode;
 
 /// The condition type we own on Nodes.

@@ -24,7 +24,7 @@ use tracing::warn;
 
 use super::Publisher;
 use crate::{
-    events::{Events, Reason},
+    admin::events::{Events, Reason},
     labels::LabelScheme,
     metrics::Metrics,
     tree::NodeView,

@@ -266,7 +266,7 @@ pub(crate) fn members(
 /// Every interval, while this replica leads and its cache is whole: ask, then write what must
 /// change.
 pub async fn run(
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
     ec2: Arc<AwsTopology>,

@@ -149,7 +149,7 @@ pub struct KaiPublisher {
     /// This installation (its Lease), marked on the Topologies it creates.
     owner: String,
     metrics: Arc<Metrics>,
-    events: crate::events::Events,
+    events: crate::admin::events::Events,
     leader: crate::leader::Leadership,
 }
 
@@ -210,7 +210,7 @@ impl KaiPublisher {
                     warn!(topology = %name, ?want, "{message}");
                     if let Some((obj, ar)) = obj {
                         self.events.publish(
-                            crate::events::Reason::TopologyLevelsChanged,
+                            crate::admin::events::Reason::TopologyLevelsChanged,
                             "PublishTopology",
                             &message,
                             obj.object_ref(&ar),
@@ -414,7 +414,7 @@ mod tests {
                 switches_only: false,
             },
             metrics: &metrics,
-            events: &crate::events::Events::default(),
+            events: &crate::admin::events::Events::default(),
             leader: &crate::leader::Leadership::always(),
         };
         let mut p = KaiPublisher::new(&setup);

@@ -72,7 +72,7 @@ pub struct KueuePublisher {
     /// This installation (its Lease), marked on the Topologies it creates.
     owner: String,
     metrics: Arc<Metrics>,
-    events: crate::events::Events,
+    events: crate::admin::events::Events,
     leader: Leadership,
 }
 
@@ -403,7 +403,7 @@ mod tests {
                 switches_only: false,
             },
             metrics: &metrics,
-            events: &crate::events::Events::default(),
+            events: &crate::admin::events::Events::default(),
             leader: &Leadership::always(),
         };
         let mut publishers: Vec<KueuePublisher> = std::iter::once(KueuePublisher::new(&setup))

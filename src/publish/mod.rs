@@ -12,6 +12,7 @@ pub mod kai;
 pub mod kueue;
 pub mod owner;
 pub mod plugin;
+pub mod reserved;
 pub mod shape;
 pub mod slurm;
 pub mod topology;
@@ -157,7 +158,7 @@ pub struct Publishers {
     interval: Duration,
     leader: Leadership,
     scheme: LabelScheme,
-    events: crate::events::Events,
+    events: crate::admin::events::Events,
     metrics: Arc<Metrics>,
 }
 
@@ -185,7 +186,7 @@ impl Publishers {
         scheme: &LabelScheme,
         slurm_files: slurm::Files,
         metrics: &Arc<Metrics>,
-        events: crate::events::Events,
+        events: crate::admin::events::Events,
         leader: &Leadership,
     ) -> Result<Option<Self>, String> {
         let setup = plugin::Setup {
@@ -238,10 +239,10 @@ impl Publishers {
     /// task runs.
     pub async fn run(
         mut self,
-        reader: crate::store::NodeCache,
+        reader: crate::node::store::NodeCache,
         records: Arc<crate::reconcile::nodes::Nodes>,
         synced: Arc<AtomicBool>,
-        _alive: crate::http::TaskGuard,
+        _alive: crate::admin::http::TaskGuard,
     ) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -347,7 +348,7 @@ impl Publishers {
 /// What the publishers read of the nodes (each one's name and labels) in one number, the same
 /// whatever order the cache lists them in: equal from one interval to the next when no node
 /// came, went or had a label changed. Hashes the packed labels as they are (no unpacking).
-fn fingerprint(reader: &crate::store::NodeCache) -> u64 {
+fn fingerprint(reader: &crate::node::store::NodeCache) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     reader.state().iter().fold(0u64, |sum, n| {
         let mut h = DefaultHasher::new();
@@ -363,7 +364,7 @@ fn fingerprint(reader: &crate::store::NodeCache) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{node::LiteNode, store::NodeCache};
+    use crate::{node::LiteNode, node::store::NodeCache};
     use kube::runtime::watcher::Event;
     use std::{collections::BTreeMap, sync::Mutex};
 
@@ -451,7 +452,7 @@ mod tests {
             interval,
             leader: Leadership::always(),
             scheme: LabelScheme::default(),
-            events: crate::events::Events::default(),
+            events: crate::admin::events::Events::default(),
             metrics: Arc::new(Metrics::default()),
         }
     }
@@ -461,7 +462,7 @@ mod tests {
     fn spawn_counting(
         reader: NodeCache,
         records: Arc<crate::reconcile::nodes::Nodes>,
-        liveness: &crate::http::Liveness,
+        liveness: &crate::admin::http::Liveness,
     ) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<usize>>>) {
         let calls = Arc::new(Mutex::new(vec![]));
         let counting: Box<dyn Publisher> = Box::new(Counting {
@@ -514,7 +515,7 @@ mod tests {
         ];
         let interval = Duration::from_secs(5);
         let publishers = publishers(list, interval);
-        let liveness = crate::http::Liveness::default();
+        let liveness = crate::admin::http::Liveness::default();
         let synced = Arc::new(AtomicBool::new(true));
         let task =
             tokio::spawn(publishers.run(reader, records.clone(), synced, liveness.task("publish")));
@@ -571,7 +572,7 @@ mod tests {
         let down = node("down", "nn-leaf-1");
         records.set_state(&down, crate::state::NodeState::Failing("ec2_unavailable"));
         writer.apply(Event::Apply(down.clone()));
-        let liveness = crate::http::Liveness::default();
+        let liveness = crate::admin::http::Liveness::default();
         let (task, calls) = spawn_counting(reader, records.clone(), &liveness);
         let count = || calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
         tokio::time::sleep(FIRST_PASS_WAIT * 2).await;
@@ -626,7 +627,7 @@ mod tests {
             }),
             Box::new(Blind(blind.clone())),
         ];
-        let liveness = crate::http::Liveness::default();
+        let liveness = crate::admin::http::Liveness::default();
         let run = publishers(list, Duration::from_secs(5)).run(
             reader,
             records,

@@ -28,7 +28,7 @@ pub struct Setup<'a> {
     /// How Slurm's files are drawn.
     pub slurm_files: &'a slurm::Files,
     pub metrics: &'a Arc<Metrics>,
-    pub events: &'a crate::events::Events,
+    pub events: &'a crate::admin::events::Events,
     pub leader: &'a Leadership,
 }
 
@@ -321,7 +321,7 @@ pub(crate) mod tests {
                 switches_only: false,
             },
             &metrics,
-            crate::events::Events::default(),
+            crate::admin::events::Events::default(),
             &Leadership::always(),
         )?;
         Ok(publishers.map(|p| p.names()))

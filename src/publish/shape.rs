@@ -228,7 +228,7 @@ const NEW_BLOCKS_EVERY: std::time::Duration = std::time::Duration::from_secs(60)
 /// While this replica leads and its cache is whole: every `--ultraserver-shape-interval` ask
 /// about every block, and every minute about blocks not asked about yet; write what must change.
 pub async fn run(
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
     ec2: Arc<AwsTopology>,

@@ -27,7 +27,7 @@ use super::{
     plugin::{Item, Purpose, Removed, Scope, Setup, SlurmConfigMaps},
 };
 use crate::{
-    FIELD_MANAGER, events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
+    FIELD_MANAGER, admin::events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
     tree::NodeView,
 };
 
@@ -155,7 +155,7 @@ impl SlurmPublisher {
             note.push_str(&format!(" (and {more} more)"));
         }
         self.events.publish(
-            crate::events::Reason::SlurmTopologyInvalid,
+            crate::admin::events::Reason::SlurmTopologyInvalid,
             "PublishSlurmTopology",
             &note,
             ObjectReference {

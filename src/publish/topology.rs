@@ -167,14 +167,14 @@ pub async fn served_resource(
 
 /// The Warning Event on a Topology (Kueue's or KAI's) of our name whose levels differ.
 pub fn report_mismatch(
-    events: &crate::events::Events,
+    events: &crate::admin::events::Events,
     obj: &DynamicObject,
     ar: &ApiResource,
     have: &[String],
     want: &[String],
 ) {
     events.publish(
-        crate::events::Reason::TopologyLevelsMismatch,
+        crate::admin::events::Reason::TopologyLevelsMismatch,
         "PublishTopology",
         &format!(
             "levels {have:?} differ from the labels ec2-topology-labeler writes {want:?}; levels are immutable, left alone"

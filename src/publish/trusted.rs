@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
+    admin::events::{Events, Reason},
     consistent::{Disagreement, consistent},
-    events::{Events, Reason},
     labels::{LabelScheme, family_fingerprint},
     node::CachedNode,
     reconcile::nodes::{Nodes, Standing},
@@ -306,7 +306,7 @@ impl Reports {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{metrics::Metrics, node::LiteNode, store::NodeCache};
+    use crate::{metrics::Metrics, node::LiteNode, node::store::NodeCache};
     use kube::runtime::watcher::Event;
     use std::sync::Arc;
 

@@ -416,7 +416,7 @@ mod trust {
         let scheme = LabelScheme::default();
         let mut n = verified_node(&scheme, 3600, "boot-1");
         // As the watch keeps it: labels and annotations packed.
-        crate::watch::prune(&mut n, &scheme);
+        crate::node::watch::prune(&mut n, &scheme);
         assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
         let (_, diff) = derive(&n, &scheme, &v, Some(&key())).expect("labels for the answer");
@@ -435,7 +435,7 @@ mod trust {
         for packed in [false, true] {
             let mut n = verified_node(&scheme, 3600, "boot-1");
             if packed {
-                crate::watch::prune(&mut n, &scheme);
+                crate::node::watch::prune(&mut n, &scheme);
             }
             let v = trusted(&n, &scheme, &target(), Some(&rotated)).expect("trusted");
             let (_, diff) = derive(&n, &scheme, &v, Some(&rotated)).expect("labels");

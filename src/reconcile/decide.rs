@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     Error,
-    events::Reason,
+    admin::events::Reason,
     labels::{DeriveError, Desired, NodeDiff},
     node::LiteNode,
     provider_id::{self, SkipReason},

@@ -7,9 +7,9 @@ use kube::Api;
 use tracing::warn;
 
 use super::{Context, conflict::other_owners};
-use crate::{FIELD_MANAGER, events::Reason, labels::NodeDiff, node::LiteNode};
+use crate::{FIELD_MANAGER, admin::events::Reason, labels::NodeDiff, node::LiteNode};
 
-/// Record an Event on the node (never waits: see [`crate::events`]).
+/// Record an Event on the node (never waits: see [`crate::admin::events`]).
 pub async fn record(ctx: &Context, node: &LiteNode, reason: Reason, note: String) {
     ctx.events
         .publish(reason, "LabelTopology", &note, node.object_ref());

@@ -18,6 +18,7 @@ mod decide;
 mod events;
 pub mod gate;
 pub mod nodes;
+pub mod planning;
 pub mod queue;
 pub mod resync;
 mod startup;
@@ -32,7 +33,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use crate::events::Reason;
+use crate::admin::events::Reason;
 use clap::Args;
 use kube::Api;
 pub use queue::Action;
@@ -100,7 +101,7 @@ pub struct Context {
     /// EC2 nor writes; a leader whose Lease renewals fail stops at its renew deadline.
     pub leader: Leadership,
     /// Kubernetes Events on Nodes (dropped when turned off).
-    pub events: crate::events::Events,
+    pub events: crate::admin::events::Events,
     /// When to hold writes to a node whose labels someone else keeps changing.
     pub conflict: GuardConfig,
     /// Every node's record (failures, our last write, conflicts, state, what EC2's answer
@@ -120,7 +121,7 @@ pub struct Context {
     operator_error_logged_at: [AtomicU64; crate::Error::CATEGORIES.len()],
     /// The node cache, to tell a node whose providerID another, older node names (a
     /// duplicate: skipped). `None` in tests that reconcile without one.
-    pub cache: Option<crate::store::NodeCache>,
+    pub cache: Option<crate::node::store::NodeCache>,
     /// This replica's Pod (from the downward API), where operator-facing Events about the
     /// controller itself go (EC2 refusing its credentials).
     pub pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
@@ -144,7 +145,7 @@ impl Context {
             resync,
             metrics: metrics.clone(),
             leader: Leadership::always(),
-            events: crate::events::Events::default(),
+            events: crate::admin::events::Events::default(),
             conflict: GuardConfig::default(),
             records: Arc::new(Nodes::new(metrics.clone())),
             gate: Gate::default(),

@@ -30,7 +30,7 @@ pub fn slot(name: &str) -> u64 {
 
 /// The nodes due at each tick, forever: at tick `k` (every `period / SLOTS`) those whose slot
 /// is `k % SLOTS`, as the cache has them then.
-pub fn due(store: crate::store::NodeCache, period: Duration) -> impl Stream<Item = Key> {
+pub fn due(store: crate::node::store::NodeCache, period: Duration) -> impl Stream<Item = Key> {
     let every = (period / SLOTS as u32).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -75,7 +75,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn every_node_comes_up_once_per_period() {
-        let (reader, mut writer) = crate::store::NodeCache::new();
+        let (reader, mut writer) = crate::node::store::NodeCache::new();
         for k in 0..1000 {
             let mut n = crate::node::LiteNode::default();
             n.metadata.name = Some(format!("node-{k}"));

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::events::Reason;
+use crate::admin::events::Reason;
 use tracing::{info, warn};
 
 use super::{

@@ -48,7 +48,7 @@ pub struct Walked {
 
 /// Look up every node in `store` (those with an instance to look up), at most [`IN_FLIGHT`]
 /// at a time; stop at the first failed call or when this replica stops leading.
-pub async fn warm(store: &crate::store::NodeCache, ctx: &Context) -> Walked {
+pub async fn warm(store: &crate::node::store::NodeCache, ctx: &Context) -> Walked {
     let started = Instant::now();
     let (nodes, stop) = walk(store, ctx).await;
     let took_ms = started.elapsed().as_millis() as u64;
@@ -80,7 +80,7 @@ enum Stop {
 }
 
 /// Nodes looked up, and why the walk stopped early (if it did).
-async fn walk(store: &crate::store::NodeCache, ctx: &Context) -> (usize, Option<Stop>) {
+async fn walk(store: &crate::node::store::NodeCache, ctx: &Context) -> (usize, Option<Stop>) {
     let mut in_flight = FuturesUnordered::new();
     let mut done = 0usize;
     // In the order the reconciles come (the initial list's: by name), not the store's hash
@@ -216,7 +216,7 @@ pub async fn ahead_of_first_list(mut arrivals: Arrivals, ctx: &Context) -> usize
 /// [`ahead_of_first_list`]); then, each time this replica starts leading with a synced node
 /// cache, one [`warm`] walk (after the first list, mostly cache hits).
 pub async fn on_leading(
-    store: crate::store::NodeCache,
+    store: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<std::sync::atomic::AtomicBool>,
     arrivals: Arrivals,
@@ -241,7 +241,7 @@ pub async fn first_list(arrivals: Arrivals, ctx: &Context) {
 /// Each time this replica starts leading with a synced cache, one walk of every node (never
 /// ends; restartable: it holds nothing it cannot make again).
 pub async fn walks(
-    store: crate::store::NodeCache,
+    store: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<std::sync::atomic::AtomicBool>,
 ) {

@@ -3,7 +3,7 @@
 //! A task whose inputs can be made again ([`supervise`]) is restarted after it panics or ends
 //! when it should not, with a growing pause (1 s, doubling, at most a minute), each restart
 //! counted in `task_restarts_total{task}` and logged. A task that owns what it cannot make
-//! again (a channel's receiving end) holds a [`crate::http::TaskGuard`] instead: its end fails
+//! again (a channel's receiving end) holds a [`crate::admin::http::TaskGuard`] instead: its end fails
 //! `/livez`, and the kubelet restarts the process.
 //!
 //! Panics unwind (the release profile does not set `panic = "abort"`): a bug met on one odd

@@ -1,6 +1,6 @@
 {{- /*
 What the binary refuses when it starts (each flag's range, crates/kit/src/bounds.rs; the checks across flags,
-`RunArgs::check` in src/config.rs), refused here when the chart renders: a value that would
+`RunArgs::check` in src/flags/mod.rs), refused here when the chart renders: a value that would
 crash-loop the controller fails `helm install`, `helm upgrade` and `helm template` instead, with
 the binary's reason. The schema (values.schema.json) already checks each value's form and the
 ranges of counts and numbers; durations and combinations are checked here. A test renders the
@@ -110,7 +110,7 @@ and one more period for the last to finish (src/leader/mod.rs, Timings::from_arg
 {{- fail (printf "leaderElection: the renew deadline (leaseDuration %s − renewGrace %s) must hold 3 renewal attempts, each a retry period (%vs: half the grace, at most 2s) after the last and given one to finish: lengthen leaseDuration to at least %vs or shorten renewGrace" $le.leaseDuration $le.renewGrace $retry (ceil (addf $g (mulf $retry 4)))) }}
 {{- end }}
 {{- end }}
-{{- /* The label keys as a whole (src/scheme.rs, LabelArgs::scheme; crates/core LabelScheme::validate). */ -}}
+{{- /* The label keys as a whole (src/flags/scheme.rs, LabelArgs::scheme; crates/core LabelScheme::validate). */ -}}
 {{- $c := .Values.config }}
 {{- $preset := $c.labelPreset | default "eks" }}
 {{- $eksPrefix := "topology.k8s.aws/network-node-layer-" }}

@@ -10,6 +10,7 @@ pub mod picture;
 pub mod provider_id;
 pub mod reservations;
 pub mod slurm;
+pub mod state;
 pub mod topology;
 pub mod tree;
 pub mod verified;

@@ -1,7 +1,7 @@
 //! A part of a doc written by a test: between `<!-- BEGIN GENERATED: NAME -->` and
 //! `<!-- END GENERATED: NAME -->`, compared with what the test computes, or rewritten with
 //! `UPDATE_DOCS=1` (`make docs`). The same markers as the controller's own doc tables
-//! (`src/docs.rs`, which only the controller crate's unit tests can reach).
+//! (`src/testing/docs.rs`, which only the controller crate's unit tests can reach).
 
 /// Compare (or, with `UPDATE_DOCS=1`, rewrite) the part `name` of `file` (relative to the
 /// repository's root) with `want`; `how` says which test writes it.

@@ -294,7 +294,7 @@ pub struct VolcanoPublisher {
     /// (`--nvlink-clique-level`), or nothing.
     tier0: Tier0,
     metrics: Arc<Metrics>,
-    events: crate::events::Events,
+    events: crate::admin::events::Events,
     last_conflicts: Vec<Conflict>,
     /// The last error logged (each distinct one is logged once).
     last_error: Option<String>,
@@ -311,7 +311,7 @@ impl VolcanoPublisher {
         recheck: std::time::Duration,
         scheme: LabelScheme,
         metrics: Arc<Metrics>,
-        events: crate::events::Events,
+        events: crate::admin::events::Events,
         leader: crate::leader::Leadership,
     ) -> Self {
         Self {
@@ -373,7 +373,7 @@ impl VolcanoPublisher {
     fn report_taken(&self, taken: &[Taken]) {
         for t in taken.iter().take(10) {
             self.events.publish(
-                crate::events::Reason::HyperNodeOwnedByAnother,
+                crate::admin::events::Reason::HyperNodeOwnedByAnother,
                 "PublishHyperNodes",
                 &match &t.owner {
                     None => format!(

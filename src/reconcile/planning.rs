@@ -14,13 +14,13 @@ use crate::{
     Result,
     labels::{LabelScheme, MapDiff},
     lookup::Lookup,
+    node::watch::prune,
     node::{LiteNode, WireNode},
     reconcile::{
         Assessment, assess,
         gate::{Gate, INSTANCE_TYPE_LABEL, Standing},
     },
     topology::Ec2Error,
-    watch::prune,
 };
 
 /// One node's line of the plan.
@@ -141,9 +141,9 @@ pub async fn plan_nodes(
 /// start-up, so the plan shows them as removals.
 pub fn add_retired(
     plans: &mut [NodePlan],
-    retired: Vec<(kube::api::ObjectMeta, crate::retire::Retired)>,
+    retired: Vec<(kube::api::ObjectMeta, crate::cleanup::retire::Retired)>,
 ) {
-    let by_node: BTreeMap<String, crate::retire::Retired> = retired
+    let by_node: BTreeMap<String, crate::cleanup::retire::Retired> = retired
         .into_iter()
         .filter_map(|(meta, r)| Some((meta.name?, r)))
         .collect();
@@ -239,9 +239,9 @@ pub fn render_table(plans: &[NodePlan]) -> String {
 /// List every node, page by page, keeping only what planning needs.
 pub async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
     let mut out = Vec::new();
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         ListParams::default(),
-        crate::pages::PAGE,
+        crate::client::pages::PAGE,
         |p| async move { api.list(&p).await },
         |items| {
             for node in items {

@@ -69,7 +69,7 @@ pub struct ServeArgs {
 #[derive(Clone)]
 pub struct Readiness {
     pub synced: Arc<AtomicBool>,
-    pub watch: Arc<crate::watch::WatchHealth>,
+    pub watch: Arc<crate::node::watch::WatchHealth>,
     pub unhealthy_after: std::time::Duration,
 }
 
@@ -432,7 +432,7 @@ mod tests {
     /// and comes back with the watch; the gauge follows.
     #[tokio::test(start_paused = true)]
     async fn readyz_fails_while_the_node_watch_fails_past_its_bound() {
-        let watch = Arc::new(crate::watch::WatchHealth::default());
+        let watch = Arc::new(crate::node::watch::WatchHealth::default());
         let metrics = Arc::new(Metrics::default());
         let router = || {
             super::router(

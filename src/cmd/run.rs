@@ -25,11 +25,13 @@ use crate::tasks::{Lifetime, supervise};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
-    config::RunArgs,
+    flags::RunArgs,
     labels::LabelScheme,
     leader::Leadership,
     lookup::{Lookup, ec2::AwsTopology, limiter::Limiter},
     metrics::Metrics,
+    node::store::NodeCache,
+    node::watch::{prune, relevant},
     node::{LiteNode, WireNode},
     provider_id,
     reconcile::{
@@ -40,8 +42,6 @@ use crate::{
         queue::{self, Key},
         reconcile, resync, warm,
     },
-    store::NodeCache,
-    watch::{prune, relevant},
 };
 
 /// What `/debug/nodes/NAME` reads, once the controller is wired: the node cache, the context and
@@ -62,16 +62,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // server: while start-up waits for a cluster that is still settling, the probes see a live
     // process that is not ready (rather than one that exits and restarts).
     let synced = Arc::new(AtomicBool::new(false));
-    let live = crate::http::Liveness::default();
-    let listener = crate::http::bind(args.serve.metrics_addr)?;
+    let live = crate::admin::http::Liveness::default();
+    let listener = crate::admin::http::bind(args.serve.metrics_addr)?;
     // `/debug/nodes/NAME` (for `explain`) answers once the controller is wired below.
     let wired: Arc<std::sync::OnceLock<Wired>> = Arc::default();
-    let inspect: crate::http::Inspector = {
+    let inspect: crate::admin::http::Inspector = {
         let wired = wired.clone();
         Arc::new(move |name: &str| {
             let (reader, ctx, identity) = wired.get()?;
             let node = reader.get(name);
-            let view = crate::view::controller_view(
+            let view = crate::admin::view::controller_view(
                 identity,
                 ctx.leader.is_leader(),
                 node.as_deref(),
@@ -83,11 +83,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 .flatten()
         })
     };
-    let watch_health = Arc::new(crate::watch::WatchHealth::default());
-    tokio::spawn(crate::http::serve(
+    let watch_health = Arc::new(crate::node::watch::WatchHealth::default());
+    tokio::spawn(crate::admin::http::serve(
         listener,
         metrics.clone(),
-        crate::http::Readiness {
+        crate::admin::http::Readiness {
             synced: synced.clone(),
             watch: watch_health.clone(),
             unhealthy_after: args.serve.watch_unhealthy_after.0,
@@ -97,7 +97,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Not being able to serve `explain` does not stop the controller.
     match tokio::net::TcpListener::bind(args.serve.debug_addr).await {
         Ok(l) => {
-            tokio::spawn(crate::http::serve_debug(l, inspect));
+            tokio::spawn(crate::admin::http::serve_debug(l, inspect));
         }
         Err(e) => {
             warn!(addr = %args.serve.debug_addr, error = %e, "cannot serve /debug/nodes (explain will not see the controller's view)");
@@ -107,7 +107,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .leader
         .identity
         .clone()
-        .unwrap_or_else(crate::process::default_identity);
+        .unwrap_or_else(crate::admin::process::default_identity);
     // The election first: the client that writes is fenced by what it decides. The Lease has a
     // client of its own, unpaced and unfenced (renewals never wait behind writes).
     let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
@@ -176,10 +176,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             timeout_s = ctx.gate.timeout.map(|d| d.as_secs()),
             "releasing the startup taint once each node's topology labels are written");
     }
-    ctx.pod = crate::process::own_pod();
+    ctx.pod = crate::admin::process::own_pod();
     if args.serve.events {
-        ctx.events =
-            crate::events::Events::start(client.clone(), FIELD_MANAGER, &identity, metrics.clone());
+        ctx.events = crate::admin::events::Events::start(
+            client.clone(),
+            FIELD_MANAGER,
+            &identity,
+            metrics.clone(),
+        );
     }
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
     ctx.kicks = Some(kicks_tx);
@@ -204,14 +208,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let triggers = watcher(
         nodes_watch,
         watcher::Config::default()
-            .page_size(crate::store::NODE_PAGE)
+            .page_size(crate::node::store::NODE_PAGE)
             .timeout(u32::try_from(args.serve.watch_timeout.0.as_secs()).unwrap_or(290)),
     )
     .default_backoff()
     .map_ok(move |event| {
         healthy.ok();
         let done = matches!(event, watcher::Event::InitDone);
-        let touched = feeder.apply(crate::store::map_event(event, |wire| {
+        let touched = feeder.apply(crate::node::store::map_event(event, |wire| {
             let mut node = LiteNode::from(wire);
             prune(&mut node, &prune_scheme);
             node
@@ -373,7 +377,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Lifetime::Forever,
             metrics.clone(),
             move || {
-                crate::reserved::run(
+                crate::publish::reserved::run(
                     reader.clone(),
                     ctx.clone(),
                     synced.clone(),
@@ -446,7 +450,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             // The watcher relists by itself (after an expired resource version, a restarted API
             // server); nothing is lost.
             Err(e) => {
-                let reason = crate::watch::error_reason(&e);
+                let reason = crate::node::watch::error_reason(&e);
                 watch_metrics.watch_error(reason);
                 watch_health.error();
                 if reason == "forbidden" {
@@ -467,7 +471,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         queue::Sources {
             requests,
             all: futures::stream::select(recoveries, kicks_rx),
-            // The first list's nodes are served as they come (crate::store): reconciles start
+            // The first list's nodes are served as they come (crate::node::store): reconciles start
             // on its first page.
             ready: std::future::ready(()),
             shutdown: queue::signalled(),
@@ -507,7 +511,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// verified nodes queued at once: 1.5 s for a joiner behind them).
 pub fn on_election(
     elected: futures::channel::mpsc::UnboundedReceiver<()>,
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     ctx: Arc<Context>,
 ) -> futures::channel::mpsc::UnboundedReceiver<Key> {
     let (tx, rx) = futures::channel::mpsc::unbounded();
@@ -545,7 +549,7 @@ pub fn on_election(
 const URGENT_FIRST: Duration = Duration::from_secs(3);
 
 async fn sweep(
-    reader: &crate::store::NodeCache,
+    reader: &crate::node::store::NodeCache,
     ctx: &Context,
     tx: &futures::channel::mpsc::UnboundedSender<Key>,
 ) -> bool {
@@ -616,7 +620,7 @@ async fn sweep(
 /// retire` does that (the chart's post-upgrade hook runs it; see [`crate::cmd::retire`]).
 async fn retire_from_nodes_at_start(
     client: Client,
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
     what: Vec<crate::cleanup::OnNode>,
@@ -649,7 +653,7 @@ async fn retire_from_nodes_at_start(
 }
 
 /// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
-/// configuration and no longer manage (see [`crate::retire`]).
+/// configuration and no longer manage (see [`crate::cleanup::retire`]).
 async fn retire_at_start(
     api: Api<k8s_openapi::api::core::v1::Node>,
     scheme: LabelScheme,
@@ -662,7 +666,7 @@ async fn retire_at_start(
         while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        match crate::retire::retire_all(&api, &scheme, &leader, &metrics).await {
+        match crate::cleanup::retire::retire_all(&api, &scheme, &leader, &metrics).await {
             Ok(0) => return,
             Ok(n) => {
                 info!(
@@ -699,7 +703,7 @@ fn kueue_levels(
 /// (reading each node's few labels in place), and a Warning Event, once per node, when a node
 /// we labelled carries fewer layers than the Kueue Topology we publish (Kueue leaves it out).
 async fn coverage(
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     synced: Arc<AtomicBool>,
     kueue: Option<(String, usize)>,
     every: Duration,
@@ -746,7 +750,7 @@ async fn coverage(
         for (node, depth) in short {
             if reported.insert(node.name_any()) {
                 ctx.events.publish(
-                    crate::events::Reason::NotInSchedulerTopology,
+                    crate::admin::events::Reason::NotInSchedulerTopology,
                     "CountCoverage",
                     &format!(
                         "the node carries {depth} layer label(s), Kueue Topology {name} has {levels} levels: Kueue leaves the node out of topology-aware scheduling"
@@ -760,7 +764,7 @@ async fn coverage(
 
 /// Forget deleted nodes: their metrics state and, once unused, their cached answers.
 async fn housekeeping(
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     lookup: Lookup,
     ctx: Arc<Context>,
     resync: Duration,

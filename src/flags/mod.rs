@@ -1,25 +1,28 @@
 //! Command line and configuration. Every flag also reads an environment variable (`LABELER_…`,
 //! or the AWS SDK's own `AWS_REGION`); `--help` is the reference.
 //!
-//! Owns: the command line's shape. Never reads anything at run time.
+//! Owns: the command line's shape. Reads nothing at run time but, for `explain` run inside the
+//! controller's container, PID 1's command line ([`controller_flags`]).
 
 //!
-//! Each module owns its settings (`LabelArgs` in [`crate::scheme`], `Ec2Args` and `LookupArgs` in
+//! Each module owns its settings (`LabelArgs` in [`crate::flags::scheme`], `Ec2Args` and `LookupArgs` in
 //! [`crate::lookup`], `ControllerArgs` in [`crate::reconcile`], `GateArgs` in
 //! [`crate::reconcile::gate`], `PublishArgs` in
-//! [`crate::publish`], `ServeArgs` in [`crate::http`], `LeaderArgs` in [`crate::leader`]); this
+//! [`crate::publish`], `ServeArgs` in [`crate::admin::http`], `LeaderArgs` in [`crate::leader`]); this
 //! module only composes them into the commands.
+
+pub mod scheme;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::admin::http::ServeArgs;
 pub use crate::duration::HumanDuration;
-pub use crate::http::ServeArgs;
+pub use crate::flags::scheme::LabelArgs;
 pub use crate::leader::LeaderArgs;
 pub use crate::lookup::{LookupArgs, ec2::Ec2Args};
 pub use crate::publish::PublishArgs;
 pub use crate::reconcile::gate::StartupTaint;
 pub use crate::reconcile::{ControllerArgs, gate::GateArgs};
-pub use crate::scheme::LabelArgs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum LogFormat {
@@ -479,7 +482,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub client: crate::client::ClientArgs,
     #[command(flatten)]
-    pub reservations: crate::reserved::ReservationArgs,
+    pub reservations: crate::publish::reserved::ReservationArgs,
     #[command(flatten)]
     pub health: crate::publish::interconnect::HealthArgs,
     #[command(flatten)]
@@ -766,10 +769,10 @@ mod tests {
             t.push_str(&format!(
                 "| {key} | {env} | {default} | {range} | {} | {} |\n",
                 commands.join(", "),
-                crate::docs::cell(help)
+                crate::testing::docs::cell(help)
             ));
         }
-        crate::docs::check_generated("docs/configuration.md", "flags", &t);
+        crate::testing::docs::check_generated("docs/configuration.md", "flags", &t);
     }
 
     /// An absurd duration or count is refused when the command line is parsed, naming the flag

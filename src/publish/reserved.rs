@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::{
+    admin::events::Reason,
     duration::HumanDuration,
-    events::Reason,
     lookup::ec2::AwsTopology,
     node::CachedNode,
     reconcile::Context,
@@ -104,7 +104,7 @@ fn regions(ctx: &Context, nodes: &[Arc<CachedNode>]) -> BTreeSet<String> {
 
 /// Every `every`, while this replica leads and its cache is whole: the reservations, as gauges.
 pub async fn run(
-    reader: crate::store::NodeCache,
+    reader: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<AtomicBool>,
     ec2: Arc<AwsTopology>,

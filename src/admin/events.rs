@@ -488,7 +488,7 @@ mod tests {
 
     #[test]
     fn docs_events_table_is_generated_from_the_code() {
-        use crate::docs::cell;
+        use crate::testing::docs::cell;
         let mut t = String::from("| Reason | Type | On | When |\n| --- | --- | --- | --- |\n");
         for r in Reason::ALL {
             let type_ = match r.type_() {
@@ -502,7 +502,7 @@ mod tests {
                 cell(r.when())
             ));
         }
-        crate::docs::check_generated("docs/operations.md", "events", &t);
+        crate::testing::docs::check_generated("docs/operations.md", "events", &t);
     }
 
     #[test]

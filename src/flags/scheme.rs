@@ -187,7 +187,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::{Cli, Command},
+        flags::{Cli, Command},
         labels::desired,
         publish::kueue,
         topology::InstanceTopology,
@@ -337,12 +337,12 @@ mod tests {
 
     #[test]
     fn migration_docs_show_what_each_preset_writes() {
-        crate::docs::check_generated(
+        crate::testing::docs::check_generated(
             "docs/migrating-from-hyperpod.md",
             "hyperpod-example",
             &worked_example("hyperpod"),
         );
-        crate::docs::check_generated(
+        crate::testing::docs::check_generated(
             "docs/migrating-from-topograph.md",
             "topograph-example",
             &worked_example("topograph"),

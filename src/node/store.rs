@@ -6,7 +6,7 @@
 //! name, UID and resourceVersion again; its controller can only read from that. The node as
 //! read from the API server ([`crate::node::WireNode`]) carries a whole `ObjectMeta`; the
 //! cached node carries only what we read, its name once (the set is keyed by the node's own
-//! name), and is built by [`crate::watch::prune`] before it is stored.
+//! name), and is built by [`crate::node::watch::prune`] before it is stored.
 //!
 //! As with the reflector, a relist (after the watch lost its place) fills a new set that
 //! replaces the old one once complete, so readers never see a half-listed fleet. The first list

@@ -20,6 +20,8 @@
 //! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
 //! operator's own command.
 
+pub mod retire;
+
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, ResourceExt,
@@ -163,14 +165,14 @@ pub fn report(
     items: &[Item],
     applied: &Applied,
     dry_run: bool,
-    output: crate::config::OutputFormat,
+    output: crate::flags::OutputFormat,
     empty: &str,
     extra: serde_json::Value,
 ) -> crate::Result<String> {
     let mut out = String::new();
     let Applied { failed, held } = applied;
     match output {
-        crate::config::OutputFormat::Json => {
+        crate::flags::OutputFormat::Json => {
             let failed: Vec<_> = failed
                 .iter()
                 .map(|(i, e)| serde_json::json!({ "kind": i.kind, "name": i.name, "error": e.to_string() }))
@@ -194,7 +196,7 @@ pub fn report(
                 .map_err(|e| crate::Error::Config(format!("cannot render JSON: {e}")))?;
             out.push('\n');
         }
-        crate::config::OutputFormat::Table => {
+        crate::flags::OutputFormat::Table => {
             let verb = if dry_run { "would remove" } else { "removed" };
             for i in items {
                 let failure = failed.iter().find(|(f, _)| f == i).map(|(_, e)| e);
@@ -325,13 +327,13 @@ pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Err
     let api: Api<Node> = Api::all(client.clone());
     let mut out = Vec::new();
     let api = &api;
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         ListParams::default(),
-        crate::pages::PAGE,
+        crate::client::pages::PAGE,
         |p| async move { api.list_metadata(&p).await },
         |items| {
             for meta in &items {
-                let (labels, annotations) = crate::retire::owned_keys(
+                let (labels, annotations) = crate::cleanup::retire::owned_keys(
                     meta.metadata.managed_fields.as_deref().unwrap_or_default(),
                     FIELD_MANAGER,
                 );

@@ -121,9 +121,9 @@ pub async fn find(
     scheme: &LabelScheme,
 ) -> kube::Result<Vec<(ObjectMeta, Retired)>> {
     let mut out = Vec::new();
-    crate::pages::each_page(
+    crate::client::pages::each_page(
         ListParams::default(),
-        crate::store::NODE_PAGE,
+        crate::node::store::NODE_PAGE,
         |p| async move { api.list_metadata(&p).await },
         |items| {
             for item in items {

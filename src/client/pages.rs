@@ -8,7 +8,7 @@ use std::future::Future;
 use kube::api::{ListParams, ObjectList};
 
 /// Objects per page where the caller has no reason to choose (the API server's own suggestion
-/// for clients that page; the node watch pages smaller, see [`crate::store::NODE_PAGE`]).
+/// for clients that page; the node watch pages smaller, see [`crate::node::store::NODE_PAGE`]).
 pub const PAGE: u32 = 500;
 
 /// Hand every page `fetch` returns for `params` (its limit set to `limit`) to `each`, following

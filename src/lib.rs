@@ -6,7 +6,7 @@
 //! the controller), [`flags`] (the command line), [`node`] (the node model, its watch and cache),
 //! [`reconcile`] (decide and write a node's labels), [`publish`] (scheduler objects),
 //! [`cleanup`] (what we remove), [`leader`], [`client`], [`tasks`], [`metrics`] and [`admin`]
-//! (the HTTP endpoints, Events, the process). docs/architecture.md draws them.
+//! (the HTTP endpoints and Events). docs/architecture.md draws them and their order.
 
 pub mod admin;
 pub mod cleanup;

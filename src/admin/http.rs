@@ -8,7 +8,7 @@ use std::{
     io,
     net::{Ipv4Addr, SocketAddr},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -25,7 +25,7 @@ use axum::{
 };
 use tracing::{error, info, warn};
 
-use crate::metrics::Metrics;
+use crate::{metrics::Metrics, tasks::Liveness};
 
 /// What the deployment sets itself (the chart owns these flags).
 #[derive(Debug, Clone, Args, PartialEq)]
@@ -69,7 +69,7 @@ pub struct ServeArgs {
 #[derive(Clone)]
 pub struct Readiness {
     pub synced: Arc<AtomicBool>,
-    pub watch: Arc<crate::node::watch::WatchHealth>,
+    pub watch: Arc<crate::client::WatchHealth>,
     pub unhealthy_after: std::time::Duration,
 }
 
@@ -84,57 +84,8 @@ impl Readiness {
     }
 }
 
-type Check = Box<dyn Fn() -> bool + Send + Sync>;
-
 /// The controller's view of one node by name, for `/debug/nodes/NAME` (`None`: unknown node).
 pub type Inspector = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
-
-/// What `/livez` checks: named conditions that hold while the process can do its work (the
-/// EC2 batcher runs, the leader election runs…). Once one fails the process is of no use
-/// until restarted, and the kubelet restarts it.
-#[derive(Clone, Default)]
-pub struct Liveness {
-    checks: Arc<Mutex<Vec<(&'static str, Check)>>>,
-}
-
-impl Liveness {
-    /// Add a condition that must keep holding.
-    pub fn check(&self, name: &'static str, alive: impl Fn() -> bool + Send + Sync + 'static) {
-        self.checks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((name, Box::new(alive)));
-    }
-
-    /// A task that must keep running: it holds the returned guard for its whole life (a panic
-    /// drops it too).
-    pub fn task(&self, name: &'static str) -> TaskGuard {
-        let flag = Arc::new(AtomicBool::new(true));
-        let seen = flag.clone();
-        self.check(name, move || seen.load(Ordering::SeqCst));
-        TaskGuard(flag)
-    }
-
-    /// The names of the conditions that no longer hold.
-    pub fn failing(&self) -> Vec<&'static str> {
-        self.checks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(_, alive)| !alive())
-            .map(|(name, _)| *name)
-            .collect()
-    }
-}
-
-/// Held by a task that must keep running; marks it ended when dropped.
-pub struct TaskGuard(Arc<AtomicBool>);
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
 
 #[derive(Clone)]
 struct AppState {
@@ -432,7 +383,7 @@ mod tests {
     /// and comes back with the watch; the gauge follows.
     #[tokio::test(start_paused = true)]
     async fn readyz_fails_while_the_node_watch_fails_past_its_bound() {
-        let watch = Arc::new(crate::node::watch::WatchHealth::default());
+        let watch = Arc::new(crate::client::WatchHealth::default());
         let metrics = Arc::new(Metrics::default());
         let router = || {
             super::router(

@@ -1,10 +1,8 @@
 //! What operators read from outside the reconcile: the admin HTTP servers ([`http`]: metrics,
-//! probes and the loopback node view, [`view`]), Kubernetes Events ([`events`]) and the
-//! process's own identity and resource use ([`process`]).
+//! probes and, on loopback, the controller's view of a node) and Kubernetes Events
+//! ([`events`]).
 //!
 //! Owns: those outputs. Never changes what the controller decides or writes to a Node.
 
 pub mod events;
 pub mod http;
-pub mod process;
-pub mod view;

@@ -20,8 +20,6 @@
 //! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
 //! operator's own command.
 
-pub mod retire;
-
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, ResourceExt,
@@ -333,7 +331,7 @@ pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Err
         |p| async move { api.list_metadata(&p).await },
         |items| {
             for meta in &items {
-                let (labels, annotations) = crate::cleanup::retire::owned_keys(
+                let (labels, annotations) = crate::reconcile::retire::owned_keys(
                     meta.metadata.managed_fields.as_deref().unwrap_or_default(),
                     FIELD_MANAGER,
                 );

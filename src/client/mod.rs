@@ -36,7 +36,9 @@ use crate::{
     lookup::limiter::{Limiter, LimiterConfig},
 };
 
+mod health;
 pub mod pages;
+pub use health::{RECOVERED_AFTER, WatchHealth};
 #[cfg(test)]
 mod tests;
 
@@ -149,7 +151,7 @@ pub struct Policy {
     fence: Option<Leadership>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Told when a Node watch starts (a 2xx answer to the watch request).
-    watch: Option<Arc<crate::node::watch::WatchHealth>>,
+    watch: Option<Arc<crate::client::WatchHealth>>,
 }
 
 impl Policy {
@@ -183,7 +185,7 @@ impl Policy {
     }
 
     /// Node watch starts told to `health`.
-    pub fn watching(mut self, health: Arc<crate::node::watch::WatchHealth>) -> Self {
+    pub fn watching(mut self, health: Arc<crate::client::WatchHealth>) -> Self {
         self.watch = Some(health);
         self
     }

@@ -179,7 +179,7 @@ async fn no_write_completes_after_the_renew_deadline_when_renewals_fail() {
         "me".into(),
         Arc::new(Metrics::new()),
         tx,
-        crate::admin::http::Liveness::default().task("leader election"),
+        crate::tasks::Liveness::default().task("leader election"),
     )
     .expect("election");
     while !leadership.is_leader() {

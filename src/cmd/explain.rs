@@ -22,7 +22,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    admin::view::ControllerView,
     flags::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
     lookup::lookup_from,
     node::LiteNode,
@@ -30,6 +29,7 @@ use crate::{
     provider_id,
     reconcile::gate::Gate,
     reconcile::planning::{NodePlan, plan_nodes},
+    reconcile::view::ControllerView,
 };
 
 /// The whole report.

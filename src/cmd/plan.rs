@@ -42,7 +42,7 @@ pub async fn run(args: PlanArgs) -> Result<()> {
         .map_err(crate::Error::Config)?;
     let gate = Gate::from(&args.gate);
     let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
-    let retired = crate::cleanup::retire::find(&Api::all(client), &scheme).await?;
+    let retired = crate::reconcile::retire::find(&Api::all(client), &scheme).await?;
     add_retired(&mut plans, retired);
     let text = match args.output.format {
         OutputFormat::Table => render_table(&plans),

@@ -62,7 +62,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // server: while start-up waits for a cluster that is still settling, the probes see a live
     // process that is not ready (rather than one that exits and restarts).
     let synced = Arc::new(AtomicBool::new(false));
-    let live = crate::admin::http::Liveness::default();
+    let live = crate::tasks::Liveness::default();
     let listener = crate::admin::http::bind(args.serve.metrics_addr)?;
     // `/debug/nodes/NAME` (for `explain`) answers once the controller is wired below.
     let wired: Arc<std::sync::OnceLock<Wired>> = Arc::default();
@@ -71,7 +71,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Arc::new(move |name: &str| {
             let (reader, ctx, identity) = wired.get()?;
             let node = reader.get(name);
-            let view = crate::admin::view::controller_view(
+            let view = crate::reconcile::view::controller_view(
                 identity,
                 ctx.leader.is_leader(),
                 node.as_deref(),
@@ -83,7 +83,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 .flatten()
         })
     };
-    let watch_health = Arc::new(crate::node::watch::WatchHealth::default());
+    let watch_health = Arc::new(crate::client::WatchHealth::default());
     tokio::spawn(crate::admin::http::serve(
         listener,
         metrics.clone(),
@@ -107,7 +107,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .leader
         .identity
         .clone()
-        .unwrap_or_else(crate::admin::process::default_identity);
+        .unwrap_or_else(crate::metrics::process::default_identity);
     // The election first: the client that writes is fenced by what it decides. The Lease has a
     // client of its own, unpaced and unfenced (renewals never wait behind writes).
     let (elected_tx, elected_rx) = futures::channel::mpsc::unbounded::<()>();
@@ -176,7 +176,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             timeout_s = ctx.gate.timeout.map(|d| d.as_secs()),
             "releasing the startup taint once each node's topology labels are written");
     }
-    ctx.pod = crate::admin::process::own_pod();
+    ctx.pod = crate::metrics::process::own_pod();
     if args.serve.events {
         ctx.events = crate::admin::events::Events::start(
             client.clone(),
@@ -653,7 +653,7 @@ async fn retire_from_nodes_at_start(
 }
 
 /// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
-/// configuration and no longer manage (see [`crate::cleanup::retire`]).
+/// configuration and no longer manage (see [`crate::reconcile::retire`]).
 async fn retire_at_start(
     api: Api<k8s_openapi::api::core::v1::Node>,
     scheme: LabelScheme,
@@ -666,7 +666,7 @@ async fn retire_at_start(
         while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        match crate::cleanup::retire::retire_all(&api, &scheme, &leader, &metrics).await {
+        match crate::reconcile::retire::retire_all(&api, &scheme, &leader, &metrics).await {
             Ok(0) => return,
             Ok(n) => {
                 info!(

@@ -335,7 +335,7 @@ impl Election {
         identity: String,
         metrics: Arc<Metrics>,
         elected: UnboundedSender<()>,
-        alive: crate::admin::http::TaskGuard,
+        alive: crate::tasks::TaskGuard,
     ) -> Result<(Self, Leadership)> {
         let timings = Timings::from_args(args)?;
         let namespace = lease_namespace(args, &client);

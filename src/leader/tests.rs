@@ -111,7 +111,7 @@ fn start(client: Client) -> (Election, Leadership) {
         "me".into(),
         Arc::new(Metrics::default()),
         tx,
-        crate::admin::http::Liveness::default().task("leader election"),
+        crate::tasks::Liveness::default().task("leader election"),
     )
     .expect("election");
     (election, leadership)

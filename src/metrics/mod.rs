@@ -15,7 +15,33 @@ use prometheus_client::{
 
 use crate::{state::NodeState, topology::Ec2Error};
 
+pub mod process;
 mod register;
+
+/// The supervised tasks' names ([`crate::tasks`]): their `task_restarts_total` series exist
+/// from the start, at 0.
+pub const TASKS: [&str; 9] = [
+    "retire at start",
+    "retire condition at start",
+    "warm-up",
+    "coverage",
+    "reservations",
+    "ultraserver-health",
+    "ultraserver-shape",
+    "housekeeping",
+    "election sweep",
+];
+
+/// The reasons `watch_errors` counts (see [`crate::node::watch::error_reason`]).
+pub const WATCH_ERROR_REASONS: [&str; 7] = [
+    "forbidden",
+    "not_found",
+    "timeout",
+    "connect",
+    "api",
+    "decode",
+    "other",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -204,7 +230,7 @@ impl Metrics {
 
     /// The text exposition format: this replica's metrics, and the fleet's while it leads.
     pub fn render(&self) -> String {
-        self.render_with(crate::admin::process::encode)
+        self.render_with(crate::metrics::process::encode)
     }
 
     /// [`Metrics::render`] with the process series from `process`.
@@ -817,7 +843,9 @@ mod tests {
         m.set_interconnects([("cb-0123456789abcdef0", "ok")], &[]);
         m.interconnect_poll("ok");
         // Every process series, whatever this machine has (a cgroup memory limit or not).
-        m.render_with(|out| crate::admin::process::encode_values(out, Some(1), Some(1.0), Some(1)))
+        m.render_with(|out| {
+            crate::metrics::process::encode_values(out, Some(1), Some(1.0), Some(1))
+        })
     }
 
     /// Field manager names are whatever writers choose: at most 16 series of their own (plus

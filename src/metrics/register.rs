@@ -6,7 +6,7 @@ use super::*;
 
 impl Metrics {
     pub fn new() -> Self {
-        crate::admin::process::started();
+        crate::metrics::process::started();
         let mut registry = Registry::with_prefix("ec2_topology_labeler");
         let reconciles = Counter::default();
         registry.register("reconciles", "Node reconciles run", reconciles.clone());
@@ -349,7 +349,7 @@ impl Metrics {
             "Errors of the Node watch, by reason (forbidden, not_found, timeout, connect, api, decode, other); the watcher restarts after each, with backoff",
             watch_errors.clone(),
         );
-        for reason in crate::node::watch::ERROR_REASONS {
+        for reason in super::WATCH_ERROR_REASONS {
             watch_errors
                 .get_or_create(&ReasonLabels {
                     reason: reason.to_string(),
@@ -368,7 +368,7 @@ impl Metrics {
             "Restarts of a background task after it panicked or ended (it restarts with backoff)",
             task_restarts.clone(),
         );
-        for task in crate::tasks::NAMES {
+        for task in super::TASKS {
             task_restarts
                 .get_or_create(&TaskLabels {
                     task: task.to_string(),

@@ -5,9 +5,11 @@
 //! Owns: those two rules. Never talks to the API server.
 
 use crate::{
-    labels::LabelScheme,
+    labels::{
+        CAPACITY_BLOCK_SIZE_KEY, CLIQUE_LABEL, INSTANCE_TYPE_LABEL, LabelScheme,
+        ULTRASERVER_TYPE_KEY,
+    },
     node::LiteNode,
-    reconcile::{boot_id, gate::INSTANCE_TYPE_LABEL, provider_id_of},
 };
 
 /// Keep only our label family and annotation: the rest of the Node was never deserialized
@@ -24,14 +26,15 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
                 || k == INSTANCE_TYPE_LABEL
                 || k == crate::coverage::ZONE_LABEL
                 || k == crate::reservations::RESERVATION_LABEL
-                || k == crate::publish::cliques::CLIQUE_LABEL
-                || k == crate::publish::shape::TYPE_KEY
-                || k == crate::publish::shape::SIZE_KEY
+                || k == CLIQUE_LABEL
+                || k == ULTRASERVER_TYPE_KEY
+                || k == CAPACITY_BLOCK_SIZE_KEY
         });
     }
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations
-            .retain(|k, _| scheme.is_family_annotation(k) || k == crate::publish::shape::END_KEY);
+        annotations.retain(|k, _| {
+            scheme.is_family_annotation(k) || k == crate::labels::CAPACITY_BLOCK_END_KEY
+        });
         if annotations.is_empty() {
             meta.annotations = None;
         }
@@ -52,8 +55,8 @@ pub fn relevant(node: &LiteNode) -> u64 {
     node.metadata.annotations.hash(&mut h);
     node.packed_annotations().hash(&mut h);
     node.kept_record().hash(&mut h);
-    provider_id_of(node).hash(&mut h);
-    boot_id(node).hash(&mut h);
+    node.provider_id().hash(&mut h);
+    node.boot_id().hash(&mut h);
     // The startup gate acts on taints (one added or removed) and on our condition.
     for t in &node.spec.taints {
         (&t.key, &t.value, &t.effect).hash(&mut h);
@@ -62,6 +65,31 @@ pub fn relevant(node: &LiteNode) -> u64 {
         (&c.status, &c.reason).hash(&mut h);
     }
     h.finish()
+}
+
+/// The reason label of a watch error.
+pub fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
+    use kube::runtime::watcher::Error as W;
+    let client = match e {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => e,
+        W::WatchError(s) => {
+            return match s.code {
+                401 | 403 => "forbidden",
+                404 => "not_found",
+                _ => "api",
+            };
+        }
+        W::NoResourceVersion => return "other",
+    };
+    match client {
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => "forbidden",
+        kube::Error::Api(s) if s.code == 404 => "not_found",
+        kube::Error::Api(_) => "api",
+        kube::Error::SerdeError(_) => "decode",
+        kube::Error::Service(_) if crate::client::Cut::of(client).is_some() => "timeout",
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "connect",
+        _ => "other",
+    }
 }
 
 #[cfg(test)]
@@ -128,136 +156,5 @@ mod tests {
         );
         assert_eq!(relevant(&a), relevant(&same));
         assert_ne!(relevant(&a), relevant(&other));
-    }
-}
-
-/// The reasons `watch_errors` counts (see [`error_reason`]).
-pub const ERROR_REASONS: [&str; 7] = [
-    "forbidden",
-    "not_found",
-    "timeout",
-    "connect",
-    "api",
-    "decode",
-    "other",
-];
-
-/// The reason label of a watch error.
-pub fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
-    use kube::runtime::watcher::Error as W;
-    let client = match e {
-        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => e,
-        W::WatchError(s) => {
-            return match s.code {
-                401 | 403 => "forbidden",
-                404 => "not_found",
-                _ => "api",
-            };
-        }
-        W::NoResourceVersion => return "other",
-    };
-    match client {
-        kube::Error::Api(s) if s.code == 401 || s.code == 403 => "forbidden",
-        kube::Error::Api(s) if s.code == 404 => "not_found",
-        kube::Error::Api(_) => "api",
-        kube::Error::SerdeError(_) => "decode",
-        kube::Error::Service(_) if crate::client::Cut::of(client).is_some() => "timeout",
-        kube::Error::HyperError(_) | kube::Error::Service(_) => "connect",
-        _ => "other",
-    }
-}
-
-/// How long after its last error a failing watch counts as recovered without an event or a
-/// watch started (the client tells [`WatchHealth::ok`] when a Node watch request is answered):
-/// longer than the watcher's longest pause between attempts (30 s, jittered up to twice that)
-/// plus an attempt's own bounds (connect 10 s, request 30 s), so a failure that lasts keeps
-/// counting.
-pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(180);
-
-/// Whether the Node watch works: failing from the first error with no event since, while errors
-/// keep coming. Read by readiness and the `node_watch_unhealthy_seconds` gauge.
-#[derive(Debug, Default)]
-pub struct WatchHealth {
-    /// The first error of the current run of errors, and the latest.
-    failing: std::sync::Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>,
-    /// Whether `failing` holds a run: every watch event calls [`WatchHealth::ok`], which
-    /// reads this alone while the watch works (no lock on the event path).
-    any: std::sync::atomic::AtomicBool,
-}
-
-impl WatchHealth {
-    /// An event arrived: the watch works.
-    pub fn ok(&self) {
-        use std::sync::atomic::Ordering;
-        if !self.any.load(Ordering::Acquire) {
-            return;
-        }
-        // Both under the lock, as `error` sets them: a concurrent error is never lost.
-        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        *failing = None;
-        self.any.store(false, Ordering::Release);
-    }
-
-    /// The watch failed (it restarts with backoff).
-    pub fn error(&self) {
-        let now = tokio::time::Instant::now();
-        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        *failing = match *failing {
-            Some((since, last)) if last.elapsed() < RECOVERED_AFTER => Some((since, now)),
-            _ => Some((now, now)),
-        };
-        self.any.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// How long the watch has been failing (zero while it works).
-    pub fn unhealthy_for(&self) -> std::time::Duration {
-        match *self.failing.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some((since, last)) if last.elapsed() < RECOVERED_AFTER => since.elapsed(),
-            _ => std::time::Duration::ZERO,
-        }
-    }
-}
-
-#[cfg(test)]
-mod health_tests {
-    use std::time::Duration;
-
-    use super::WatchHealth;
-
-    /// A persistent failure (a revoked `watch`: a 403 at every retry, up to 90 s apart) is
-    /// unhealthy from its first error on; an event (or a watch started) makes it healthy at
-    /// once; errors that stop count as recovered after 180 s.
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_is_unhealthy_while_errors_keep_coming_and_healthy_after() {
-        let health = WatchHealth::default();
-        assert_eq!(health.unhealthy_for(), Duration::ZERO);
-        for _ in 0..10 {
-            health.error();
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        assert_eq!(health.unhealthy_for(), Duration::from_secs(300));
-        health.ok();
-        assert_eq!(health.unhealthy_for(), Duration::ZERO, "an event: healthy");
-        health.error();
-        tokio::time::sleep(Duration::from_secs(90)).await;
-        health.error();
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(
-            health.unhealthy_for(),
-            Duration::from_secs(150),
-            "errors 90 s apart (the longest backoff and an attempt's bounds) keep counting"
-        );
-        tokio::time::sleep(Duration::from_secs(121)).await;
-        assert_eq!(
-            health.unhealthy_for(),
-            Duration::ZERO,
-            "no error for 180 s: the watch resumed"
-        );
-        health.error();
-        assert_eq!(
-            health.unhealthy_for(),
-            Duration::ZERO,
-            "a new run starts now"
-        );
     }
 }

@@ -30,8 +30,7 @@ use crate::{
     tree::NodeView,
 };
 
-/// GPU Feature Discovery's label for the node's NVLink clique.
-pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+pub use crate::labels::CLIQUE_LABEL;
 
 /// One way the capacity blocks and the cliques disagree.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

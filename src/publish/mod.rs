@@ -242,7 +242,7 @@ impl Publishers {
         reader: crate::node::store::NodeCache,
         records: Arc<crate::reconcile::nodes::Nodes>,
         synced: Arc<AtomicBool>,
-        _alive: crate::admin::http::TaskGuard,
+        _alive: crate::tasks::TaskGuard,
     ) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -462,7 +462,7 @@ mod tests {
     fn spawn_counting(
         reader: NodeCache,
         records: Arc<crate::reconcile::nodes::Nodes>,
-        liveness: &crate::admin::http::Liveness,
+        liveness: &crate::tasks::Liveness,
     ) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<usize>>>) {
         let calls = Arc::new(Mutex::new(vec![]));
         let counting: Box<dyn Publisher> = Box::new(Counting {
@@ -515,7 +515,7 @@ mod tests {
         ];
         let interval = Duration::from_secs(5);
         let publishers = publishers(list, interval);
-        let liveness = crate::admin::http::Liveness::default();
+        let liveness = crate::tasks::Liveness::default();
         let synced = Arc::new(AtomicBool::new(true));
         let task =
             tokio::spawn(publishers.run(reader, records.clone(), synced, liveness.task("publish")));
@@ -572,7 +572,7 @@ mod tests {
         let down = node("down", "nn-leaf-1");
         records.set_state(&down, crate::state::NodeState::Failing("ec2_unavailable"));
         writer.apply(Event::Apply(down.clone()));
-        let liveness = crate::admin::http::Liveness::default();
+        let liveness = crate::tasks::Liveness::default();
         let (task, calls) = spawn_counting(reader, records.clone(), &liveness);
         let count = || calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
         tokio::time::sleep(FIRST_PASS_WAIT * 2).await;
@@ -627,7 +627,7 @@ mod tests {
             }),
             Box::new(Blind(blind.clone())),
         ];
-        let liveness = crate::admin::http::Liveness::default();
+        let liveness = crate::tasks::Liveness::default();
         let run = publishers(list, Duration::from_secs(5)).run(
             reader,
             records,

@@ -15,7 +15,7 @@ use kube::{
 };
 use serde::Serialize;
 
-use super::{PublishArgs, Publisher, owner, slurm};
+use super::{PublishArgs, Publisher, owner};
 use crate::{labels::LabelScheme, leader::Leadership, metrics::Metrics};
 
 /// What every publisher is built from.
@@ -26,7 +26,7 @@ pub struct Setup<'a> {
     pub owner: &'a str,
     pub scheme: &'a LabelScheme,
     /// How Slurm's files are drawn.
-    pub slurm_files: &'a slurm::Files,
+    pub slurm_files: &'a crate::slurm::Files,
     pub metrics: &'a Arc<Metrics>,
     pub events: &'a crate::admin::events::Events,
     pub leader: &'a Leadership,

@@ -184,8 +184,7 @@ impl StartupTaint {
     }
 }
 
-/// The well-known label with the node's instance type (set by the kubelet / cloud provider).
-pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+pub use crate::labels::INSTANCE_TYPE_LABEL;
 
 /// How long a node of an instance type EC2 documents as described may go undescribed before
 /// it is treated as one EC2 will not describe (EC2 is eventually consistent just after launch).

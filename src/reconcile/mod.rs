@@ -21,7 +21,9 @@ pub mod nodes;
 pub mod planning;
 pub mod queue;
 pub mod resync;
+pub mod retire;
 mod startup;
+pub mod view;
 pub mod warm;
 pub mod write;
 

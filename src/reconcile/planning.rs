@@ -141,9 +141,9 @@ pub async fn plan_nodes(
 /// start-up, so the plan shows them as removals.
 pub fn add_retired(
     plans: &mut [NodePlan],
-    retired: Vec<(kube::api::ObjectMeta, crate::cleanup::retire::Retired)>,
+    retired: Vec<(kube::api::ObjectMeta, crate::reconcile::retire::Retired)>,
 ) {
-    let by_node: BTreeMap<String, crate::cleanup::retire::Retired> = retired
+    let by_node: BTreeMap<String, crate::reconcile::retire::Retired> = retired
         .into_iter()
         .filter_map(|(meta, r)| Some((meta.name?, r)))
         .collect();

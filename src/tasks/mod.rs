@@ -3,7 +3,7 @@
 //! A task whose inputs can be made again ([`supervise`]) is restarted after it panics or ends
 //! when it should not, with a growing pause (1 s, doubling, at most a minute), each restart
 //! counted in `task_restarts_total{task}` and logged. A task that owns what it cannot make
-//! again (a channel's receiving end) holds a [`crate::admin::http::TaskGuard`] instead: its end fails
+//! again (a channel's receiving end) holds a [`TaskGuard`] instead: its end fails
 //! `/livez`, and the kubelet restarts the process.
 //!
 //! Panics unwind (the release profile does not set `panic = "abort"`): a bug met on one odd
@@ -20,21 +20,11 @@ use tracing::{error, warn};
 
 use crate::metrics::Metrics;
 
+mod liveness;
+pub use liveness::{Liveness, TaskGuard};
+
 #[cfg(test)]
 mod tests;
-
-/// The supervised tasks' names (their `task_restarts_total` series exist from the start, at 0).
-pub const NAMES: [&str; 9] = [
-    "retire at start",
-    "retire condition at start",
-    "warm-up",
-    "coverage",
-    "reservations",
-    "ultraserver-health",
-    "ultraserver-shape",
-    "housekeeping",
-    "election sweep",
-];
 
 /// Whether a task's end is expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +57,10 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    // Its `task_restarts_total` series is created at 0 from NAMES (dashboards need it).
+    // Its `task_restarts_total` series is created at 0 from TASKS (dashboards need it).
     debug_assert!(
-        NAMES.contains(&name),
-        "task {name:?} is not in tasks::NAMES"
+        crate::metrics::TASKS.contains(&name),
+        "task {name:?} is not in metrics::TASKS"
     );
     tokio::spawn(run(name, lifetime, metrics, make))
 }

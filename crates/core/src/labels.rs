@@ -10,6 +10,12 @@ use sha2::{Digest, Sha256};
 
 use crate::topology::InstanceTopology;
 
+/// The well-known label with the node's instance type (set by the kubelet / cloud provider).
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+
+/// GPU Feature Discovery's label for the node's NVLink clique.
+pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+
 /// The layer-key prefix EKS itself writes; `…layer-1` is the top of the hierarchy.
 pub const EKS_LAYER_PREFIX: &str = "topology.k8s.aws/network-node-layer-";
 pub const EKS_ZONE_ID_KEY: &str = "topology.k8s.aws/zone-id";

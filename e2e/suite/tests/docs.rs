@@ -97,6 +97,320 @@ fn the_architecture_page_names_every_room_and_only_rooms_that_exist() {
     );
 }
 
+/// The order of the rooms docs/architecture.md states ("The order of the rooms": a numbered
+/// list, lowest first) holds in the code: every `crate::` path of a room's code (its tests
+/// aside) names a room lower in the list, or its own. A room the list does not place fails
+/// here too.
+#[test]
+fn the_rooms_import_only_downward() {
+    let root = e2e::repo_root();
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).expect("the page");
+    let list = page
+        .split("\n## The order of the rooms\n")
+        .nth(1)
+        .expect("the page has a section \"The order of the rooms\"");
+    // Rank of each room: `src/NAME/` → NAME, `crates/NAME` → crates/NAME.
+    let mut rank = std::collections::BTreeMap::new();
+    for line in list.lines().take_while(|l| !l.starts_with("## ")) {
+        let Some((n, rest)) = line.split_once(". ") else {
+            continue;
+        };
+        let Ok(n) = n.parse::<usize>() else { continue };
+        for room in rest.split('`').skip(1).step_by(2) {
+            let key = room
+                .strip_prefix("src/")
+                .map_or(room, |r| r.trim_end_matches('/'));
+            rank.insert(key.to_string(), n);
+        }
+    }
+    // What `crate::NAME` means in the controller: a room, or a module lib.rs re-exports.
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).expect("src/lib.rs");
+    let reexported = |krate: &str| -> Vec<String> {
+        let at = lib
+            .find(&format!("pub use {krate}::{{"))
+            .unwrap_or_else(|| panic!("src/lib.rs re-exports {krate}"));
+        let list = &lib[at..];
+        list[list.find('{').unwrap_or(0) + 1..list.find('}').unwrap_or(0)]
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let mut owner = std::collections::BTreeMap::new();
+    for (krate, room) in [
+        ("ec2_topology_core", "crates/core"),
+        ("ec2_topology_kit", "crates/kit"),
+    ] {
+        for name in reexported(krate) {
+            owner.insert(name, room.to_string());
+        }
+    }
+    owner.insert("lookup".into(), "crates/lookup".into());
+    let mut unplaced = Vec::new();
+    let mut rooms = Vec::new();
+    for entry in std::fs::read_dir(root.join("src")).expect("src/") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            owner.insert(name.clone(), name.clone());
+            if name != "testing" {
+                rooms.push((name, path));
+            }
+        }
+    }
+    for (name, _) in &rooms {
+        if !rank.contains_key(name) {
+            unplaced.push(format!("src/{name}/"));
+        }
+    }
+    for c in ["crates/core", "crates/kit", "crates/lookup"] {
+        if !rank.contains_key(c) {
+            unplaced.push(c.to_string());
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "rooms the order does not place: {unplaced:?}"
+    );
+    let mut upward = Vec::new();
+    let mut seen = 0;
+    for (room, dir) in &rooms {
+        for file in rust_files(dir) {
+            if file.file_name().is_some_and(|n| n == "tests.rs") {
+                continue; // a test module of its own file
+            }
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            for path in module_paths(&without_tests(&text)) {
+                if path[0] != "crate" || path.len() < 2 {
+                    continue;
+                }
+                let name = &path[1];
+                seen += 1;
+                let Some(to) = owner.get(name) else {
+                    continue; // the crate root's own items: Error, Result, FIELD_MANAGER
+                };
+                if to != room && rank[to] >= rank[room] {
+                    upward.push(format!(
+                        "{} -> {to} ({room} is {}, {to} is {})",
+                        file.strip_prefix(&root).unwrap_or(&file).display(),
+                        rank[room],
+                        rank[to]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(seen > 100, "the code's paths are read ({seen})");
+    upward.sort();
+    upward.dedup();
+    assert!(
+        upward.is_empty(),
+        "imports going up docs/architecture.md's order of the rooms:\n{}",
+        upward.join("\n")
+    );
+}
+
+fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("a folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The code of a file without its comments and its `#[cfg(test)]` modules (rustfmt puts a
+/// top-level module's closing brace alone at the start of a line).
+fn without_tests(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line == "#[cfg(test)]"
+            && lines
+                .peek()
+                .is_some_and(|l| l.starts_with("mod ") && l.ends_with('{'))
+        {
+            for inner in lines.by_ref() {
+                if inner == "}" {
+                    break;
+                }
+            }
+            continue;
+        }
+        if !line.trim_start().starts_with("//") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Every `crate::` and `super::` path of the code, as its segments (`crate::a::b::C` → crate, a,
+/// b, C; `crate::{a::b, c}` → crate, a, b and crate, c; a group's own groups end the path).
+fn module_paths(code: &str) -> Vec<Vec<String>> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let segments = |s: &str| -> (Vec<String>, usize) {
+        // `a::b::c` from the start of s, and where it ends.
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            let rest = &s[at..];
+            let word: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+            if word.is_empty() {
+                break;
+            }
+            at += word.len();
+            out.push(word);
+            if s[at..].starts_with("::") && s[at + 2..].starts_with(is_ident) {
+                at += 2;
+            } else {
+                break;
+            }
+        }
+        (out, at)
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(found) = ["crate::", "super::"]
+        .iter()
+        .filter_map(|k| code[from..].find(k).map(|i| from + i))
+        .min()
+    {
+        from = found + "crate".len(); // both keywords are five letters
+        if code[..found]
+            .chars()
+            .next_back()
+            .is_some_and(|c| is_ident(c) || c == '$')
+        {
+            continue; // a name ending in "crate" or "super", or a macro's $crate
+        }
+        let (head, end) = segments(&code[found..]);
+        let after = &code[found + end..];
+        let Some(group) = after.strip_prefix("::{") else {
+            out.push(head);
+            continue;
+        };
+        let mut depth = 1;
+        let mut item = String::new();
+        let mut items = Vec::new();
+        for c in group.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                break;
+            }
+            if depth == 1 && c == ',' {
+                items.push(std::mem::take(&mut item));
+            } else {
+                item.push(c);
+            }
+        }
+        items.push(item);
+        for item in items {
+            let (tail, _) = segments(item.trim());
+            if !tail.is_empty() {
+                out.push(head.iter().cloned().chain(tail).collect());
+            }
+        }
+    }
+    out
+}
+
+/// No module of the controller imports back one that imports it, directly or through others
+/// (a module's own parent and children aside: `super::` and `mod.rs`'s re-exports): the module
+/// graph is derived from every `crate::` and `super::` path of the code, tests aside.
+#[test]
+fn no_module_imports_itself_back() {
+    let root = e2e::repo_root();
+    let src = root.join("src");
+    let mut modules: std::collections::BTreeMap<Vec<String>, std::path::PathBuf> =
+        Default::default();
+    for file in rust_files(&src) {
+        let rel = file.strip_prefix(&src).unwrap_or(&file).with_extension("");
+        let mut path: Vec<String> = rel
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        if path.last().is_some_and(|l| l == "mod") {
+            path.pop();
+        }
+        let top = path.first().cloned().unwrap_or_default();
+        if path.len() < 2 && (top == "lib" || top == "main")
+            || top == "testing"
+            || path.last().is_some_and(|l| l == "tests")
+        {
+            continue;
+        }
+        modules.insert(path, file);
+    }
+    let mut edges: std::collections::BTreeMap<
+        Vec<String>,
+        std::collections::BTreeSet<Vec<String>>,
+    > = Default::default();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        for path in module_paths(&without_tests(&text)) {
+            let mut full: Vec<String> = if path[0] == "crate" {
+                Vec::new()
+            } else {
+                module.clone()
+            };
+            for seg in &path {
+                match seg.as_str() {
+                    "crate" => {}
+                    "super" => {
+                        full.pop();
+                    }
+                    s => full.push(s.to_string()),
+                }
+            }
+            // The module the path names: its longest prefix that is one.
+            let target = (1..=full.len())
+                .rev()
+                .map(|k| full[..k].to_vec())
+                .find(|p| modules.contains_key(p));
+            if let Some(target) = target
+                && !module.starts_with(&target)
+                && !target.starts_with(module)
+            {
+                edges.entry(module.clone()).or_default().insert(target);
+            }
+        }
+    }
+    assert!(
+        edges.values().map(|e| e.len()).sum::<usize>() > 100,
+        "the module graph is read"
+    );
+    // A loop: a module reached again from itself.
+    let mut loops = Vec::new();
+    for start in modules.keys() {
+        let mut stack = vec![(start.clone(), vec![start.join("::")])];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some((at, trail)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if next == start {
+                    loops.push(format!("{} -> {}", trail.join(" -> "), start.join("::")));
+                } else if seen.insert(next.clone()) {
+                    let mut t = trail.clone();
+                    t.push(next.join("::"));
+                    stack.push((next.clone(), t));
+                }
+            }
+        }
+    }
+    assert!(loops.is_empty(), "import loops:\n{}", loops.join("\n"));
+}
+
 /// The walls the architecture page states between crates hold in what is built: everything
 /// `ec2-topology-lookup` links, all the way down (`cargo tree`, normal and build dependencies,
 /// every feature, every target; its tests' mock-ec2 is not linked), includes nothing of

@@ -8,9 +8,13 @@
 //! [`cleanup`] (what we remove), [`leader`], [`client`], [`tasks`], [`metrics`] and [`admin`]
 //! (the HTTP endpoints and Events). docs/architecture.md draws them and their order.
 
-pub mod admin;
-pub mod cleanup;
-pub mod client;
+// An item is `pub(crate)` unless the binary, the tests or the e2e suite use it from outside:
+// `pub` on an item no other crate can reach is refused (with clippy's `-D warnings`).
+#![warn(unreachable_pub)]
+
+pub(crate) mod admin;
+pub(crate) mod cleanup;
+pub(crate) mod client;
 pub mod cmd;
 pub mod flags;
 pub mod leader;
@@ -18,7 +22,7 @@ pub mod metrics;
 pub mod node;
 pub mod publish;
 pub mod reconcile;
-pub mod tasks;
+pub(crate) mod tasks;
 #[cfg(test)]
 mod testing;
 
@@ -56,7 +60,7 @@ impl From<kube::Error> for Error {
 impl Error {
     /// Every category a reconcile error is counted under: [`Error::category`]'s values and
     /// `invalid_topology` (an EC2 answer that cannot be turned into labels).
-    pub const CATEGORIES: [&'static str; 17] = [
+    pub(crate) const CATEGORIES: [&'static str; 17] = [
         "ec2_throttled",
         "ec2_unauthorized",
         "ec2_unsupported_operation",
@@ -106,7 +110,7 @@ impl Error {
     /// The API server did not take the request at all (unreachable, overloaded, restarting, or
     /// refusing our credentials): worth re-checking every node once it works again. A 404 or
     /// 409 is about one node (deleted or changed meanwhile), not about the API server.
-    pub fn is_api_unavailable(&self) -> bool {
+    pub(crate) fn is_api_unavailable(&self) -> bool {
         match self {
             Error::Kube(kube::Error::Api(s)) => {
                 s.code >= 500 || s.code == 429 || s.code == 401 || s.code == 403
@@ -119,7 +123,7 @@ impl Error {
     }
 
     /// Errors an operator must fix; retrying soon will not help.
-    pub fn needs_operator(&self) -> bool {
+    pub(crate) fn needs_operator(&self) -> bool {
         match self {
             Error::Ec2(e) => e.needs_operator(),
             Error::Kube(kube::Error::Api(s)) => s.code == 403,

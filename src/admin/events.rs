@@ -28,16 +28,16 @@ use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
 };
-pub use kube::runtime::events::EventType;
+pub(crate) use kube::runtime::events::EventType;
 use kube::{Api, Client, api::PostParams};
 use tracing::debug;
 
 use crate::metrics::Metrics;
 
 /// Events of one type allowed back to back.
-pub const BURST: f64 = 100.0;
+pub(crate) const BURST: f64 = 100.0;
 /// Events of one type per second after a burst.
-pub const RATE: f64 = 5.0;
+pub(crate) const RATE: f64 = 5.0;
 /// Events waiting to be sent.
 const QUEUE: usize = 256;
 /// Events being created at once.
@@ -139,7 +139,7 @@ impl Reason {
 
     /// A node's standing (not described, skipped) rather than something that happened to it:
     /// recorded for every such node whenever a leader starts, from a budget of its own.
-    pub fn is_why_not(self) -> bool {
+    pub(crate) fn is_why_not(self) -> bool {
         matches!(
             self,
             Reason::TopologyNotDescribed | Reason::TopologySkipped | Reason::TopologyNotPublished
@@ -246,7 +246,7 @@ struct Inner {
 
 /// A token bucket read without waiting.
 #[derive(Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     tokens: f64,
     at: Instant,
     burst: f64,
@@ -254,7 +254,7 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    pub fn new(burst: f64, rate: f64, now: Instant) -> Self {
+    pub(crate) fn new(burst: f64, rate: f64, now: Instant) -> Self {
         Self {
             tokens: burst,
             at: now,
@@ -264,7 +264,7 @@ impl Bucket {
     }
 
     /// Take a token if there is one at `now`.
-    pub fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
         self.at = now;
@@ -299,7 +299,7 @@ impl Events {
     /// Events that go to the returned receiver instead of an API server (tests read what
     /// would have been sent).
     #[cfg(test)]
-    pub fn captured(metrics: Arc<Metrics>) -> (Self, tokio::sync::mpsc::Receiver<Event>) {
+    pub(crate) fn captured(metrics: Arc<Metrics>) -> (Self, tokio::sync::mpsc::Receiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(QUEUE);
         let now = Instant::now();
         let inner = Arc::new(Inner {

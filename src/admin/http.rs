@@ -51,7 +51,7 @@ pub struct ServeArgs {
         env = "LABELER_WATCH_UNHEALTHY_AFTER",
         default_value = "2m"
     )]
-    pub watch_unhealthy_after: crate::duration::HumanDuration,
+    pub(crate) watch_unhealthy_after: crate::duration::HumanDuration,
     /// How long each Node watch request lasts before it is renewed (the API server's
     /// `timeoutSeconds`): a renewal is when lost rights show, so a shorter one finds a revoked
     /// `watch` sooner, at one request per renewal.
@@ -61,21 +61,22 @@ pub struct ServeArgs {
         env = "LABELER_WATCH_TIMEOUT",
         default_value = "290s"
     )]
-    pub watch_timeout: crate::duration::HumanDuration,
+    pub(crate) watch_timeout: crate::duration::HumanDuration,
 }
 
 /// What `/readyz` checks: the node cache synced once, and its watch not failing for longer than
 /// a bound since.
 #[derive(Clone)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     pub synced: Arc<AtomicBool>,
     pub watch: Arc<crate::client::WatchHealth>,
-    pub unhealthy_after: std::time::Duration,
+    pub(crate) unhealthy_after: std::time::Duration,
 }
 
 impl Readiness {
     /// Ready once `synced`, whatever the watch does (tests).
-    pub fn synced(synced: Arc<AtomicBool>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn synced(synced: Arc<AtomicBool>) -> Self {
         Self {
             synced,
             watch: Arc::default(),
@@ -85,7 +86,7 @@ impl Readiness {
 }
 
 /// The controller's view of one node by name, for `/debug/nodes/NAME` (`None`: unknown node).
-pub type Inspector = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
+pub(crate) type Inspector = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
 
 #[derive(Clone)]
 struct AppState {
@@ -169,14 +170,14 @@ async fn debug_node(
 }
 
 /// The debug listener's routes.
-pub fn debug_router(inspect: Inspector) -> Router {
+pub(crate) fn debug_router(inspect: Inspector) -> Router {
     Router::new()
         .route("/debug/nodes/{name}", get(debug_node))
         .with_state(inspect)
 }
 
 /// Serve `/debug/nodes/NAME` on an already bound (loopback) listener.
-pub async fn serve_debug(listener: tokio::net::TcpListener, inspect: Inspector) {
+pub(crate) async fn serve_debug(listener: tokio::net::TcpListener, inspect: Inspector) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /debug/nodes/NAME (for explain)");
     }
@@ -186,7 +187,7 @@ pub async fn serve_debug(listener: tokio::net::TcpListener, inspect: Inspector) 
     }
 }
 
-pub fn router(metrics_: Arc<Metrics>, ready: Readiness, live: Liveness) -> Router {
+pub(crate) fn router(metrics_: Arc<Metrics>, ready: Readiness, live: Liveness) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
@@ -203,7 +204,7 @@ pub fn router(metrics_: Arc<Metrics>, ready: Readiness, live: Liveness) -> Route
 /// probes reach it on IPv4, IPv6 and dual-stack clusters alike. Where the host has no IPv6 (a
 /// kernel booted with `ipv6.disable=1`, or IPv6 disabled in the pod's network namespace) the
 /// same port is bound on 0.0.0.0 instead. Any other address is bound as given.
-pub fn bind(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
     match bind_exactly(addr) {
         Ok(listener) => Ok(listener),
         Err(e) => match ipv4_fallback(addr, &e) {
@@ -242,7 +243,7 @@ fn ipv4_fallback(addr: SocketAddr, e: &io::Error) -> Option<SocketAddr> {
 }
 
 /// Serve on an already bound listener (bind first, so a taken port fails start-up).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     ready: Readiness,

@@ -4,5 +4,5 @@
 //!
 //! Owns: those outputs. Never changes what the controller decides or writes to a Node.
 
-pub mod events;
-pub mod http;
+pub(crate) mod events;
+pub(crate) mod http;

@@ -33,12 +33,12 @@ use crate::{
     publish::{PLUGINS, plugin::Purpose},
 };
 
-pub use crate::publish::plugin::{Item, Removed, Scope};
+pub(crate) use crate::publish::plugin::{Item, Removed, Scope};
 
 /// What of ours a Node carries besides labels and annotations, by the kind an [`Item`] names
 /// it with (its name is the node's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnNode {
+pub(crate) enum OnNode {
     /// The `TopologyLabeled` condition (`--node-condition`).
     Condition,
     /// The `UltraServerInterconnectImpaired` condition (`--ultraserver-health`).
@@ -50,7 +50,7 @@ pub enum OnNode {
 }
 
 impl OnNode {
-    pub const ALL: [OnNode; 4] = [
+    pub(crate) const ALL: [OnNode; 4] = [
         OnNode::Condition,
         OnNode::Interconnect,
         OnNode::InterconnectTaint,
@@ -58,7 +58,7 @@ impl OnNode {
     ];
 
     /// The kind of its [`Item`]s.
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             OnNode::Condition => "condition",
             OnNode::Interconnect => "interconnect",
@@ -72,7 +72,7 @@ impl OnNode {
     }
 
     /// Whether `node` carries it.
-    pub fn on(self, node: &crate::node::LiteNode) -> bool {
+    pub(crate) fn on(self, node: &crate::node::LiteNode) -> bool {
         match self {
             OnNode::Condition => node.topology_condition().is_some(),
             OnNode::Interconnect => node.interconnect_condition().is_some(),
@@ -87,7 +87,7 @@ impl OnNode {
     }
 
     /// The flag that writes it (off: it is removed at start-up).
-    pub fn flag(self) -> &'static str {
+    pub(crate) fn flag(self) -> &'static str {
         match self {
             OnNode::Condition => "--node-condition",
             OnNode::Interconnect => "--ultraserver-health",
@@ -97,7 +97,7 @@ impl OnNode {
     }
 
     /// What it is, for a person.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             OnNode::Condition => "our TopologyLabeled condition",
             OnNode::Interconnect => "our UltraServerInterconnectImpaired condition",
@@ -111,7 +111,7 @@ impl OnNode {
 
 /// One item per node of `nodes` (the node cache, or a fresh list) and per thing of `what` it
 /// carries.
-pub fn on_nodes<N: std::borrow::Borrow<crate::node::LiteNode>>(
+pub(crate) fn on_nodes<N: std::borrow::Borrow<crate::node::LiteNode>>(
     nodes: impl IntoIterator<Item = N>,
     what: &[OnNode],
 ) -> Vec<Item> {
@@ -131,7 +131,11 @@ pub fn on_nodes<N: std::borrow::Borrow<crate::node::LiteNode>>(
 
 /// Remove the condition of type `type_` from node `name` (a strategic merge patch of its status
 /// deleting the entry of that type: other conditions are untouched).
-pub async fn remove_condition(client: &Client, name: &str, type_: &str) -> Result<(), kube::Error> {
+pub(crate) async fn remove_condition(
+    client: &Client,
+    name: &str,
+    type_: &str,
+) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let patch = json!({ "status": { "conditions": [ { "type": type_, "$patch": "delete" } ] } });
     match api
@@ -145,7 +149,7 @@ pub async fn remove_condition(client: &Client, name: &str, type_: &str) -> Resul
 }
 
 /// What every plug-in left in the cluster, for `purpose`, as `scope` takes it.
-pub async fn leftovers(
+pub(crate) async fn leftovers(
     client: &Client,
     scope: Scope<'_>,
     purpose: Purpose<'_>,
@@ -159,7 +163,7 @@ pub async fn leftovers(
 
 /// `items` and what became of them, for a person (one line each; `empty` when there are none)
 /// or as JSON (`dryRun`, `items`, `failed`, and the fields of `extra`).
-pub fn report(
+pub(crate) fn report(
     items: &[Item],
     applied: &Applied,
     dry_run: bool,
@@ -220,7 +224,7 @@ pub fn report(
 
 /// What [`apply`] came to, beyond the removals that went through.
 #[derive(Debug, Default)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Removals the API server refused or that failed.
     pub failed: Vec<(Item, kube::Error)>,
     /// Deleted, but kept by the API server until these finalizers are taken off (Kueue's on a
@@ -229,7 +233,11 @@ pub struct Applied {
 }
 
 /// Carry out the removals in `items` (kept ones are skipped).
-pub async fn apply(client: &Client, items: &[Item], leader: &crate::leader::Leadership) -> Applied {
+pub(crate) async fn apply(
+    client: &Client,
+    items: &[Item],
+    leader: &crate::leader::Leadership,
+) -> Applied {
     let mut applied = Applied::default();
     for item in items.iter().filter(|i| i.kept.is_none()) {
         if !leader.is_leader() {
@@ -321,7 +329,7 @@ async fn give_up_keys(client: &Client, name: &str, manager: &str) -> Result<(), 
 }
 
 /// Nodes on which our field manager owns label or annotation keys.
-pub async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Error> {
+pub(crate) async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut out = Vec::new();
     let api = &api;

@@ -9,12 +9,12 @@
 /// longer than the watcher's longest pause between attempts (30 s, jittered up to twice that)
 /// plus an attempt's own bounds (connect 10 s, request 30 s), so a failure that lasts keeps
 /// counting.
-pub const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(180);
+pub(crate) const RECOVERED_AFTER: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// Whether the Node watch works: failing from the first error with no event since, while errors
 /// keep coming. Read by readiness and the `node_watch_unhealthy_seconds` gauge.
 #[derive(Debug, Default)]
-pub struct WatchHealth {
+pub(crate) struct WatchHealth {
     /// The first error of the current run of errors, and the latest.
     failing: std::sync::Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>,
     /// Whether `failing` holds a run: every watch event calls [`WatchHealth::ok`], which
@@ -24,7 +24,7 @@ pub struct WatchHealth {
 
 impl WatchHealth {
     /// An event arrived: the watch works.
-    pub fn ok(&self) {
+    pub(crate) fn ok(&self) {
         use std::sync::atomic::Ordering;
         if !self.any.load(Ordering::Acquire) {
             return;
@@ -36,7 +36,7 @@ impl WatchHealth {
     }
 
     /// The watch failed (it restarts with backoff).
-    pub fn error(&self) {
+    pub(crate) fn error(&self) {
         let now = tokio::time::Instant::now();
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         *failing = match *failing {
@@ -47,7 +47,7 @@ impl WatchHealth {
     }
 
     /// How long the watch has been failing (zero while it works).
-    pub fn unhealthy_for(&self) -> std::time::Duration {
+    pub(crate) fn unhealthy_for(&self) -> std::time::Duration {
         match *self.failing.lock().unwrap_or_else(|e| e.into_inner()) {
             Some((since, last)) if last.elapsed() < RECOVERED_AFTER => since.elapsed(),
             _ => std::time::Duration::ZERO,

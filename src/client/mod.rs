@@ -37,15 +37,15 @@ use crate::{
 };
 
 mod health;
-pub mod pages;
-pub use health::{RECOVERED_AFTER, WatchHealth};
+pub(crate) mod pages;
+pub(crate) use health::WatchHealth;
 #[cfg(test)]
 mod tests;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of every response: a watch's streamed, any other read whole within its deadline.
-pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// How the process talks to the API server.
 #[derive(Debug, Clone, Args, PartialEq)]
@@ -57,7 +57,7 @@ pub struct ClientArgs {
         env = "LABELER_KUBE_CONNECT_TIMEOUT",
         default_value = "10s"
     )]
-    pub kube_connect_timeout: HumanDuration,
+    pub(crate) kube_connect_timeout: HumanDuration,
     /// Time for one API call but a watch, response included; the API server is given the same
     /// bound. A write is also cut off at the renew deadline (see docs/reliability.md).
     #[arg(
@@ -66,7 +66,7 @@ pub struct ClientArgs {
         env = "LABELER_KUBE_REQUEST_TIMEOUT",
         default_value = "30s"
     )]
-    pub kube_request_timeout: HumanDuration,
+    pub(crate) kube_request_timeout: HumanDuration,
     /// Sustained API requests a second (client-go's QPS). Above the controller's measured write
     /// pace (~430 a second): a ceiling against a runaway loop, not a brake on an install.
     #[arg(
@@ -75,7 +75,7 @@ pub struct ClientArgs {
         env = "LABELER_KUBE_QPS",
         default_value_t = 500.0
     )]
-    pub kube_qps: f64,
+    pub(crate) kube_qps: f64,
     /// API requests allowed back to back after a quiet period (client-go's burst).
     #[arg(
         long,
@@ -83,7 +83,7 @@ pub struct ClientArgs {
         env = "LABELER_KUBE_BURST",
         default_value_t = 1000.0
     )]
-    pub kube_burst: f64,
+    pub(crate) kube_burst: f64,
 }
 
 impl Default for ClientArgs {
@@ -99,7 +99,7 @@ impl Default for ClientArgs {
 
 /// Why a call was cut short by us (the error a caller sees, inside `kube::Error::Service`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Cut {
+pub(crate) enum Cut {
     #[error("not sent: this replica no longer leads (a write is fenced by the lease)")]
     NotLeading,
     #[error("cancelled: this replica stopped leading while the write was in flight")]
@@ -114,7 +114,7 @@ pub enum Cut {
 
 impl Cut {
     /// The cut inside an error from the client, if any.
-    pub fn of(e: &kube::Error) -> Option<&Cut> {
+    pub(crate) fn of(e: &kube::Error) -> Option<&Cut> {
         let kube::Error::Service(e) = e else {
             return None;
         };
@@ -129,12 +129,12 @@ impl Cut {
     }
 
     /// Cut by the lease fence: about this replica's leadership, not about the API server.
-    pub fn is_fenced(&self) -> bool {
+    pub(crate) fn is_fenced(&self) -> bool {
         !matches!(self, Cut::TimedOut(_))
     }
 
     /// The metric label.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         if self.is_fenced() {
             "fenced"
         } else {
@@ -145,7 +145,7 @@ impl Cut {
 
 /// The policy [`Bounded`] applies.
 #[derive(Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     request_timeout: Duration,
     pace: Option<Arc<Limiter>>,
     fence: Option<Leadership>,
@@ -156,7 +156,7 @@ pub struct Policy {
 
 impl Policy {
     /// Calls bounded by `args`, paced by its bucket; no fence.
-    pub fn new(args: &ClientArgs) -> Self {
+    pub(crate) fn new(args: &ClientArgs) -> Self {
         Self {
             request_timeout: args.kube_request_timeout.0,
             pace: Some(Arc::new(Limiter::new(LimiterConfig {
@@ -171,7 +171,7 @@ impl Policy {
     }
 
     /// Calls bounded by `args`, unpaced (the Lease's client).
-    pub fn unpaced(args: &ClientArgs) -> Self {
+    pub(crate) fn unpaced(args: &ClientArgs) -> Self {
         Self {
             pace: None,
             ..Self::new(args)
@@ -179,26 +179,26 @@ impl Policy {
     }
 
     /// Writes fenced by `leadership`.
-    pub fn fenced(mut self, leadership: Leadership) -> Self {
+    pub(crate) fn fenced(mut self, leadership: Leadership) -> Self {
         self.fence = Some(leadership);
         self
     }
 
     /// Node watch starts told to `health`.
-    pub fn watching(mut self, health: Arc<crate::client::WatchHealth>) -> Self {
+    pub(crate) fn watching(mut self, health: Arc<crate::client::WatchHealth>) -> Self {
         self.watch = Some(health);
         self
     }
 
     /// Cut calls counted in `metrics`.
-    pub fn counted(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    pub(crate) fn counted(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
 }
 
 /// A client to the cluster the environment names (kubeconfig or in-cluster), with `policy`.
-pub async fn connect(args: &ClientArgs, policy: Policy) -> crate::Result<kube::Client> {
+pub(crate) async fn connect(args: &ClientArgs, policy: Policy) -> crate::Result<kube::Client> {
     // kube's own retries (429, 503, 504) run below this layer, each resent with the same
     // `timeout`: a write retried just before its fence would get a fresh window at the API
     // server. A failed call is retried by its caller instead (reconcile backoff, the next
@@ -221,13 +221,14 @@ async fn build(args: &ClientArgs, policy: Policy, retry: bool) -> crate::Result<
 /// A client with the default bounds and pace (the commands other than `run`). No fence to
 /// outrun: kube's own retries are on, so that a command run as the API server comes up (or
 /// sheds load: 429 "storage is (re)initializing", 503, 504) waits for it instead of failing.
-pub async fn connect_default() -> crate::Result<kube::Client> {
+pub(crate) async fn connect_default() -> crate::Result<kube::Client> {
     let args = ClientArgs::default();
     build(&args, Policy::new(&args), true).await
 }
 
 /// A client over `service` (tests: a mocked API server) with `policy`.
-pub fn over<S, B>(service: S, namespace: &str, policy: Policy) -> kube::Client
+#[cfg(test)]
+pub(crate) fn over<S, B>(service: S, namespace: &str, policy: Policy) -> kube::Client
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -241,7 +242,7 @@ where
 }
 
 /// The layer of [`Bounded`].
-pub struct BoundedLayer(pub Policy);
+pub(crate) struct BoundedLayer(pub Policy);
 
 /// The stack below: a call takes the lock only to be handed its response future.
 type Inner = Arc<std::sync::Mutex<BoxService<Request<Body>, Response<ResponseBody>, BoxError>>>;
@@ -272,7 +273,7 @@ where
 
 /// Applies a [`Policy`] to each request (see the module's comment).
 #[derive(Clone)]
-pub struct Bounded {
+pub(crate) struct Bounded {
     inner: Inner,
     policy: Policy,
 }
@@ -323,7 +324,7 @@ fn with_timeout(uri: &Uri, timeout: Duration) -> Option<Uri> {
 /// A fenced write is not sent with less than this before the renew deadline: too little for
 /// the API server to apply it, and the margin the deadline keeps from another leader is the
 /// renew grace whatever happens.
-pub const LEAST_WRITE_TIME: Duration = Duration::from_millis(250);
+pub(crate) const LEAST_WRITE_TIME: Duration = Duration::from_millis(250);
 
 impl Service<Request<Body>> for Bounded {
     type Response = Response<ResponseBody>;

@@ -9,12 +9,12 @@ use kube::api::{ListParams, ObjectList};
 
 /// Objects per page where the caller has no reason to choose (the API server's own suggestion
 /// for clients that page; the node watch pages smaller, see [`crate::node::store::NODE_PAGE`]).
-pub const PAGE: u32 = 500;
+pub(crate) const PAGE: u32 = 500;
 
 /// Hand every page `fetch` returns for `params` (its limit set to `limit`) to `each`, following
 /// the continue token until the list ends. `fetch` is `|p| async move { api.list(&p).await }`
 /// or `list_metadata` the same way.
-pub async fn each_page<T, E, F, Fut>(
+pub(crate) async fn each_page<T, E, F, Fut>(
     params: ListParams,
     limit: u32,
     mut fetch: F,

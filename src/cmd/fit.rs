@@ -42,7 +42,7 @@ fn max(into: &mut BTreeMap<String, Milli>, from: &BTreeMap<String, Milli>) {
 /// What a pod takes from its node, as the scheduler counts it: its containers' requests and
 /// its sidecars' (init containers that keep running), or the largest init container's with the
 /// sidecars started before it, whichever is more, plus the pod's overhead; and one pod slot.
-pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
+pub(crate) fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
     let Some(spec) = &pod.spec else {
         return BTreeMap::new();
     };
@@ -165,7 +165,7 @@ pub fn domain(
 
 /// The nodes as [`crate::fit`] counts them: each one's domain at `level` ([`domain`]),
 /// allocatable, and what the pods bound to it (and not finished) request.
-pub fn capacities(
+pub(crate) fn capacities(
     nodes: &[Node],
     pods: &[Pod],
     level: &str,
@@ -306,7 +306,7 @@ pub mod workload {
     #[derive(Debug, Clone, PartialEq, Eq, Default)]
     pub struct Flavor {
         pub name: String,
-        pub node_labels: BTreeMap<String, String>,
+        pub(crate) node_labels: BTreeMap<String, String>,
         pub tolerations: Vec<Toleration>,
     }
 
@@ -384,7 +384,7 @@ pub mod workload {
     /// One pod set's gang on one flavor.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct PodSetGang {
-        pub pod_set: String,
+        pub(crate) pod_set: String,
         pub flavor: Option<String>,
         pub level: String,
         /// `required` (else `preferred`: Kueue admits it across domains too).

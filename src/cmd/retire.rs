@@ -41,7 +41,7 @@ pub async fn find(client: &Client, publish: &PublishArgs, installation: &str) ->
 
 /// Whether `d` has rolled out as `kubectl rollout status` judges it: its spec observed, every
 /// replica updated and available, none of an older ReplicaSet left.
-pub fn rolled_out(d: &Deployment) -> bool {
+pub(crate) fn rolled_out(d: &Deployment) -> bool {
     let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let Some(st) = &d.status else {
         return false;

@@ -11,14 +11,14 @@
 //! [`crate::publish`], `ServeArgs` in [`crate::admin::http`], `LeaderArgs` in [`crate::leader`]); this
 //! module only composes them into the commands.
 
-pub mod scheme;
+pub(crate) mod scheme;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use crate::admin::http::ServeArgs;
+pub(crate) use crate::admin::http::ServeArgs;
 pub use crate::duration::HumanDuration;
 pub use crate::flags::scheme::LabelArgs;
-pub use crate::leader::LeaderArgs;
+pub(crate) use crate::leader::LeaderArgs;
 pub use crate::lookup::{LookupArgs, ec2::Ec2Args};
 pub use crate::publish::PublishArgs;
 pub use crate::reconcile::gate::StartupTaint;
@@ -164,7 +164,7 @@ pub struct RetireArgs {
     pub wait_for_rollout: Option<String>,
     /// How long to wait for that rollout before giving up (removing nothing).
     #[arg(long, value_parser = crate::bounds::duration_flag("rollout-timeout"), env = "LABELER_RETIRE_ROLLOUT_TIMEOUT", default_value = "5m")]
-    pub rollout_timeout: HumanDuration,
+    pub(crate) rollout_timeout: HumanDuration,
     /// This installation (its Lease): only what is annotated as its own is retired.
     #[command(flatten)]
     pub leader: LeaderArgs,
@@ -219,7 +219,7 @@ pub struct OwnFlags {
     /// Use this command's own flags even inside the controller's container (by default, run
     /// there with `kubectl exec`, it reads the running controller's flags from its command line).
     #[arg(long, env = "LABELER_OWN_FLAGS", action = clap::ArgAction::SetTrue)]
-    pub own_flags: bool,
+    pub(crate) own_flags: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -246,7 +246,7 @@ pub struct ExplainArgs {
     pub own: OwnFlags,
     /// Do not ask EC2: show only the node and the controller's view.
     #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
-    pub no_ec2: bool,
+    pub(crate) no_ec2: bool,
     #[command(flatten)]
     pub output: Output,
 }
@@ -273,7 +273,7 @@ pub struct FitArgs {
     /// Node labels every pod requires (its `nodeSelector`), `KEY=VALUE` separated by commas:
     /// other nodes are in no domain.
     #[arg(long, value_parser = parse_node_selector, env = "LABELER_FIT_NODE_SELECTOR", default_value = "")]
-    pub node_selector: NodeSelector,
+    pub(crate) node_selector: NodeSelector,
     /// Taints the pods tolerate, `KEY[=VALUE][:EFFECT]` separated by commas (no value: any
     /// value; no effect: any effect). Nodes with a `NoSchedule` or `NoExecute` taint not
     /// tolerated take no pod.
@@ -341,7 +341,7 @@ fn parse_workload(text: &str) -> std::result::Result<(String, String), String> {
 
 /// Required node labels.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeSelector(pub std::collections::BTreeMap<String, String>);
+pub(crate) struct NodeSelector(pub std::collections::BTreeMap<String, String>);
 
 /// `pool=a,zone=b`: valid label keys and values, each key once.
 fn parse_node_selector(text: &str) -> std::result::Result<NodeSelector, String> {
@@ -425,14 +425,14 @@ pub struct TreeArgs {
     /// Fail (exit status 1, after printing) when fewer than this many nodes carry complete
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
     #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
-    pub min_labelled: usize,
+    pub(crate) min_labelled: usize,
     /// Draw every node's topology labels as found. By default, when the cluster's nodes carry
     /// verification records, a node whose labels no record vouches for (labelled by hand or by
     /// another tool, or rewritten since the controller verified them) is listed without
     /// topology and says why, as the controller leaves it out of what it publishes. (Read
     /// without the record key: only the controller can tell a forged record.)
     #[arg(long, env = "LABELER_INCLUDE_UNVERIFIED")]
-    pub include_unverified: bool,
+    pub(crate) include_unverified: bool,
     /// Instead of the tree: the account's Capacity Reservations under the network nodes EC2
     /// places them at (known before any instance runs), with instances reserved, in use, and
     /// the nodes that joined from each (by Karpenter's
@@ -530,14 +530,14 @@ pub struct PlanArgs {
 /// The flags of the controller this process runs beside: PID 1's command line when it is
 /// `ec2-topology-labeler run ...` (inside the controller's container, reached with `kubectl
 /// exec`; the container's environment is this process's too). `None` elsewhere.
-pub fn controller_flags() -> Option<RunArgs> {
+pub(crate) fn controller_flags() -> Option<RunArgs> {
     let raw = std::fs::read("/proc/1/cmdline").ok()?;
     run_args_of(&raw)
 }
 
 /// The running controller's flags when this command runs in its container and was not told to
 /// use its own (`--own-flags`); says so on stderr.
-pub fn in_the_controllers_container(own: &OwnFlags) -> Option<RunArgs> {
+pub(crate) fn in_the_controllers_container(own: &OwnFlags) -> Option<RunArgs> {
     if own.own_flags {
         return None;
     }
@@ -547,7 +547,7 @@ pub fn in_the_controllers_container(own: &OwnFlags) -> Option<RunArgs> {
 }
 
 /// `run`'s arguments from a NUL-separated command line, if it is one.
-pub fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
+pub(crate) fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
     let argv: Vec<String> = cmdline
         .split(|b| *b == 0)
         .filter(|a| !a.is_empty())

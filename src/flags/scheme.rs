@@ -20,7 +20,7 @@ use crate::labels::{
     Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum, JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
-pub enum LabelPreset {
+pub(crate) enum LabelPreset {
     /// EKS's own keys: `topology.k8s.aws/network-node-layer-N` (1 = top) and `zone-id`, plus
     /// our capacity-block and placement-group keys.
     #[default]
@@ -38,7 +38,7 @@ pub enum LabelPreset {
     Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum, JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
-pub enum LayerNumberingArg {
+pub(crate) enum LayerNumberingArg {
     /// `…-1` is the top of the hierarchy, `…-<depth>` the switch above the instance (EKS's scheme).
     #[default]
     TopFirst,
@@ -64,56 +64,56 @@ pub struct LabelArgs {
     /// `--capacity-block-label-key`, when given other values than their defaults, still win.
     #[arg(long, env = "LABELER_LABEL_PRESET", value_enum, default_value_t)]
     #[serde(default)]
-    pub label_preset: LabelPreset,
+    pub(crate) label_preset: LabelPreset,
     /// Prefix of the per-layer label keys; the layer number is appended. The default is the key
     /// family EKS itself writes.
     #[arg(long, env = "LABELER_LAYER_LABEL_PREFIX", default_value = EKS_LAYER_PREFIX)]
-    pub layer_label_prefix: String,
+    pub(crate) layer_label_prefix: String,
     /// top-first: layer 1 is the top of the hierarchy (EKS). leaf-first: layer 1 is the switch
     /// above the instance.
     #[arg(long, env = "LABELER_LAYER_NUMBERING", value_enum, default_value_t)]
-    pub layer_numbering: LayerNumberingArg,
+    pub(crate) layer_numbering: LayerNumberingArg,
     /// Write the zone ID label.
     #[arg(long, env = "LABELER_ZONE_ID_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub zone_id_label: bool,
+    pub(crate) zone_id_label: bool,
     /// Key of the zone ID label.
     #[arg(long, env = "LABELER_ZONE_ID_LABEL_KEY", default_value = EKS_ZONE_ID_KEY)]
-    pub zone_id_label_key: String,
+    pub(crate) zone_id_label_key: String,
     /// Write the capacity block (UltraServer domain) label when EC2 reports one.
     #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub capacity_block_label: bool,
+    pub(crate) capacity_block_label: bool,
     /// Key of the capacity block label.
     #[arg(long, env = "LABELER_CAPACITY_BLOCK_LABEL_KEY", default_value = CAPACITY_BLOCK_KEY)]
-    pub capacity_block_label_key: String,
+    pub(crate) capacity_block_label_key: String,
     /// Write the placement group label (sanitised) and annotation (raw name).
     #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub placement_group_label: bool,
+    pub(crate) placement_group_label: bool,
     /// Key of the placement group label and annotation.
     #[arg(long, env = "LABELER_PLACEMENT_GROUP_LABEL_KEY", default_value = PLACEMENT_GROUP_KEY)]
-    pub placement_group_label_key: String,
+    pub(crate) placement_group_label_key: String,
     /// Give every node this many layer labels: a node whose type has fewer gets its deepest
     /// network node repeated down to this layer, so one Kueue Topology of this many levels
     /// covers a fleet of 3- and 4-layer types (top-first numbering only; see
     /// docs/schedulers.md for the trade-off).
     #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = crate::bounds::count_flag::<u8>("uniform-depth"))]
-    pub uniform_depth: Option<u8>,
+    pub(crate) uniform_depth: Option<u8>,
     /// Write Slinky's `topology.slinky.slurm.net/spec` annotation on each node
     /// (`<tree topology>:<deepest network node>`), for a NodeSet with `syncTopology`.
     #[arg(long, env = "LABELER_SLINKY_ANNOTATION", default_value_t = false, action = clap::ArgAction::Set)]
-    pub slinky_annotation: bool,
+    pub(crate) slinky_annotation: bool,
     /// Name of the Slurm tree topology: in `tree -o slurm-yaml`, the Slurm ConfigMap and the
     /// Slinky annotation (partitions select it by this name).
     #[arg(long, env = "LABELER_SLURM_TOPOLOGY_NAME", default_value = SLURM_TREE_TOPOLOGY)]
-    pub slurm_topology_name: String,
+    pub(crate) slurm_topology_name: String,
     /// Also name a block topology in the Slinky annotation, the node's capacity block its
     /// block (`,<name>:<capacity block>`); the Slurm ConfigMap's `topology.yaml` defines it.
     #[arg(long, env = "LABELER_SLINKY_BLOCK_TOPOLOGY")]
-    pub slinky_block_topology: Option<String>,
+    pub(crate) slinky_block_topology: Option<String>,
     /// Slurm's `topology.yaml` (`tree -o slurm-yaml`, the Slurm ConfigMap) with switches and
     /// blocks only, no node names: for Slinky, whose Slurm nodes are pods that join their leaf
     /// switch through the annotation (Slurm 25.05 and later; no `topology.conf` then).
     #[arg(long, env = "LABELER_SLURM_SWITCHES_ONLY", default_value_t = false, action = clap::ArgAction::Set)]
-    pub slurm_switches_only: bool,
+    pub(crate) slurm_switches_only: bool,
 }
 
 impl LabelArgs {

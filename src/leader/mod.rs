@@ -47,7 +47,7 @@ pub struct LeaderArgs {
     /// Elect a leader on a Lease; only the leader looks up EC2 and writes. Needed with more than
     /// one replica.
     #[arg(long, env = "LABELER_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
-    pub leader_election: bool,
+    pub(crate) leader_election: bool,
     /// Namespace of the Lease (default: the namespace the controller runs in).
     #[arg(long, env = "LABELER_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
@@ -65,7 +65,7 @@ pub struct LeaderArgs {
         env = "LABELER_LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s"
     )]
-    pub leader_election_lease_duration: HumanDuration,
+    pub(crate) leader_election_lease_duration: HumanDuration,
     /// The margin between the leader stopping and another replica taking over: the leader
     /// stops writing, and cuts off its writes in flight, once it could not renew for the lease
     /// duration less this (the renew deadline, which must hold three renewals, one every half
@@ -76,14 +76,14 @@ pub struct LeaderArgs {
         env = "LABELER_LEADER_ELECTION_RENEW_GRACE",
         default_value = "5s"
     )]
-    pub leader_election_renew_grace: HumanDuration,
+    pub(crate) leader_election_renew_grace: HumanDuration,
     /// This replica's identity in the election (the chart passes the Pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 }
 
 /// The namespace of the Lease: `--leader-election-namespace`, else the client's (the Pod's).
-pub fn lease_namespace(args: &LeaderArgs, client: &Client) -> String {
+pub(crate) fn lease_namespace(args: &LeaderArgs, client: &Client) -> String {
     args.leader_election_namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string())
@@ -102,7 +102,7 @@ pub fn installation(args: &LeaderArgs, client: &Client) -> String {
 
 /// The lease duration and renew grace, refused at start-up unless 1 s ≤ grace < duration in
 /// whole seconds (the Lease records whole seconds).
-pub fn lease_seconds(args: &LeaderArgs) -> Result<(u64, u64)> {
+pub(crate) fn lease_seconds(args: &LeaderArgs) -> Result<(u64, u64)> {
     let (d, g) = (
         args.leader_election_lease_duration.0,
         args.leader_election_renew_grace.0,
@@ -229,7 +229,7 @@ impl Leadership {
     }
 
     /// May we act as leader right now? Checked again right before every write.
-    pub fn is_leader(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         if self.state.always {
             return true;
         }
@@ -321,7 +321,7 @@ impl Leadership {
 }
 
 /// A running election.
-pub struct Election {
+pub(crate) struct Election {
     task: JoinHandle<()>,
     candidate: Candidate,
 }
@@ -329,7 +329,7 @@ pub struct Election {
 impl Election {
     /// Join the election on Lease `namespace/name`. `elected` gets a message each time this
     /// replica becomes leader.
-    pub fn start(
+    pub(crate) fn start(
         client: Client,
         args: &LeaderArgs,
         identity: String,
@@ -360,7 +360,7 @@ impl Election {
 
     /// Leave the election and release the Lease if we hold it, so another replica takes over
     /// at once.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.task.abort();
         let _ = self.task.await;
         let was_leader = self.candidate.leadership.is_leader();

@@ -15,12 +15,12 @@ use prometheus_client::{
 
 use crate::{state::NodeState, topology::Ec2Error};
 
-pub mod process;
+pub(crate) mod process;
 mod register;
 
 /// The supervised tasks' names ([`crate::tasks`]): their `task_restarts_total` series exist
 /// from the start, at 0.
-pub const TASKS: [&str; 9] = [
+pub(crate) const TASKS: [&str; 9] = [
     "retire at start",
     "retire condition at start",
     "warm-up",
@@ -33,7 +33,7 @@ pub const TASKS: [&str; 9] = [
 ];
 
 /// The reasons `watch_errors` counts (see [`crate::node::watch::error_reason`]).
-pub const WATCH_ERROR_REASONS: [&str; 7] = [
+pub(crate) const WATCH_ERROR_REASONS: [&str; 7] = [
     "forbidden",
     "not_found",
     "timeout",
@@ -44,36 +44,36 @@ pub const WATCH_ERROR_REASONS: [&str; 7] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
+pub(crate) struct OutcomeLabels {
     pub outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub(crate) struct ErrorLabels {
     pub category: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ManagerLabels {
+pub(crate) struct ManagerLabels {
     /// The other field manager, as the Node's managed fields name it (`unknown` when none did).
     pub manager: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WriteLabels {
+pub(crate) struct WriteLabels {
     /// `apply` (server-side apply of our labels) or `remove` (explicit removal of stale keys
     /// another manager also owned).
     pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
+pub(crate) struct StateLabels {
     pub state: String,
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     pub reason: String,
 }
 
@@ -86,7 +86,7 @@ fn state_labels(state: &NodeState) -> StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TaskLabels {
+pub(crate) struct TaskLabels {
     pub task: String,
 }
 
@@ -149,7 +149,7 @@ pub struct Metrics {
 }
 
 /// Field managers named in `label_conflict_writers` (the rest are `other`).
-pub const MAX_MANAGERS: usize = 16;
+pub(crate) const MAX_MANAGERS: usize = 16;
 
 /// Buckets for "node creation to …" (creationTimestamp has one-second resolution).
 const JOIN_BUCKETS: [f64; 14] = [
@@ -157,36 +157,36 @@ const JOIN_BUCKETS: [f64; 14] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PublisherLabels {
+pub(crate) struct PublisherLabels {
     pub publisher: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TopologyLabels {
+pub(crate) struct TopologyLabels {
     pub topology: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReservedLabels {
+pub(crate) struct ReservedLabels {
     pub network_node: String,
     pub reservation: String,
     pub instance_type: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterconnectLabels {
+pub(crate) struct InterconnectLabels {
     pub capacity_block: String,
     pub status: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CellLabels {
+pub(crate) struct CellLabels {
     pub instance_type: String,
     pub zone: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CellLayerLabels {
+pub(crate) struct CellLayerLabels {
     pub instance_type: String,
     pub zone: String,
     pub layer: String,
@@ -205,7 +205,7 @@ fn ec2_outcome(error: Option<&Ec2Error>) -> String {
 impl Metrics {
     /// What became of a node's verification record at its instance's first lookup: `trusted`,
     /// or why not.
-    pub fn verification_record(&self, outcome: &str) {
+    pub(crate) fn verification_record(&self, outcome: &str) {
         self.verification_records
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.to_string(),
@@ -214,7 +214,7 @@ impl Metrics {
     }
 
     /// A startup taint was removed `age` after the node's creation.
-    pub fn taint_released(&self, reason: &str, age: Duration) {
+    pub(crate) fn taint_released(&self, reason: &str, age: Duration) {
         self.taint_releases
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
@@ -224,7 +224,7 @@ impl Metrics {
     }
 
     /// A node got its topology labels for the first time, `age` after its creation.
-    pub fn first_labelled(&self, age: Duration) {
+    pub(crate) fn first_labelled(&self, age: Duration) {
         self.first_label_latency.observe(age.as_secs_f64());
     }
 
@@ -251,7 +251,7 @@ impl Metrics {
         self.reconcile_duration.observe(took.as_secs_f64());
     }
 
-    pub fn reconcile_failed(&self, category: &str) {
+    pub(crate) fn reconcile_failed(&self, category: &str) {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
                 category: category.to_string(),
@@ -260,7 +260,7 @@ impl Metrics {
     }
 
     /// A Kubernetes API call cut short (see [`crate::client::Cut`]).
-    pub fn api_call_cut(&self, reason: &str) {
+    pub(crate) fn api_call_cut(&self, reason: &str) {
         self.api_calls_cut
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
@@ -269,7 +269,7 @@ impl Metrics {
     }
 
     /// An error of the Node watch.
-    pub fn watch_error(&self, reason: &str) {
+    pub(crate) fn watch_error(&self, reason: &str) {
         self.watch_errors
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
@@ -278,12 +278,12 @@ impl Metrics {
     }
 
     /// How long the Node watch has been failing (0: healthy).
-    pub fn set_watch_unhealthy(&self, for_: std::time::Duration) {
+    pub(crate) fn set_watch_unhealthy(&self, for_: std::time::Duration) {
         self.watch_unhealthy_seconds.set(for_.as_secs_f64());
     }
 
     /// A background task restarted.
-    pub fn task_restart(&self, task: &str) {
+    pub(crate) fn task_restart(&self, task: &str) {
         self.task_restarts
             .get_or_create(&TaskLabels {
                 task: task.to_string(),
@@ -291,7 +291,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn label_write(&self, kind: &str) {
+    pub(crate) fn label_write(&self, kind: &str) {
         self.label_writes
             .get_or_create(&WriteLabels {
                 kind: kind.to_string(),
@@ -308,7 +308,7 @@ impl Metrics {
     }
 
     /// `publisher` runs: its error counter exists (at 0) from now on.
-    pub fn publisher_enabled(&self, publisher: &str) {
+    pub(crate) fn publisher_enabled(&self, publisher: &str) {
         self.publish_errors
             .get_or_create(&PublisherLabels {
                 publisher: publisher.to_string(),
@@ -316,7 +316,7 @@ impl Metrics {
             .get();
     }
 
-    pub fn publish_failed(&self, publisher: &str) {
+    pub(crate) fn publish_failed(&self, publisher: &str) {
         self.publish_errors
             .get_or_create(&PublisherLabels {
                 publisher: publisher.to_string(),
@@ -348,17 +348,21 @@ impl Metrics {
     }
 
     /// Whether the publishers hold back this round because the view is implausible.
-    pub fn publish_halted(&self, halted: bool) {
+    pub(crate) fn publish_halted(&self, halted: bool) {
         self.publish_halted.set(i64::from(halted));
     }
 
-    pub fn hypernode_conflicts(&self, n: usize) {
+    pub(crate) fn hypernode_conflicts(&self, n: usize) {
         self.hypernode_conflicts.set(n as i64);
     }
 
     /// Capacity blocks holding more than one NVLink clique, and cliques spanning capacity
     /// blocks.
-    pub fn clique_mismatches(&self, blocks_holding_cliques: usize, cliques_spanning_blocks: usize) {
+    pub(crate) fn clique_mismatches(
+        &self,
+        blocks_holding_cliques: usize,
+        cliques_spanning_blocks: usize,
+    ) {
         for (kind, n) in [
             ("block_holds_cliques", blocks_holding_cliques),
             ("clique_spans_blocks", cliques_spanning_blocks),
@@ -369,11 +373,11 @@ impl Metrics {
         }
     }
 
-    pub fn slurm_topology_problems(&self, n: usize) {
+    pub(crate) fn slurm_topology_problems(&self, n: usize) {
         self.slurm_topology_problems.set(n as i64);
     }
 
-    pub fn kueue_topology_mismatch(&self, topology: &str, mismatch: bool) {
+    pub(crate) fn kueue_topology_mismatch(&self, topology: &str, mismatch: bool) {
         self.kueue_mismatch
             .get_or_create(&TopologyLabels {
                 topology: topology.to_string(),
@@ -381,7 +385,7 @@ impl Metrics {
             .set(i64::from(mismatch));
     }
 
-    pub fn kai_topology_mismatch(&self, topology: &str, mismatch: bool) {
+    pub(crate) fn kai_topology_mismatch(&self, topology: &str, mismatch: bool) {
         self.kai_mismatch
             .get_or_create(&TopologyLabels {
                 topology: topology.to_string(),
@@ -391,7 +395,7 @@ impl Metrics {
 
     /// Replace the reserved-capacity gauges with `series` (those of reservations gone or no
     /// longer live disappear).
-    pub fn set_reserved(&self, series: &[crate::reservations::Series]) {
+    pub(crate) fn set_reserved(&self, series: &[crate::reservations::Series]) {
         self.reserved_instances.clear();
         self.reserved_joined.clear();
         for s in series {
@@ -412,7 +416,7 @@ impl Metrics {
     /// Replace the interconnect gauges with `statuses` (capacity block, what EC2 last said of
     /// its interconnect): 1 on that status; blocks no node is in any longer disappear. A block
     /// EC2 could not be asked about keeps its last series (`keep`).
-    pub fn set_interconnects<'a>(
+    pub(crate) fn set_interconnects<'a>(
         &self,
         statuses: impl IntoIterator<Item = (&'a str, &'static str)>,
         keep: &[String],
@@ -442,7 +446,7 @@ impl Metrics {
     }
 
     /// One round of asking EC2 about the interconnects: `ok` or `failed`.
-    pub fn interconnect_poll(&self, outcome: &str) {
+    pub(crate) fn interconnect_poll(&self, outcome: &str) {
         self.interconnect_polls
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.to_string(),
@@ -451,7 +455,7 @@ impl Metrics {
     }
 
     /// Replace the coverage gauges with `cells` (series of cells that emptied disappear).
-    pub fn set_coverage(
+    pub(crate) fn set_coverage(
         &self,
         cells: &std::collections::BTreeMap<(String, String), crate::coverage::Group>,
     ) {
@@ -482,7 +486,7 @@ impl Metrics {
     /// A conflict with `managers` (the other field managers owning the keys). Field manager
     /// names are chosen by whoever writes: the first [`MAX_MANAGERS`] seen are series of their
     /// own (names cut to 64 characters), every later one counts as `other`.
-    pub fn label_conflict(&self, managers: &[String]) {
+    pub(crate) fn label_conflict(&self, managers: &[String]) {
         self.label_conflicts.inc();
         let unknown = ["unknown".to_string()];
         let named = if managers.is_empty() {
@@ -508,7 +512,7 @@ impl Metrics {
         }
     }
 
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         use std::sync::atomic::Ordering;
         self.leader.set(i64::from(leader));
         let was = self.leading.swap(leader, Ordering::Relaxed);
@@ -522,13 +526,13 @@ impl Metrics {
     }
 
     /// Node reconciles run as leader so far.
-    pub fn reconciles_run(&self) -> u64 {
+    pub(crate) fn reconciles_run(&self) -> u64 {
         self.reconciles.get()
     }
 
     /// A reconcile decided as leader. The first since taking the lease is observed in
     /// `leader_first_decision_seconds` and its delay returned (once per term).
-    pub fn decided_as_leader(&self) -> Option<Duration> {
+    pub(crate) fn decided_as_leader(&self) -> Option<Duration> {
         use std::sync::atomic::Ordering;
         if !self.awaiting_first_decision.load(Ordering::Acquire)
             || !self.awaiting_first_decision.swap(false, Ordering::AcqRel)
@@ -547,7 +551,7 @@ impl Metrics {
 
     /// A node went from one state to another (`None`: unknown, or forgotten). The states
     /// themselves live in each node's record (`reconcile::nodes`).
-    pub fn node_state_changed(&self, from: Option<&NodeState>, to: Option<&NodeState>) {
+    pub(crate) fn node_state_changed(&self, from: Option<&NodeState>, to: Option<&NodeState>) {
         if from == to {
             return;
         }

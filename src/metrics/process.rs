@@ -22,12 +22,12 @@ static STARTED: LazyLock<f64> = LazyLock::new(|| {
 });
 
 /// Note the start time (called once at start-up; later calls change nothing).
-pub fn started() {
+pub(crate) fn started() {
     LazyLock::force(&STARTED);
 }
 
 /// Resident set size in bytes, from `/proc/self/status` (`VmRSS`, in kB whatever the page size).
-pub fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     parse_vm_rss(&status)
 }
@@ -40,7 +40,7 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
 
 /// User + system CPU seconds, from `/proc/self/stat` (fields 14 and 15, in clock ticks; the
 /// kernel's user-visible tick rate, USER_HZ, is 100 on every Linux architecture we ship).
-pub fn cpu_seconds() -> Option<f64> {
+pub(crate) fn cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     parse_cpu_ticks(&stat).map(|t| t as f64 / 100.0)
 }
@@ -57,7 +57,7 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 
 /// The container's memory limit in bytes (cgroup v2 `memory.max`, else v1
 /// `memory.limit_in_bytes`); `None` when there is none.
-pub fn memory_limit_bytes() -> Option<u64> {
+pub(crate) fn memory_limit_bytes() -> Option<u64> {
     let v2 = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
     let v1 = || std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes").ok();
     parse_limit(v2.or_else(v1)?.trim())
@@ -70,12 +70,12 @@ fn parse_limit(s: &str) -> Option<u64> {
 }
 
 /// Append the series in the OpenMetrics text format.
-pub fn encode(out: &mut String) -> std::fmt::Result {
+pub(crate) fn encode(out: &mut String) -> std::fmt::Result {
     encode_values(out, resident_bytes(), cpu_seconds(), memory_limit_bytes())
 }
 
 /// Append these values' series (a value this machine does not have is left out).
-pub fn encode_values(
+pub(crate) fn encode_values(
     out: &mut String,
     rss: Option<u64>,
     cpu: Option<f64>,
@@ -120,7 +120,7 @@ pub fn encode_values(
 
 /// This replica's Pod, from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, which the
 /// chart sets): where Events about the controller itself go. `None` outside a Pod.
-pub fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+pub(crate) fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let name = env("POD_NAME")?;
     let namespace = env("POD_NAMESPACE").or_else(|| {
@@ -140,7 +140,7 @@ pub fn own_pod() -> Option<k8s_openapi::api::core::v1::ObjectReference> {
 }
 
 /// Hostname and PID: unique enough among replicas when no Pod name is given.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "ec2-topology-labeler".into());

@@ -196,12 +196,12 @@ impl CachedNode {
     }
 
     /// The packed labels, for hashing what changed.
-    pub fn packed_labels(&self) -> Option<&PackedMap> {
+    pub(crate) fn packed_labels(&self) -> Option<&PackedMap> {
         self.labels.as_ref()
     }
 
     /// Labels that could not be packed, for hashing what changed.
-    pub fn plain_labels_for_hash(&self) -> &Plain {
+    pub(crate) fn plain_labels_for_hash(&self) -> &Plain {
         self.plain_labels()
     }
 
@@ -216,14 +216,14 @@ impl CachedNode {
     }
 
     /// Our `UltraServerInterconnectImpaired` condition, if the node carries one.
-    pub fn interconnect_condition(&self) -> Option<&LiteCondition> {
+    pub(crate) fn interconnect_condition(&self) -> Option<&LiteCondition> {
         self.conditions
             .iter()
             .find(|c| c.type_ == super::INTERCONNECT_CONDITION_TYPE)
     }
 
     /// A reference to the node (see [`LiteNode::object_ref`]).
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+    pub(crate) fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
         k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),

@@ -29,16 +29,16 @@ use crate::{
 
 mod cached;
 pub mod store;
-pub mod watch;
-pub use cached::CachedNode;
+pub(crate) mod watch;
+pub(crate) use cached::CachedNode;
 
 /// The condition type we own on Nodes.
-pub const CONDITION_TYPE: &str = "TopologyLabeled";
+pub(crate) const CONDITION_TYPE: &str = "TopologyLabeled";
 
 /// The condition we keep on UltraServer members while EC2 says their capacity block's
 /// accelerator interconnect is impaired (`--ultraserver-health`; see
 /// [`crate::publish::interconnect`]).
-pub const INTERCONNECT_CONDITION_TYPE: &str = "UltraServerInterconnectImpaired";
+pub(crate) const INTERCONNECT_CONDITION_TYPE: &str = "UltraServerInterconnectImpaired";
 
 /// `v1` Node as read from the API server: metadata, `spec.providerID`, `spec.taints`,
 /// `status.nodeInfo.bootID` and our own condition. What the node `Api` gets, patches and
@@ -115,10 +115,10 @@ impl From<WireNode> for LiteNode {
 /// anywhere (an annotation value may hold any text) is not packed. Cheap to clone: nodes with
 /// the same labels share one (see [`Sharing`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PackedMap(Arc<str>);
+pub(crate) struct PackedMap(Arc<str>);
 
 impl PackedMap {
-    pub fn pack(labels: &BTreeMap<String, String>) -> Option<Self> {
+    pub(crate) fn pack(labels: &BTreeMap<String, String>) -> Option<Self> {
         if labels.is_empty()
             || labels
                 .iter()
@@ -136,17 +136,18 @@ impl PackedMap {
         Some(Self(s.into()))
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         let mut parts = self.0.split('\0');
         std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
     }
 
     /// Whether `self` and `other` are one allocation (shared, not only equal).
-    pub fn shares(&self, other: &PackedMap) -> bool {
+    #[cfg(test)]
+    pub(crate) fn shares(&self, other: &PackedMap) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    pub fn unpack(&self) -> BTreeMap<String, String> {
+    pub(crate) fn unpack(&self) -> BTreeMap<String, String> {
         self.iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect()
@@ -175,7 +176,7 @@ impl Sharing {
 /// shared (see [`Sharing`]), and what is the node's own. Only a record that encodes back to
 /// exactly its text is kept this way (any other is kept as text), so it reads back as it was.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct KeptRecord {
+pub(crate) struct KeptRecord {
     instance_id: InstanceId,
     boot_id: Option<BootId>,
     at: u64,
@@ -253,7 +254,7 @@ pub struct LiteCondition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<Time>,
+    pub(crate) last_transition_time: Option<Time>,
 }
 
 impl LiteCondition {
@@ -389,7 +390,7 @@ fn lite_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
 /// manager owns, whole (an apply gives up every key it leaves out). With the UID, an apply to a
 /// node deleted meanwhile fails (409) instead of creating a new Node of that name; with the
 /// resourceVersion, it applies to the node as read or not at all.
-pub fn apply_body(
+pub(crate) fn apply_body(
     name: &str,
     uid: Option<&str>,
     resource_version: Option<&str>,
@@ -450,7 +451,7 @@ impl LiteNode {
 
     /// A reference to the node, as `kube::Resource::object_ref` makes one (where Events about
     /// it point; `kubectl describe node` finds them by its UID).
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+    pub(crate) fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
         k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
@@ -478,7 +479,7 @@ impl LiteNode {
     }
 
     /// Our `UltraServerInterconnectImpaired` condition, if the node carries one.
-    pub fn interconnect_condition(&self) -> Option<&LiteCondition> {
+    pub(crate) fn interconnect_condition(&self) -> Option<&LiteCondition> {
         self.status
             .conditions
             .iter()
@@ -490,7 +491,7 @@ impl LiteNode {
     }
 
     /// Does the node carry the label `key`? (Without unpacking packed labels.)
-    pub fn has_label(&self, key: &str) -> bool {
+    pub(crate) fn has_label(&self, key: &str) -> bool {
         value(&self.metadata.labels, &self.packed_labels, key).is_some()
     }
 
@@ -501,7 +502,7 @@ impl LiteNode {
 
     /// Move the labels out of the metadata into one packed allocation: for nodes kept in the
     /// cache (thousands of them), read through [`LiteNode::labels`].
-    pub fn pack_labels(&mut self) {
+    pub(crate) fn pack_labels(&mut self) {
         pack(&mut self.metadata.labels, &mut self.packed_labels);
     }
 
@@ -517,7 +518,7 @@ impl LiteNode {
     }
 
     /// The packed labels, for hashing what changed.
-    pub fn packed_labels(&self) -> Option<&PackedMap> {
+    pub(crate) fn packed_labels(&self) -> Option<&PackedMap> {
         self.packed_labels.as_ref()
     }
 
@@ -545,7 +546,7 @@ impl LiteNode {
 
     /// As [`LiteNode::pack_labels`], for the annotations; a verification record is kept as
     /// its parts (see [`KeptRecord`]).
-    pub fn pack_annotations(&mut self) {
+    pub(crate) fn pack_annotations(&mut self) {
         if let Some(map) = self.metadata.annotations.as_mut() {
             if let Some(record) = map.get(VERIFIED_KEY).and_then(|t| KeptRecord::keep(t)) {
                 map.remove(VERIFIED_KEY);
@@ -559,12 +560,12 @@ impl LiteNode {
     }
 
     /// The verification record as kept, for hashing what changed.
-    pub fn kept_record(&self) -> Option<&KeptRecord> {
+    pub(crate) fn kept_record(&self) -> Option<&KeptRecord> {
         self.record.as_ref()
     }
 
     /// The packed annotations, for hashing what changed.
-    pub fn packed_annotations(&self) -> Option<&PackedMap> {
+    pub(crate) fn packed_annotations(&self) -> Option<&PackedMap> {
         self.packed_annotations.as_ref()
     }
 }

@@ -30,7 +30,7 @@ use crate::node::{CachedNode, LiteNode, Sharing};
 
 /// Nodes per page of every list of Nodes the controller makes (the watcher's initial list and
 /// relists, the start-up scan for retired labels): a page is held whole before it is decoded.
-pub const NODE_PAGE: u32 = 100;
+pub(crate) const NODE_PAGE: u32 = 100;
 
 /// A cached node, found in the set by its name.
 #[derive(Debug, Clone)]
@@ -157,7 +157,7 @@ impl NodeCache {
     /// `name` (created earlier; the smaller name when created together): then `name` is a
     /// duplicate, which a hostile or broken registration makes, and is not labelled. Only a node
     /// whose instance is named more than once pays for the look through the cache.
-    pub fn younger_duplicate(
+    pub(crate) fn younger_duplicate(
         &self,
         name: &str,
         provider_id: &str,
@@ -183,7 +183,8 @@ impl NodeCache {
     }
 
     /// Resolves once the first list is in (at once if it is).
-    pub async fn wait_until_ready(&self) {
+    #[cfg(test)]
+    pub(crate) async fn wait_until_ready(&self) {
         let mut rx = self.shared.ready.subscribe();
         // Only fails if the sender is gone, and it lives as long as `self`.
         let _ = rx.wait_for(|ready| *ready).await;
@@ -264,7 +265,7 @@ impl Feeder {
     }
 }
 
-pub fn map_event<A, B>(event: Event<A>, mut f: impl FnMut(A) -> B) -> Event<B> {
+pub(crate) fn map_event<A, B>(event: Event<A>, mut f: impl FnMut(A) -> B) -> Event<B> {
     match event {
         Event::Apply(a) => Event::Apply(f(a)),
         Event::Delete(a) => Event::Delete(f(a)),

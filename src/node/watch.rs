@@ -14,7 +14,7 @@ use crate::{
 
 /// Keep only our label family and annotation: the rest of the Node was never deserialized
 /// (see [`LiteNode`]), and other labels do not matter to a reconcile.
-pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
+pub(crate) fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
     let meta = &mut node.metadata;
     if let Some(labels) = meta.labels.as_mut() {
         // The instance type tells a type EC2 describes (but has not yet) from one it never will;
@@ -45,7 +45,7 @@ pub fn prune(node: &mut LiteNode, scheme: &LabelScheme) {
 
 /// Hash of what can change a reconcile's outcome; other updates (heartbeats, images, unrelated
 /// labels) do not trigger one. Applied to pruned nodes.
-pub fn relevant(node: &LiteNode) -> u64 {
+pub(crate) fn relevant(node: &LiteNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
     // A node deleted and created again under the same name is a new node.
@@ -68,7 +68,7 @@ pub fn relevant(node: &LiteNode) -> u64 {
 }
 
 /// The reason label of a watch error.
-pub fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
+pub(crate) fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
     use kube::runtime::watcher::Error as W;
     let client = match e {
         W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => e,

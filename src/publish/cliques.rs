@@ -30,11 +30,11 @@ use crate::{
     tree::NodeView,
 };
 
-pub use crate::labels::CLIQUE_LABEL;
+pub(crate) use crate::labels::CLIQUE_LABEL;
 
 /// One way the capacity blocks and the cliques disagree.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Mismatch {
+pub(crate) enum Mismatch {
     /// One capacity block, several cliques: nodes per clique.
     BlockHoldsCliques {
         block: String,
@@ -49,7 +49,7 @@ pub enum Mismatch {
 
 impl Mismatch {
     /// The metric's `kind`.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Mismatch::BlockHoldsCliques { .. } => "block_holds_cliques",
             Mismatch::CliqueSpansBlocks { .. } => "clique_spans_blocks",
@@ -58,7 +58,7 @@ impl Mismatch {
 
     /// What it is about (`block_holds_cliques:<block>`, `clique_spans_blocks:<clique>`): the
     /// same mismatch whatever nodes it holds now.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         match self {
             Mismatch::BlockHoldsCliques { block, .. } => format!("{}:{block}", self.kind()),
             Mismatch::CliqueSpansBlocks { clique, .. } => format!("{}:{clique}", self.kind()),
@@ -66,7 +66,7 @@ impl Mismatch {
     }
 
     /// Its nodes.
-    pub fn nodes(&self) -> BTreeSet<&str> {
+    pub(crate) fn nodes(&self) -> BTreeSet<&str> {
         let parts = match self {
             Mismatch::BlockHoldsCliques { cliques, .. } => cliques,
             Mismatch::CliqueSpansBlocks { blocks, .. } => blocks,
@@ -75,7 +75,7 @@ impl Mismatch {
     }
 
     /// What an operator reads about it, on node `node`.
-    pub fn note(&self, node: &str) -> String {
+    pub(crate) fn note(&self, node: &str) -> String {
         let parts = |m: &BTreeMap<String, BTreeSet<String>>| {
             m.iter()
                 .map(|(k, nodes)| {
@@ -105,7 +105,7 @@ impl Mismatch {
 }
 
 /// Every mismatch between the capacity blocks and the cliques of `nodes`, in a stable order.
-pub fn mismatches(scheme: &LabelScheme, nodes: &[NodeView]) -> Vec<Mismatch> {
+pub(crate) fn mismatches(scheme: &LabelScheme, nodes: &[NodeView]) -> Vec<Mismatch> {
     let Some(block_key) = scheme.capacity_block_key.as_deref() else {
         return Vec::new();
     };
@@ -153,12 +153,15 @@ pub fn mismatches(scheme: &LabelScheme, nodes: &[NodeView]) -> Vec<Mismatch> {
 }
 
 /// (mismatch key, node) pairs told.
-pub type Told = BTreeSet<(String, String)>;
+pub(crate) type Told = BTreeSet<(String, String)>;
 
 /// The nodes of `found` to tell about each mismatch (a node is told once per mismatch, by
 /// [`Mismatch::key`]: a mismatch that gains a node tells that node alone), and what is told
 /// after that (mismatches gone are forgotten: one that comes back is told again).
-pub fn due<'a>(found: &'a BTreeSet<Mismatch>, told: &Told) -> (Vec<(&'a Mismatch, &'a str)>, Told) {
+pub(crate) fn due<'a>(
+    found: &'a BTreeSet<Mismatch>,
+    told: &Told,
+) -> (Vec<(&'a Mismatch, &'a str)>, Told) {
     let mut tell = Vec::new();
     let mut now = BTreeSet::new();
     for m in found {
@@ -175,7 +178,7 @@ pub fn due<'a>(found: &'a BTreeSet<Mismatch>, told: &Told) -> (Vec<(&'a Mismatch
 }
 
 /// Compares them whenever a node's labels change; publishes nothing but the metric and Events.
-pub struct CliqueCheck {
+pub(crate) struct CliqueCheck {
     client: Client,
     scheme: LabelScheme,
     metrics: Arc<Metrics>,
@@ -187,7 +190,12 @@ pub struct CliqueCheck {
 }
 
 impl CliqueCheck {
-    pub fn new(client: Client, scheme: LabelScheme, metrics: Arc<Metrics>, events: Events) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        scheme: LabelScheme,
+        metrics: Arc<Metrics>,
+        events: Events,
+    ) -> Self {
         metrics.clique_mismatches(0, 0);
         Self {
             client,

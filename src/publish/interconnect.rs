@@ -59,17 +59,17 @@ pub struct HealthArgs {
     /// unreachable change nothing). Leader only. Needs `ec2:DescribeCapacityBlockStatus`.
     #[arg(long, env = "LABELER_ULTRASERVER_HEALTH", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub ultraserver_health: bool,
+    pub(crate) ultraserver_health: bool,
     /// How often the leader asks (a call per region for every 100 capacity blocks).
     #[arg(long, value_parser = crate::bounds::duration_flag("ultraserver-health-interval"), env = "LABELER_ULTRASERVER_HEALTH_INTERVAL", default_value = "1m")]
-    pub ultraserver_health_interval: HumanDuration,
+    pub(crate) ultraserver_health_interval: HumanDuration,
     /// Also taint the nodes of an impaired capacity block
     /// `ec2-topology-labeler.io/interconnect-impaired:NoSchedule` (removed once EC2 says `ok`),
     /// so that no new pod lands there and Kueue replaces them in running gangs
     /// (`TASReplaceNodeOnNodeTaints`). Needs `--ultraserver-health`.
     #[arg(long, env = "LABELER_ULTRASERVER_HEALTH_TAINT", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub ultraserver_health_taint: bool,
+    pub(crate) ultraserver_health_taint: bool,
 }
 
 /// The taint of `--ultraserver-health-taint`.

@@ -40,11 +40,11 @@ use crate::{
     tree::NodeView,
 };
 
-pub const GROUP: &str = "kai.scheduler";
+pub(crate) const GROUP: &str = "kai.scheduler";
 
 /// The depth of the Topology kept in any case: EC2's usual 3 layers, or the uniform depth every
 /// node is given.
-pub fn base_depth(scheme: &LabelScheme) -> usize {
+pub(crate) fn base_depth(scheme: &LabelScheme) -> usize {
     scheme.uniform_depth.unwrap_or(3)
 }
 
@@ -57,7 +57,7 @@ fn label_depth(scheme: &LabelScheme, node: &NodeView) -> usize {
 
 /// What a Topology is for: nodes this many layers deep, in an UltraServer or any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub depth: usize,
     /// The capacity block (the UltraServer) is a level between the deepest layer and the
     /// hostname: only UltraServer members fit it.
@@ -68,7 +68,7 @@ pub struct Shape {
 /// and (as `--ultraserver-level` says) one with the UltraServer level for each depth an
 /// UltraServer member has. (A node with fewer layers than the base fits none; EC2 describes 3
 /// or 4.)
-pub fn shapes_for(
+pub(crate) fn shapes_for(
     scheme: &LabelScheme,
     nodes: &[NodeView],
     level: UltraServerLevel,
@@ -106,7 +106,7 @@ pub fn shapes_for(
 
 /// The Topology's name for a shape: `name` at the base depth, `<name>-<depth>-layer` deeper,
 /// and `-ultraserver` after either for UltraServer members.
-pub fn name_for(scheme: &LabelScheme, name: &str, shape: Shape) -> String {
+pub(crate) fn name_for(scheme: &LabelScheme, name: &str, shape: Shape) -> String {
     let mut out = if shape.depth == base_depth(scheme) {
         name.to_string()
     } else {
@@ -120,7 +120,7 @@ pub fn name_for(scheme: &LabelScheme, name: &str, shape: Shape) -> String {
 
 /// The levels of a shape's Topology (`None`: an UltraServer shape with no capacity block label);
 /// `clique`: the NVLink clique under the capacity block (`--nvlink-clique-level`).
-pub fn levels_for(scheme: &LabelScheme, shape: Shape, clique: bool) -> Option<Vec<String>> {
+pub(crate) fn levels_for(scheme: &LabelScheme, shape: Shape, clique: bool) -> Option<Vec<String>> {
     if shape.ultraserver {
         ultraserver_levels(scheme, shape.depth, true, clique)
     } else {
@@ -134,7 +134,7 @@ const ULTRASERVER_SUFFIX: &str = "-ultraserver";
 const RECHECK_INTERVALS: u32 = 12;
 
 /// Keeps a KAI Topology for each depth of the labelled nodes.
-pub struct KaiPublisher {
+pub(crate) struct KaiPublisher {
     client: Client,
     scheme: LabelScheme,
     name: String,
@@ -154,7 +154,7 @@ pub struct KaiPublisher {
 }
 
 impl KaiPublisher {
-    pub fn new(s: &Setup<'_>) -> Self {
+    pub(crate) fn new(s: &Setup<'_>) -> Self {
         Self {
             client: s.client.clone(),
             scheme: s.scheme.clone(),
@@ -302,7 +302,7 @@ impl Publisher for KaiPublisher {
 }
 
 /// KAI's Topologies as a plug-in.
-pub struct Plugin;
+pub(crate) struct Plugin;
 
 /// The KAI Topology API the cluster serves.
 async fn topology_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {

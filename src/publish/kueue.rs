@@ -22,13 +22,14 @@ use crate::{leader::Leadership, metrics::Metrics, tree::NodeView};
 
 pub const GROUP: &str = "kueue.x-k8s.io";
 
+pub(crate) use super::topology::Outcome;
+pub use super::topology::levels;
 use super::topology::served_resource;
-pub use super::topology::{Outcome, levels};
 use super::topology::{UltraServerLevel, in_ultraserver, ultraserver_levels};
 use super::topology::{ensure_in, report_mismatch};
 
 /// The Topology API the cluster serves, preferring v1beta2.
-pub async fn topology_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
+pub(crate) async fn topology_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
     served_resource(client, GROUP, &["v1beta2", "v1beta1"], "Topology").await
 }
 
@@ -53,7 +54,7 @@ const RECHECK_INTERVALS: u32 = 12;
 
 /// Keeps the Kueue Topologies of our layer labels: created when missing, checked every
 /// `RECHECK_INTERVALS` intervals, a level mismatch reported once (log, Event, metric).
-pub struct KueuePublisher {
+pub(crate) struct KueuePublisher {
     client: Client,
     /// Name and levels of each Topology.
     topologies: Vec<(String, Vec<String>)>,
@@ -77,7 +78,7 @@ pub struct KueuePublisher {
 }
 
 impl KueuePublisher {
-    pub fn new(s: &Setup<'_>) -> Self {
+    pub(crate) fn new(s: &Setup<'_>) -> Self {
         let (args, scheme) = (s.args, s.scheme);
         let hostname = args.kueue_topology_hostname_level;
         // With uniform depth every node carries that many layers: one Topology covers them all.
@@ -108,7 +109,7 @@ impl KueuePublisher {
     /// block. A publisher of its own, the only Kueue one that reads the nodes, so that the
     /// Topologies every node fits are kept as before: never held while nodes wait for
     /// verification.
-    pub fn ultraserver_when_seen(s: &Setup<'_>) -> Option<Self> {
+    pub(crate) fn ultraserver_when_seen(s: &Setup<'_>) -> Option<Self> {
         if s.args.ultraserver_level != UltraServerLevel::Auto {
             return None;
         }
@@ -230,7 +231,7 @@ fn ultraserver_topology(s: &Setup<'_>) -> Option<(String, Vec<String>)> {
 }
 
 /// Kueue's Topology as a plug-in.
-pub struct Plugin;
+pub(crate) struct Plugin;
 
 impl super::plugin::Plugin for Plugin {
     fn kind(&self) -> &'static str {

@@ -6,17 +6,17 @@
 //! Owns: scheduler objects derived from the labels. Never writes node labels; never acts unless
 //! this replica leads.
 
-pub mod cliques;
+pub(crate) mod cliques;
 pub mod interconnect;
-pub mod kai;
+pub(crate) mod kai;
 pub mod kueue;
-pub mod owner;
-pub mod plugin;
+pub(crate) mod owner;
+pub(crate) mod plugin;
 pub mod reserved;
 pub mod shape;
-pub mod slurm;
+pub(crate) mod slurm;
 pub mod topology;
-pub mod trusted;
+pub(crate) mod trusted;
 pub mod volcano;
 
 use std::{
@@ -52,17 +52,17 @@ pub struct PublishArgs {
         env = "LABELER_KUEUE_TOPOLOGY_NAME",
         default_value = "aws-network"
     )]
-    pub kueue_topology_name: String,
+    pub(crate) kueue_topology_name: String,
     /// Also create a Topology with four layers, for 4-layer instance types (p6-b200, p6-b300).
     #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER", default_value_t = false, action = clap::ArgAction::Set)]
-    pub kueue_topology_four_layer: bool,
+    pub(crate) kueue_topology_four_layer: bool,
     /// Name of the 4-layer Topology.
     #[arg(
         long,
         env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER_NAME",
         default_value = "aws-network-4-layer"
     )]
-    pub kueue_topology_four_layer_name: String,
+    pub(crate) kueue_topology_four_layer_name: String,
     /// Name of the Topology for UltraServer members: the layers, then the capacity block (one
     /// NVLink domain), then the hostname (see `--ultraserver-level`).
     #[arg(
@@ -70,7 +70,7 @@ pub struct PublishArgs {
         env = "LABELER_KUEUE_TOPOLOGY_ULTRASERVER_NAME",
         default_value = "aws-network-ultraserver"
     )]
-    pub kueue_topology_ultraserver_name: String,
+    pub(crate) kueue_topology_ultraserver_name: String,
     /// Give UltraServer members (nodes carrying the capacity block label) a Kueue and a KAI
     /// Topology with the capacity block as a level after the network layers and before the
     /// hostname, beside the ones every node fits, and a Volcano HyperNode of tier 0 per
@@ -78,7 +78,7 @@ pub struct PublishArgs {
     /// never. Kueue and KAI leave out of a Topology every node lacking one of its levels.
     #[arg(long, env = "LABELER_ULTRASERVER_LEVEL", value_enum, default_value_t)]
     #[serde(default)]
-    pub ultraserver_level: topology::UltraServerLevel,
+    pub(crate) ultraserver_level: topology::UltraServerLevel,
     /// Put the NVLink clique GPU Feature Discovery reports (`nvidia.com/gpu.clique`) under the
     /// capacity block in the UltraServer members' Kueue and KAI Topologies, and make Volcano's
     /// tier 0 one HyperNode per clique (in place of one per UltraServer), so that a capacity
@@ -87,10 +87,10 @@ pub struct PublishArgs {
     /// Topology and no tier-0 HyperNode. Refused with `--ultraserver-level=never`.
     #[arg(long, env = "LABELER_NVLINK_CLIQUE_LEVEL", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub nvlink_clique_level: bool,
+    pub(crate) nvlink_clique_level: bool,
     /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
     #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub kueue_topology_hostname_level: bool,
+    pub(crate) kueue_topology_hostname_level: bool,
     /// Keep a Volcano HyperNode tree in step with the labelled nodes.
     #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
     pub volcano_hypernodes: bool,
@@ -119,12 +119,12 @@ pub struct PublishArgs {
     /// How often publishers compare what they publish with the labels (nothing is sent when
     /// nothing changed).
     #[arg(long, value_parser = crate::bounds::duration_flag("publish-interval"), env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
-    pub publish_interval: HumanDuration,
+    pub(crate) publish_interval: HumanDuration,
 }
 
 /// Every scheduler we publish for, in the order they publish: adding one is a file implementing
 /// [`plugin::Plugin`] and a line here.
-pub const PLUGINS: [&dyn plugin::Plugin; 4] = [
+pub(crate) const PLUGINS: [&dyn plugin::Plugin; 4] = [
     &kueue::Plugin,
     &kai::Plugin,
     &slurm::Plugin,
@@ -132,7 +132,7 @@ pub const PLUGINS: [&dyn plugin::Plugin; 4] = [
 ];
 
 /// One kind of scheduler object kept in step with the labels.
-pub trait Publisher: Send {
+pub(crate) trait Publisher: Send {
     /// For logs and metrics.
     fn name(&self) -> &'static str;
     /// Whether [`Publisher::publish`] needs the labelled nodes (then it waits for the node

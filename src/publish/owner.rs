@@ -10,21 +10,21 @@ use crate::FIELD_MANAGER;
 
 /// Label on every object we publish. Never Volcano's own `volcano.sh/network-topology-source`:
 /// Volcano's label discovery deletes HyperNodes carrying that label that it did not find.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
+pub(crate) const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
 
 /// Annotation naming the installation that wrote an object: its Lease, `<namespace>/<name>`
 /// (two installations in one cluster cannot share one, or they would be one installation).
 /// Our label and name prefix alone do not tell two installations apart when they share a prefix.
-pub const OWNER: &str = "ec2-topology-labeler.io/owner";
+pub(crate) const OWNER: &str = "ec2-topology-labeler.io/owner";
 
 /// `MANAGED_BY` as a label selector.
-pub fn selector() -> String {
+pub(crate) fn selector() -> String {
     format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)
 }
 
 /// Whose an object of our label (and name prefix) is, to the installation `me`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Annotated with `me`.
     Ours,
     /// Not annotated (written by hand, or by a build before the annotation): not ours to change
@@ -35,7 +35,7 @@ pub enum Claim {
 }
 
 /// The claim on `object` of the installation `me`.
-pub fn claim(object: &DynamicObject, me: &str) -> Claim {
+pub(crate) fn claim(object: &DynamicObject, me: &str) -> Claim {
     match object.annotations().get(OWNER).map(String::as_str) {
         None | Some("") => Claim::Unclaimed,
         Some(o) if o == me => Claim::Ours,

@@ -19,21 +19,21 @@ use super::{PublishArgs, Publisher, owner};
 use crate::{labels::LabelScheme, leader::Leadership, metrics::Metrics};
 
 /// What every publisher is built from.
-pub struct Setup<'a> {
+pub(crate) struct Setup<'a> {
     pub client: &'a Client,
     pub args: &'a PublishArgs,
     /// This installation's Lease (`<namespace>/<name>`), marked on what is ours.
     pub owner: &'a str,
     pub scheme: &'a LabelScheme,
     /// How Slurm's files are drawn.
-    pub slurm_files: &'a crate::slurm::Files,
+    pub(crate) slurm_files: &'a crate::slurm::Files,
     pub metrics: &'a Arc<Metrics>,
     pub events: &'a crate::admin::events::Events,
     pub leader: &'a Leadership,
 }
 
 /// One scheduler's publisher.
-pub trait Plugin: Sync {
+pub(crate) trait Plugin: Sync {
     /// The kind its objects are listed under (`hypernode`, `kueue-topology`, ...).
     fn kind(&self) -> &'static str;
     /// Its publishers (none, one, or more when parts of it read different inputs), as
@@ -57,7 +57,7 @@ pub trait Plugin: Sync {
 
 /// What a removal came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Removed {
+pub(crate) enum Removed {
     /// Gone (or gone already).
     Gone,
     /// Marked for deletion, and kept by the API server until these finalizers are taken off by
@@ -69,7 +69,7 @@ pub enum Removed {
 impl Removed {
     /// What a delete call answered: the object itself while finalizers hold it, a Status once
     /// gone; a 404 is gone already.
-    pub fn of<K: kube::Resource>(
+    pub(crate) fn of<K: kube::Resource>(
         r: Result<either::Either<K, kube::core::Status>, kube::Error>,
     ) -> Result<Self, kube::Error> {
         match r {
@@ -94,7 +94,7 @@ impl Removed {
 
 /// Why a plug-in's leftovers are looked for.
 #[derive(Debug, Clone, Copy)]
-pub enum Purpose<'a> {
+pub(crate) enum Purpose<'a> {
     /// `retire` (the chart's post-upgrade hook): its feature is off in these flags (a plug-in
     /// whose feature is on has no leftovers). What cannot hurt a running workload goes; what a
     /// workload or another component may still name is listed as kept, with why.
@@ -105,18 +105,18 @@ pub enum Purpose<'a> {
 
 /// What `uninstall` was told, for the plug-ins.
 #[derive(Debug, Clone, Copy)]
-pub struct Uninstall<'a> {
+pub(crate) struct Uninstall<'a> {
     /// Remove even what is still named (a Kueue Topology a ResourceFlavor names).
     pub force: bool,
     /// The HyperNode name prefix `run` was given.
-    pub hypernode_prefix: &'a str,
+    pub(crate) hypernode_prefix: &'a str,
     /// Which Slurm ConfigMaps are ours.
     pub slurm: SlurmConfigMaps<'a>,
 }
 
 /// Which Slurm ConfigMaps `uninstall` removes (each only if it carries our label).
 #[derive(Debug, Clone, Copy)]
-pub enum SlurmConfigMaps<'a> {
+pub(crate) enum SlurmConfigMaps<'a> {
     /// `--slurm-topology-configmap none`.
     None,
     /// The one `run` was given.
@@ -159,7 +159,7 @@ impl Item {
 
 /// Which of the scheduler objects of our label a cleanup takes as its own.
 #[derive(Debug, Clone, Copy)]
-pub enum Scope<'a> {
+pub(crate) enum Scope<'a> {
     /// The running controller: only those annotated as this installation's (its Lease,
     /// `<namespace>/<name>`; the chart's admission policy refuses its ServiceAccount any other).
     Annotated(&'a str),
@@ -172,7 +172,7 @@ impl Scope<'_> {
     /// Whether `o` is ours in this scope: `Ok` when it is, `Err(Some(why))` when it is kept
     /// and listed (`uninstall` lists another installation's), `Err(None)` when it is not ours
     /// to list (the controller leaves anything not annotated as its own out).
-    pub fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
+    pub(crate) fn ours(&self, o: &DynamicObject) -> Result<(), Option<String>> {
         match (self, owner::claim(o, self.installation())) {
             (_, owner::Claim::Ours) | (Scope::Labelled(_), owner::Claim::Unclaimed) => Ok(()),
             (Scope::Annotated(_), _) => Err(None),
@@ -189,7 +189,7 @@ impl Scope<'_> {
     }
 
     /// `o` as an item of `kind`: removed, or kept with why; `None` when not ours to list.
-    pub fn item(&self, kind: &'static str, o: &DynamicObject) -> Option<Item> {
+    pub(crate) fn item(&self, kind: &'static str, o: &DynamicObject) -> Option<Item> {
         match self.ours(o) {
             Ok(()) => Some(Item::remove(kind, o.name_any())),
             Err(Some(why)) => Some(Item::keep(kind, o.name_any(), why)),
@@ -199,7 +199,7 @@ impl Scope<'_> {
 }
 
 /// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
-pub async fn labelled(
+pub(crate) async fn labelled(
     client: &Client,
     ar: &ApiResource,
 ) -> Result<Vec<DynamicObject>, kube::Error> {
@@ -216,7 +216,7 @@ pub async fn labelled(
 
 /// Delete the cluster-scoped object `name` of `ar` (`None`: the API is not served; nothing to
 /// delete); already gone is done.
-pub async fn delete(
+pub(crate) async fn delete(
     client: &Client,
     ar: Option<ApiResource>,
     name: &str,
@@ -229,14 +229,6 @@ pub async fn delete(
             .delete(name, &DeleteParams::default())
             .await,
     )
-}
-
-/// A removal that found the object already gone succeeded.
-pub fn gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        other => other,
-    }
 }
 
 #[cfg(test)]

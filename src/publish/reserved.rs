@@ -37,7 +37,7 @@ use crate::{
 };
 
 /// The `ReservationIdle` Event about one reservation is repeated no more often than this.
-pub const REPEAT_MIN: Duration = Duration::from_secs(600);
+pub(crate) const REPEAT_MIN: Duration = Duration::from_secs(600);
 
 /// Reserved capacity by network node.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -49,28 +49,28 @@ pub struct ReservationArgs {
     /// `ec2:DescribeCapacityReservationTopology` and `ec2:DescribeCapacityReservations`.
     #[arg(long, env = "LABELER_CAPACITY_RESERVATIONS", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub capacity_reservations: bool,
+    pub(crate) capacity_reservations: bool,
     /// How often the leader asks about reservations (two calls a region, and their pages).
     #[arg(long, value_parser = crate::bounds::duration_flag("reservations-interval"), env = "LABELER_RESERVATIONS_INTERVAL", default_value = "5m")]
-    pub reservations_interval: HumanDuration,
+    pub(crate) reservations_interval: HumanDuration,
     /// An active reservation no node of this cluster joined from, started this long ago or
     /// longer, is a `ReservationIdle` Warning Event on the leader's Pod (repeated as often
     /// while it lasts, at least every 10 minutes).
     #[arg(long, value_parser = crate::bounds::duration_flag("reservation-idle-after"), env = "LABELER_RESERVATION_IDLE_AFTER", default_value = "1h")]
-    pub reservation_idle_after: HumanDuration,
+    pub(crate) reservation_idle_after: HumanDuration,
 }
 
 /// Which idle reservations to record an Event about now: those not recorded in the last
 /// `every` (at least [`REPEAT_MIN`]) by this leader. Forgets reservations no longer idle, so
 /// one idle again is recorded again.
 #[derive(Debug, Default)]
-pub struct IdleReports {
+pub(crate) struct IdleReports {
     recorded: BTreeMap<String, Instant>,
 }
 
 impl IdleReports {
     /// The IDs in `idle` (now idle past the threshold) to record now, marked as recorded.
-    pub fn due(&mut self, idle: &[&str], every: Duration, now: Instant) -> Vec<String> {
+    pub(crate) fn due(&mut self, idle: &[&str], every: Duration, now: Instant) -> Vec<String> {
         let every = every.max(REPEAT_MIN);
         self.recorded.retain(|id, _| idle.contains(&id.as_str()));
         let mut due = Vec::new();
@@ -85,7 +85,7 @@ impl IdleReports {
     }
 
     /// Leadership lost: a later term records again from its start.
-    pub fn forget(&mut self) {
+    pub(crate) fn forget(&mut self) {
         self.recorded.clear();
     }
 }

@@ -55,7 +55,7 @@ pub use crate::labels::{
     ULTRASERVER_TYPE_KEY as TYPE_KEY,
 };
 /// The field manager of these keys.
-pub const MANAGER: &str = "ec2-topology-labeler-ultraserver-shape";
+pub(crate) const MANAGER: &str = "ec2-topology-labeler-ultraserver-shape";
 
 /// UltraServer shape, from EC2.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -68,11 +68,11 @@ pub struct ShapeArgs {
     /// `ec2:DescribeCapacityBlocks` and `ec2:DescribeCapacityBlockStatus`.
     #[arg(long, env = "LABELER_ULTRASERVER_SHAPE", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub ultraserver_shape: bool,
+    pub(crate) ultraserver_shape: bool,
     /// How often the leader asks (two calls per region for every 100 capacity blocks; a
     /// block's shape changes only when it is extended).
     #[arg(long, value_parser = crate::bounds::duration_flag("ultraserver-shape-interval"), env = "LABELER_ULTRASERVER_SHAPE_INTERVAL", default_value = "10m")]
-    pub ultraserver_shape_interval: HumanDuration,
+    pub(crate) ultraserver_shape_interval: HumanDuration,
 }
 
 /// The shape keys a node should carry: labels and the annotation.
@@ -84,7 +84,7 @@ pub struct Wanted {
 
 impl Wanted {
     /// What `node` (as a write returned it) carries.
-    pub fn of_lite(node: &crate::node::LiteNode) -> Self {
+    pub(crate) fn of_lite(node: &crate::node::LiteNode) -> Self {
         let mut out = Self::default();
         for key in [TYPE_KEY, SIZE_KEY] {
             if let Some(v) = node.label(key) {
@@ -185,13 +185,13 @@ pub fn plan(
 }
 
 /// The apply of `wanted`, whole (keys left out are given up).
-pub fn apply_body(name: &str, uid: Option<&str>, wanted: &Wanted) -> serde_json::Value {
+pub(crate) fn apply_body(name: &str, uid: Option<&str>, wanted: &Wanted) -> serde_json::Value {
     crate::node::apply_body(name, uid, None, &wanted.labels, &wanted.annotations)
 }
 
 /// What the leader knows of each block from EC2's last answers: its shape and, when the status
 /// call answered for it, its instances.
-pub type Known = BTreeMap<String, (Shape, Option<u32>)>;
+pub(crate) type Known = BTreeMap<String, (Shape, Option<u32>)>;
 
 /// `known` after a round that asked about `asked`: each block EC2 described takes its new
 /// answer (the size it had when only the status call failed for it); on a full round a block

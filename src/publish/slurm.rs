@@ -35,10 +35,10 @@ use crate::{
 const FILES: [&str; 2] = ["topology.yaml", "topology.conf"];
 
 /// ConfigMaps hold at most 1 MiB; a bigger topology is reported, not sent.
-pub const MAX_BYTES: usize = 1_000_000;
+pub(crate) const MAX_BYTES: usize = 1_000_000;
 
 /// `NAMESPACE/NAME` of the ConfigMap.
-pub fn parse_target(at: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_target(at: &str) -> Result<(String, String), String> {
     let valid = |s: &str| {
         !s.is_empty()
             && s.len() <= 253
@@ -57,11 +57,11 @@ pub fn parse_target(at: &str) -> Result<(String, String), String> {
     }
 }
 
-pub use crate::slurm::{Files, data};
+pub(crate) use crate::slurm::{Files, data};
 
 /// What fits a ConfigMap: every file; else `topology.yaml` alone (Slurm 25.05 and later read
 /// only it when it exists), for fleets about twice as big; else the size that does not fit.
-pub fn fitting(data: &[(String, String)]) -> Result<&[(String, String)], usize> {
+pub(crate) fn fitting(data: &[(String, String)]) -> Result<&[(String, String)], usize> {
     let size = |d: &[(String, String)]| d.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
     let first = data.get(..1).unwrap_or_default();
     if size(data) <= MAX_BYTES {
@@ -84,7 +84,7 @@ enum Outcome {
     NotLeading,
 }
 
-pub struct SlurmPublisher {
+pub(crate) struct SlurmPublisher {
     api: Api<ConfigMap>,
     namespace: String,
     name: String,
@@ -107,7 +107,7 @@ pub struct SlurmPublisher {
 impl SlurmPublisher {
     /// `namespace`/`name` come from [`parse_target`] (checked at start-up).
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         (namespace, name): (String, String),
         files: Files,
@@ -300,7 +300,7 @@ impl Publisher for SlurmPublisher {
 }
 
 /// Slurm's ConfigMap as a plug-in.
-pub struct Plugin;
+pub(crate) struct Plugin;
 
 impl super::plugin::Plugin for Plugin {
     fn kind(&self) -> &'static str {

@@ -17,7 +17,7 @@ use crate::{
     leader::Leadership,
 };
 
-pub const HOSTNAME: &str = "kubernetes.io/hostname";
+pub(crate) const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// Whether the Kueue and KAI Topologies get an UltraServer level: the capacity block's label
 /// (EC2's `capacityBlockId`, set only for UltraServer instances: one NVLink domain) between the
@@ -41,7 +41,7 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
-pub enum UltraServerLevel {
+pub(crate) enum UltraServerLevel {
     /// Once a published node carries a capacity block (a verified EC2 answer gave one).
     #[default]
     Auto,
@@ -74,7 +74,7 @@ pub fn ultraserver_levels(
 
 /// Whether a published node is in an UltraServer: it carries the capacity block's label (only
 /// nodes an EC2 answer vouches for carry topology in what the publishers see).
-pub fn in_ultraserver(scheme: &LabelScheme, node: &crate::tree::NodeView) -> bool {
+pub(crate) fn in_ultraserver(scheme: &LabelScheme, node: &crate::tree::NodeView) -> bool {
     scheme
         .capacity_block_key
         .as_ref()
@@ -97,7 +97,12 @@ pub fn levels(scheme: &LabelScheme, depth: usize, hostname: bool) -> Vec<String>
 /// The Topology object to apply, annotated as the installation `owner`'s (the chart's admission
 /// policy lets our ServiceAccount create only Topologies so annotated, and change or delete no
 /// other).
-pub fn topology_object(api_version: &str, name: &str, levels: &[String], owner: &str) -> Value {
+pub(crate) fn topology_object(
+    api_version: &str,
+    name: &str,
+    levels: &[String],
+    owner: &str,
+) -> Value {
     let levels: Vec<Value> = levels.iter().map(|l| json!({ "nodeLabel": l })).collect();
     json!({
         "apiVersion": api_version,
@@ -112,7 +117,7 @@ pub fn topology_object(api_version: &str, name: &str, levels: &[String], owner: 
 }
 
 /// Levels of a Topology object.
-pub fn levels_of(obj: &DynamicObject) -> Vec<String> {
+pub(crate) fn levels_of(obj: &DynamicObject) -> Vec<String> {
     obj.data
         .pointer("/spec/levels")
         .and_then(|v| v.as_array())
@@ -139,7 +144,7 @@ pub enum Outcome {
 }
 
 /// `kind` of `group` as the cluster serves it (patchable), in the first of `versions` served.
-pub async fn served_resource(
+pub(crate) async fn served_resource(
     client: &Client,
     group_name: &str,
     versions: &[&str],
@@ -166,7 +171,7 @@ pub async fn served_resource(
 }
 
 /// The Warning Event on a Topology (Kueue's or KAI's) of our name whose levels differ.
-pub fn report_mismatch(
+pub(crate) fn report_mismatch(
     events: &crate::admin::events::Events,
     obj: &DynamicObject,
     ar: &ApiResource,
@@ -186,7 +191,7 @@ pub fn report_mismatch(
 /// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
 /// served as `ar`, created as the installation `owner`'s. `leader` is checked right before the
 /// write (the reads before it take time, in which the lease can pass to another replica).
-pub async fn ensure_in(
+pub(crate) async fn ensure_in(
     client: &Client,
     ar: &ApiResource,
     name: &str,

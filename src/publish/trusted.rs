@@ -26,7 +26,7 @@ use crate::{
 
 /// Why a node carrying our topology keys is left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Left {
+pub(crate) enum Left {
     /// Its labels are not what EC2's answer makes of it (someone rewrote them, or our
     /// correction is on its way).
     LabelsDisagree,
@@ -42,7 +42,7 @@ pub enum Left {
 
 impl Left {
     /// The `reason` label of `unpublished_nodes`.
-    pub const REASONS: [&'static str; 5] = [
+    pub(crate) const REASONS: [&'static str; 5] = [
         "labels_disagree",
         "not_ec2",
         "not_described",
@@ -50,7 +50,7 @@ impl Left {
         "inconsistent",
     ];
 
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Left::LabelsDisagree => "labels_disagree",
             Left::NotEc2(_) => "not_ec2",
@@ -72,7 +72,7 @@ impl Left {
     }
 
     /// The Event's note.
-    pub fn note(&self) -> String {
+    pub(crate) fn note(&self) -> String {
         let tail = "left out of the Kueue and KAI Topologies, Volcano HyperNodes and Slurm topology we publish";
         match self {
             Left::LabelsDisagree => format!(
@@ -92,7 +92,7 @@ impl Left {
 
 /// What the publishers get this round.
 #[derive(Debug, Default)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// Every node: those vouched for with their labels, the others without any family label
     /// (as nodes without topology, which Slurm still lists).
     pub views: Vec<NodeView>,
@@ -107,26 +107,26 @@ pub struct Selection {
     /// Nodes carrying our topology keys, vouched for or not.
     pub carrying: usize,
     /// Nodes whose labels EC2's answers vouch for (those left out as inconsistent included).
-    pub vouched: usize,
+    pub(crate) vouched: usize,
 }
 
 /// The view is implausible, and nothing is published, when more than this many of the vouched
 /// nodes, and more than [`IMPLAUSIBLE_PERCENT`] of them, disagree with the rest: EC2's answers
 /// caught mid-change, or our reading of them wrong. A forged or stale node or two never halts.
-pub const IMPLAUSIBLE_MIN: usize = 2;
+pub(crate) const IMPLAUSIBLE_MIN: usize = 2;
 /// See [`IMPLAUSIBLE_MIN`].
-pub const IMPLAUSIBLE_PERCENT: usize = 10;
+pub(crate) const IMPLAUSIBLE_PERCENT: usize = 10;
 
 impl Selection {
     /// EC2 fails for more than [`IMPLAUSIBLE_PERCENT`] of the nodes carrying topology labels
     /// that no answer vouches for yet: an outage, not one node a hostile providerID makes
     /// unanswerable.
-    pub fn ec2_failing(&self) -> bool {
+    pub(crate) fn ec2_failing(&self) -> bool {
         self.failing > 0 && self.failing * 100 > self.carrying * IMPLAUSIBLE_PERCENT
     }
 
     /// Too many vouched nodes disagree with the rest to publish any (see [`IMPLAUSIBLE_MIN`]).
-    pub fn implausible(&self) -> bool {
+    pub(crate) fn implausible(&self) -> bool {
         let inconsistent = self
             .left
             .iter()
@@ -136,7 +136,7 @@ impl Selection {
     }
 
     /// How many were left out, for every reason (0 included).
-    pub fn counts(&self) -> Vec<(&'static str, usize)> {
+    pub(crate) fn counts(&self) -> Vec<(&'static str, usize)> {
         Left::REASONS
             .iter()
             .map(|r| {
@@ -180,7 +180,7 @@ fn why(standing: Option<&Standing>) -> Left {
 }
 
 /// The nodes of `cache` the records vouch for, and agreeing with one another.
-pub fn select(
+pub(crate) fn select(
     scheme: &LabelScheme,
     cache: Vec<std::sync::Arc<CachedNode>>,
     records: &Nodes,
@@ -260,7 +260,7 @@ pub fn select(
 
 /// One Event per node and reason it is left out for (see [`Left::report_after`]).
 #[derive(Default)]
-pub struct Reports {
+pub(crate) struct Reports {
     /// Node → the reason it was left out for, rounds in a row, whether that was told.
     seen: HashMap<String, (Left, u32, bool)>,
 }
@@ -268,7 +268,11 @@ pub struct Reports {
 impl Reports {
     /// Count this round's `left` and record the Events due. Returns whether a node is left out
     /// for a reason not yet told (the caller looks again next interval, changed or not).
-    pub fn round(&mut self, left: &[(std::sync::Arc<CachedNode>, Left)], events: &Events) -> bool {
+    pub(crate) fn round(
+        &mut self,
+        left: &[(std::sync::Arc<CachedNode>, Left)],
+        events: &Events,
+    ) -> bool {
         let mut next: HashMap<String, (Left, u32, bool)> = HashMap::with_capacity(left.len());
         let mut untold = false;
         for (node, why) in left {
@@ -298,7 +302,7 @@ impl Reports {
     }
 
     /// Forget everything (this replica stopped leading).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.seen.clear();
     }
 }

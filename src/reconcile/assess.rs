@@ -22,7 +22,7 @@ use crate::{
 // Short-lived, one per reconcile: boxing `Ready` would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub enum Assessment {
+pub(crate) enum Assessment {
     /// Not an EC2 instance we can look up.
     Skipped(SkipReason),
     /// EC2 does not describe the instance (yet); labels are left as they are.
@@ -56,7 +56,7 @@ pub enum Assessment {
 
 impl Assessment {
     /// The instance it is about (`None` for a node that is not one we can look up).
-    pub fn instance_id(&self) -> Option<&str> {
+    pub(crate) fn instance_id(&self) -> Option<&str> {
         match self {
             Assessment::Skipped(_) => None,
             Assessment::NotDescribed { instance_id, .. }
@@ -79,7 +79,7 @@ pub fn boot_id(node: &LiteNode) -> Option<&str> {
     node.boot_id()
 }
 
-pub fn provider_id_of(node: &LiteNode) -> &str {
+pub(crate) fn provider_id_of(node: &LiteNode) -> &str {
     node.provider_id()
 }
 
@@ -90,7 +90,7 @@ pub struct Target {
     pub instance_id: String,
     /// The node carries a capacity-block label already (an answer without one is asked for
     /// again soon).
-    pub capacity_block_expected: bool,
+    pub(crate) capacity_block_expected: bool,
 }
 
 /// The instance to look up for `node`: `Ok(Err(_))` when the node is not an EC2 instance we
@@ -126,11 +126,11 @@ pub fn target(
 
 /// How long after its creation a node that carries none of our layer labels yet counts as
 /// joining: its lookup goes ahead of the walk, resync or install queued before it.
-pub const JOINING_FOR: Duration = Duration::from_secs(10 * 60);
+pub(super) const JOINING_FOR: Duration = Duration::from_secs(10 * 60);
 
 /// Is `node` joining at `now`: created less than [`JOINING_FOR`] ago, and without any of our
 /// layer labels? (A node without a creation time is not: the API server always sets one.)
-pub fn joining(node: &LiteNode, scheme: &LabelScheme, now: &Time) -> bool {
+pub(super) fn joining(node: &LiteNode, scheme: &LabelScheme, now: &Time) -> bool {
     node.metadata.creation_timestamp.is_some()
         && super::gate::age(node, now) < JOINING_FOR
         && !node
@@ -142,7 +142,7 @@ pub fn joining(node: &LiteNode, scheme: &LabelScheme, now: &Time) -> bool {
 /// Read-only part of a reconcile, shared with `plan`. `urgent`: the node is joining, or held
 /// back from scheduling until labelled (its lookup goes ahead of the others waiting, and is
 /// not kept waiting for a fuller call).
-pub async fn assess(
+pub(crate) async fn assess(
     node: &LiteNode,
     scheme: &LabelScheme,
     region: Option<&str>,
@@ -283,7 +283,7 @@ pub fn trusted(
 /// Before `node`'s instance is asked about for the first time in this process: take its
 /// verification record as the answer when [`trusted`] (counted, with why not, in
 /// `verification_records_total`). Nothing when the lookup knows the instance already.
-pub fn adopt(
+pub(super) fn adopt(
     node: &LiteNode,
     scheme: &LabelScheme,
     target: &Target,

@@ -20,16 +20,16 @@ use std::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardConfig {
     /// Corrections tolerated within `window`…
-    pub max_corrections: usize,
+    pub(crate) max_corrections: usize,
     pub window: Duration,
     /// …then writes are held this long, doubling per repeated hold, up to `backoff_max`.
     pub backoff: Duration,
-    pub backoff_max: Duration,
+    pub(crate) backoff_max: Duration,
 }
 
 /// The longest pause, as a multiple of the first: a persistent writer's value never stays more
 /// than this long (5 minutes with the default 30 s).
-pub const BACKOFF_MAX_FACTOR: u32 = 10;
+pub(crate) const BACKOFF_MAX_FACTOR: u32 = 10;
 
 impl GuardConfig {
     /// Pauses starting at `backoff`, doubling up to [`BACKOFF_MAX_FACTOR`] times it, counted in
@@ -51,7 +51,7 @@ impl Default for GuardConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Write,
     /// Do not write before `until`. `first` is set on the reconcile that starts the hold (report
     /// the conflict then, not on every retry).
@@ -91,7 +91,7 @@ impl History {
     }
 
     /// May we write this node's labels now?
-    pub fn before_write(
+    pub(crate) fn before_write(
         &mut self,
         cfg: &GuardConfig,
         boot_id: Option<&str>,
@@ -153,7 +153,7 @@ impl History {
 
 /// Field managers other than `ours` that own any of `keys` in a Node's labels, from its
 /// `metadata.managedFields`.
-pub fn other_owners(
+pub(crate) fn other_owners(
     managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
     keys: &[&String],
     ours: &str,

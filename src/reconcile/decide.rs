@@ -59,17 +59,17 @@ pub(super) struct Facts<'a> {
     /// Where the node stood before this reconcile (`None`: never reconciled).
     pub previous: Option<NodeState>,
     /// Our last label write is not in the node cache yet (it is not repeated).
-    pub awaiting: bool,
+    pub(crate) awaiting: bool,
     /// The conflict guard's say on the write that is due.
     pub verdict: Verdict,
     /// For an answer that cannot be turned into labels: when the lookup asks EC2 again (the
     /// executor has told it to forget that answer).
-    pub unusable_retry_in: Duration,
+    pub(crate) unusable_retry_in: Duration,
     pub now: Instant,
 }
 
 impl<'a> Facts<'a> {
-    pub fn new(node: &'a LiteNode, answer: Answer<'a>, now: Instant) -> Self {
+    pub(super) fn new(node: &'a LiteNode, answer: Answer<'a>, now: Instant) -> Self {
         Self {
             node,
             answer,
@@ -82,13 +82,13 @@ impl<'a> Facts<'a> {
     }
 
     /// The write due changes only the verification record.
-    pub fn record_only(&self) -> bool {
+    pub(super) fn record_only(&self) -> bool {
         matches!(&self.answer, Answer::Assessed(Assessment::Ready { diff, .. }) if diff.only_record())
     }
 
     /// The labels the answer says the node lacks, if any: a write is due unless the record
     /// says ours is awaited or the guard holds it.
-    pub fn write_due(&self) -> Option<&Desired> {
+    pub(super) fn write_due(&self) -> Option<&Desired> {
         match &self.answer {
             Answer::Assessed(Assessment::Ready { desired, diff, .. }) if !diff.is_empty() => {
                 Some(desired)
@@ -128,7 +128,7 @@ pub(super) struct Decision {
     pub seen: bool,
     /// The startup gate's step comes before the state and what is said (as on a failed
     /// reconcile, whose Event follows the gate's).
-    pub gate_first: bool,
+    pub(crate) gate_first: bool,
     /// The startup gate's step (`None`: none this time, as while our write is awaited). With a
     /// write, taken on the node the API server returned.
     pub gate: Option<GateStep>,
@@ -176,7 +176,7 @@ pub(super) enum Say {
 }
 
 impl Say {
-    pub fn reason(&self) -> Reason {
+    pub(super) fn reason(&self) -> Reason {
         match self {
             Say::Skipped { .. } => Reason::TopologySkipped,
             Say::NotDescribed { .. } => Reason::TopologyNotDescribed,
@@ -191,7 +191,7 @@ impl Say {
 
     /// The Event's note. A conflict's Event is written by `events::report_conflict`, which
     /// names the other writer; this note is only its gist.
-    pub fn note(&self) -> String {
+    pub(super) fn note(&self) -> String {
         match self {
             Say::Skipped {
                 reason,
@@ -251,7 +251,7 @@ impl Say {
     }
 
     /// The log line (inside the reconcile's span, which names the node and instance).
-    pub fn log(&self) {
+    pub(super) fn log(&self) {
         match self {
             Say::Skipped {
                 reason,

@@ -10,13 +10,13 @@ use super::{Context, conflict::other_owners};
 use crate::{FIELD_MANAGER, admin::events::Reason, labels::NodeDiff, node::LiteNode};
 
 /// Record an Event on the node (never waits: see [`crate::admin::events`]).
-pub async fn record(ctx: &Context, node: &LiteNode, reason: Reason, note: String) {
+pub(super) async fn record(ctx: &Context, node: &LiteNode, reason: Reason, note: String) {
     ctx.events
         .publish(reason, "LabelTopology", &note, node.object_ref());
 }
 
 /// Someone keeps changing our labels on this node: say who, once per hold.
-pub async fn report_conflict(
+pub(super) async fn report_conflict(
     ctx: &Context,
     node: &LiteNode,
     diff: &NodeDiff,

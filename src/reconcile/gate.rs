@@ -26,7 +26,7 @@ use crate::{
 /// The shape [`StartupTaint`]'s parser accepts, for the chart's schema (a test checks the two
 /// agree): a qualified name, an optional label value, one of the three effects. (The prefix's
 /// 253-character limit is left to the parser.)
-pub const TAINT_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?(=[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?:(NoSchedule|PreferNoSchedule|NoExecute)$";
+pub(crate) const TAINT_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?(=[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?:(NoSchedule|PreferNoSchedule|NoExecute)$";
 
 /// The startup taint, one definition for every command that reads it: `run` releases it,
 /// `tree` and `uninstall` point out the nodes still carrying it.
@@ -44,7 +44,7 @@ pub struct StartupTaintFlag {
 }
 
 /// The taint `tree` points out when none is given: the chart's.
-pub const CHART_TAINT: &str = "ec2-topology-labeler.io/topology-pending:NoSchedule";
+pub(crate) const CHART_TAINT: &str = "ec2-topology-labeler.io/topology-pending:NoSchedule";
 
 /// Holding new nodes back until their topology is known.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq, Default)]
@@ -63,17 +63,17 @@ pub struct GateArgs {
         default_value_t
     )]
     #[serde(default)]
-    pub startup_taint_when_unsupported: WhenUnsupported,
+    pub(crate) startup_taint_when_unsupported: WhenUnsupported,
     /// Release the startup taint anyway this long after the node was created, with a Warning
     /// Event, so that an EC2 outage never strands capacity. No timeout when unset.
     #[arg(long, value_parser = crate::bounds::duration_flag("startup-taint-timeout"), env = "LABELER_STARTUP_TAINT_TIMEOUT")]
-    pub startup_taint_timeout: Option<HumanDuration>,
+    pub(crate) startup_taint_timeout: Option<HumanDuration>,
     /// Keep a `TopologyLabeled` condition on every node (status subresource; needs RBAC for
     /// `nodes/status` patch, which the chart always grants: without this flag the condition is
     /// removed at start-up).
     #[arg(long, env = "LABELER_NODE_CONDITION", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
-    pub node_condition: bool,
+    pub(crate) node_condition: bool,
 }
 
 #[derive(
@@ -166,7 +166,7 @@ impl StartupTaint {
 
     /// A taint of our key with another effect (a provisioner given another effect than we
     /// were): not ours, so never released; worth saying why.
-    pub fn other_effect<'a>(&self, node: &'a LiteNode) -> Option<&'a Taint> {
+    pub(crate) fn other_effect<'a>(&self, node: &'a LiteNode) -> Option<&'a Taint> {
         node.spec
             .taints
             .iter()
@@ -188,7 +188,7 @@ pub use crate::labels::INSTANCE_TYPE_LABEL;
 
 /// How long a node of an instance type EC2 documents as described may go undescribed before
 /// it is treated as one EC2 will not describe (EC2 is eventually consistent just after launch).
-pub const SETTLE: Duration = Duration::from_secs(120);
+pub(crate) const SETTLE: Duration = Duration::from_secs(120);
 
 /// Where a node stands, as the gate sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,7 +258,7 @@ pub enum GatePlan {
 impl GatePlan {
     /// How soon to look at the node again for the gate's sake, if the plan is carried out
     /// (a timeout, a settling type, a cache behind our write).
-    pub fn recheck(&self) -> Option<Duration> {
+    pub(crate) fn recheck(&self) -> Option<Duration> {
         match self {
             GatePlan::Behind(wait) => Some(*wait),
             GatePlan::Step {
@@ -298,7 +298,12 @@ impl Gate {
 
     /// The startup-taint decision for a node that carries (`tainted`) or not the taint, is
     /// `age` old and stands where `standing` says.
-    pub fn taint_action(&self, tainted: bool, standing: &Standing, age: Duration) -> TaintAction {
+    pub(crate) fn taint_action(
+        &self,
+        tainted: bool,
+        standing: &Standing,
+        age: Duration,
+    ) -> TaintAction {
         if self.taint.is_none() || !tainted {
             return TaintAction::None;
         }
@@ -372,7 +377,7 @@ impl Gate {
 
     /// How long until the startup-taint timeout falls due for `node`, if it carries the taint
     /// and a timeout is set.
-    pub fn timeout_in(&self, node: &LiteNode) -> Option<Duration> {
+    pub(crate) fn timeout_in(&self, node: &LiteNode) -> Option<Duration> {
         let (taint, timeout) = (self.taint.as_ref()?, self.timeout?);
         if !taint.on(node) {
             return None;
@@ -425,7 +430,7 @@ impl Gate {
 
 impl Gate {
     /// What the gate would do to `node`, in words, for `plan`: (startup taint, condition).
-    pub fn preview(
+    pub(crate) fn preview(
         &self,
         node: &LiteNode,
         standing: &Standing,

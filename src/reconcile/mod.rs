@@ -13,19 +13,19 @@
 //! never writes unless this replica leads, checked again right before the write.
 
 mod assess;
-pub mod conflict;
+pub(crate) mod conflict;
 mod decide;
 mod events;
 pub mod gate;
-pub mod nodes;
-pub mod planning;
-pub mod queue;
-pub mod resync;
-pub mod retire;
+pub(crate) mod nodes;
+pub(crate) mod planning;
+pub(crate) mod queue;
+pub(crate) mod resync;
+pub(crate) mod retire;
 mod startup;
-pub mod view;
+pub(crate) mod view;
 pub mod warm;
-pub mod write;
+pub(crate) mod write;
 
 use std::{
     sync::{
@@ -44,12 +44,13 @@ use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 pub use crate::state::Distrust;
-pub use assess::{Assessment, Target, assess, boot_id, provider_id_of, target, trusted};
+pub(crate) use assess::{Assessment, assess};
+pub use assess::{boot_id, target, trusted};
 use conflict::GuardConfig;
 use decide::{Answer, Decision, Facts, GateStep, Say, decide, next_look};
 use gate::Gate;
 use nodes::Nodes;
-pub use write::{apply_body, write_labels};
+pub(crate) use write::write_labels;
 
 use crate::{
     Error, Result,
@@ -69,24 +70,24 @@ pub struct ControllerArgs {
     /// Every node is re-checked against the cached topology this often, spread evenly over the
     /// period.
     #[arg(long, value_parser = crate::bounds::duration_flag("resync-period"), env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
-    pub resync_period: HumanDuration,
+    pub(crate) resync_period: HumanDuration,
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
     #[arg(long, value_parser = crate::bounds::count_flag::<u16>("concurrency"), env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
     /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
     /// the load on the API server during a burst.
     #[arg(long, value_parser = crate::bounds::count_flag::<u16>("write-concurrency"), env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
-    pub write_concurrency: u16,
+    pub(crate) write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections within
     /// `--conflict-window`), pause correcting it for this long (doubling per pause, up to 10
     /// times this), then correct it again; each pause is reported.
     #[arg(long, value_parser = crate::bounds::duration_flag("conflict-backoff"), env = "LABELER_CONFLICT_BACKOFF", default_value = "30s")]
-    pub conflict_backoff: HumanDuration,
+    pub(crate) conflict_backoff: HumanDuration,
     /// The window in which more than 3 corrections of our labels on one node count as a
     /// conflict. Long enough to catch a writer that reverts them every few minutes (a cloud
     /// controller re-applying its labels at its node status period).
     #[arg(long, value_parser = crate::bounds::duration_flag("conflict-window"), env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
-    pub conflict_window: HumanDuration,
+    pub(crate) conflict_window: HumanDuration,
 }
 
 /// Everything a reconcile needs. Built once, shared by every reconcile.
@@ -208,7 +209,7 @@ fn joining_now(node: &LiteNode, ctx: &Context) -> bool {
 
 /// Whether `node`'s reconcile goes ahead of the others when every node is re-checked (on
 /// election): it is joining, or held back by the startup taint.
-pub fn urgent(node: &LiteNode, ctx: &Context) -> bool {
+pub(crate) fn urgent(node: &LiteNode, ctx: &Context) -> bool {
     ctx.gate.taint.as_ref().is_some_and(|t| t.on(node)) || joining_now(node, ctx)
 }
 
@@ -499,7 +500,7 @@ async fn write_node(ctx: &Context, node: &LiteNode, w: &decide::Write) -> Result
     Ok(Some(written))
 }
 
-pub fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(node: Arc<LiteNode>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let failures = ctx.records.with(&node, |r| {
         r.failures = r.failures.saturating_add(1);

@@ -62,7 +62,7 @@ const GATE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// controller) can bump the node right after us, and the cache may then never hold the exact
 /// version our write returned: a version that shows this is as good as ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateMark {
+pub(crate) enum GateMark {
     /// Our labels (the gate decided from the version the write returned).
     Labels,
     /// The `TopologyLabeled` condition with this status and reason.
@@ -117,11 +117,11 @@ pub struct RecordView {
     /// Seconds until the controller looks at the node again by itself (`None`: when the node
     /// changes, or at its resync slot).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_look_in_s: Option<u64>,
+    pub(crate) next_look_in_s: Option<u64>,
     /// Our last write is not in the node cache yet.
-    pub write_pending: bool,
+    pub(crate) write_pending: bool,
     /// Another writer keeps changing our labels: writes to this node are held.
-    pub held_for_conflict: bool,
+    pub(crate) held_for_conflict: bool,
 }
 
 impl NodeRecord {
@@ -138,7 +138,7 @@ impl NodeRecord {
     }
 
     /// The controller looks at the node again after `after` (`None`: on change or resync).
-    pub fn next_look(&mut self, after: Option<std::time::Duration>) {
+    pub(crate) fn next_look(&mut self, after: Option<std::time::Duration>) {
         self.next_look = after.map_or(0, |d| {
             let at = EPOCH.elapsed().saturating_add(d).as_secs();
             u32::try_from(at).unwrap_or(u32::MAX - 1).saturating_add(1)
@@ -177,7 +177,7 @@ impl NodeRecord {
 
     /// Is `node` (from the cache) still the version our write of `desired` was made against?
     /// Then the write is done and must not be repeated. Anything else forgets it.
-    pub fn awaiting(&mut self, node: &LiteNode, desired: &Desired) -> bool {
+    pub(crate) fn awaiting(&mut self, node: &LiteNode, desired: &Desired) -> bool {
         let Some(echo) = &self.echo else {
             return false;
         };
@@ -192,7 +192,7 @@ impl NodeRecord {
     }
 
     /// Our last startup-gate write left the node at `resource_version`, showing `mark`.
-    pub fn gate_written(&mut self, resource_version: Option<String>, mark: GateMark) {
+    pub(crate) fn gate_written(&mut self, resource_version: Option<String>, mark: GateMark) {
         self.gate_write = resource_version.map(|resource_version| {
             Box::new(GateWrite {
                 resource_version,
@@ -207,7 +207,7 @@ impl NodeRecord {
     /// returned, or a later one (another writer's, on top of ours) that `shows` our write's
     /// mark. While it is, returns how soon to look again; after [`GATE_ECHO`] it no longer is
     /// (a watch that re-listed may have skipped our version; someone may have undone it).
-    pub fn gate_behind(
+    pub(crate) fn gate_behind(
         &mut self,
         node: &LiteNode,
         shows: impl FnOnce(GateMark) -> bool,
@@ -243,7 +243,7 @@ impl NodeRecord {
 /// Has a node that stood at `previous` just fallen into `state` *and reason*? (Callers then say
 /// so once, in an Event and a log line.) A failing node changing from one error to another has
 /// not: one Event per spell of failing, except that refused credentials are told apart.
-pub fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
+pub(crate) fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
     let denied = |s: &NodeState| matches!(s, NodeState::Failing("ec2_unauthorized"));
     match previous {
         Some(p @ NodeState::Failing(_)) if matches!(state, NodeState::Failing(_)) => {
@@ -256,7 +256,7 @@ pub fn entering(previous: Option<&NodeState>, state: &NodeState) -> bool {
 
 /// What the publishers read of one node's record (see [`Nodes::standings`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Standing {
+pub(crate) struct Standing {
     pub state: Option<NodeState>,
     pub verified: Option<u64>,
 }
@@ -291,7 +291,7 @@ impl Nodes {
 
     /// Record what EC2's answer makes of `node`: `Some(Some(fp))` an answer, `Some(None)` no
     /// instance to verify; `None` leaves what was recorded (EC2 failed or was late).
-    pub fn set_verified(&self, node: &LiteNode, verified: Option<Option<u64>>) {
+    pub(crate) fn set_verified(&self, node: &LiteNode, verified: Option<Option<u64>>) {
         let Some(verified) = verified else {
             return;
         };
@@ -302,7 +302,7 @@ impl Nodes {
     }
 
     /// Forget what every node's answer vouched for (this replica stopped leading).
-    pub fn forget_verified(&self) {
+    pub(crate) fn forget_verified(&self) {
         for r in self.records().values_mut() {
             r.verified = None;
         }
@@ -310,7 +310,10 @@ impl Nodes {
     }
 
     /// The standing of each of `names` (`None`: never reconciled), under one lock.
-    pub fn standings<'a>(&self, names: impl Iterator<Item = &'a str>) -> Vec<Option<Standing>> {
+    pub(crate) fn standings<'a>(
+        &self,
+        names: impl Iterator<Item = &'a str>,
+    ) -> Vec<Option<Standing>> {
         let records = self.records();
         names
             .map(|n| {
@@ -340,7 +343,7 @@ impl Nodes {
     }
 
     /// Record where `node` stands (and move it between the state gauges).
-    pub fn set_state(&self, node: &LiteNode, state: NodeState) {
+    pub(crate) fn set_state(&self, node: &LiteNode, state: NodeState) {
         let previous = self.with(node, |r| r.state.replace(state.clone()));
         if previous.as_ref() != Some(&state) {
             self.bump();
@@ -350,7 +353,7 @@ impl Nodes {
     }
 
     /// A node seen for the first time is pending until its first reconcile settles.
-    pub fn pending_if_new(&self, node: &LiteNode) {
+    pub(crate) fn pending_if_new(&self, node: &LiteNode) {
         if self.with(node, |r| r.state.is_none()) {
             self.set_state(node, NodeState::Pending);
         }
@@ -401,7 +404,7 @@ impl Nodes {
     }
 
     #[cfg(test)]
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         self.records().len()
     }
 }

@@ -47,7 +47,7 @@ pub struct NodePlan {
 }
 
 /// Plan every node. Lookups run concurrently so they share batched EC2 calls.
-pub async fn plan_nodes(
+pub(crate) async fn plan_nodes(
     nodes: &[LiteNode],
     scheme: &LabelScheme,
     region: Option<&str>,
@@ -139,7 +139,7 @@ pub async fn plan_nodes(
 
 /// Labels we wrote under an earlier configuration and no longer manage: `run` removes them at
 /// start-up, so the plan shows them as removals.
-pub fn add_retired(
+pub(crate) fn add_retired(
     plans: &mut [NodePlan],
     retired: Vec<(kube::api::ObjectMeta, crate::reconcile::retire::Retired)>,
 ) {
@@ -168,7 +168,7 @@ pub fn add_retired(
 }
 
 /// Render the plan as an aligned table.
-pub fn render_table(plans: &[NodePlan]) -> String {
+pub(crate) fn render_table(plans: &[NodePlan]) -> String {
     let mut rows: Vec<[String; 4]> = vec![[
         "NODE".into(),
         "INSTANCE".into(),
@@ -237,7 +237,7 @@ pub fn render_table(plans: &[NodePlan]) -> String {
 }
 
 /// List every node, page by page, keeping only what planning needs.
-pub async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
+pub(crate) async fn list_nodes(api: &Api<WireNode>, scheme: &LabelScheme) -> Result<Vec<LiteNode>> {
     let mut out = Vec::new();
     crate::client::pages::each_page(
         ListParams::default(),

@@ -28,11 +28,11 @@ use futures::{FutureExt, Stream, StreamExt};
 use tokio::{task::JoinSet, time::Instant};
 
 /// A node's name, shared by every place the queue keeps it.
-pub type Key = Arc<str>;
+pub(crate) type Key = Arc<str>;
 
 /// When a reconcile panicked, its node is looked at again after this long (a bug, not a
 /// condition that passes quickly: once a minute keeps the log readable and the node in hand).
-pub const AFTER_PANIC: Duration = Duration::from_secs(60);
+pub(crate) const AFTER_PANIC: Duration = Duration::from_secs(60);
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct Action {
 
 impl Action {
     /// Look at the node again after `after`, even if it does not change.
-    pub const fn requeue(after: Duration) -> Self {
+    pub(crate) const fn requeue(after: Duration) -> Self {
         Self {
             requeue_after: Some(after),
         }
@@ -55,7 +55,7 @@ impl Action {
         }
     }
 
-    pub const fn requeue_after(&self) -> Option<Duration> {
+    pub(crate) const fn requeue_after(&self) -> Option<Duration> {
         self.requeue_after
     }
 }
@@ -63,7 +63,7 @@ impl Action {
 /// The queue's state: each node is in at most one of `ready` (waiting to start) and `running`,
 /// and may have one timer besides.
 #[derive(Debug, Default)]
-pub struct Queue {
+pub(crate) struct Queue {
     /// To start, first come first served.
     ready: VecDeque<Key>,
     /// The names in `ready`.
@@ -80,7 +80,7 @@ pub struct Queue {
 
 impl Queue {
     /// Reconcile `key` as soon as a slot is free (once, however often asked).
-    pub fn now(&mut self, key: Key) {
+    pub(crate) fn now(&mut self, key: Key) {
         if let Some(at) = self.due_at.remove(&key) {
             self.timers.remove(&(at, key.clone()));
         }
@@ -92,7 +92,7 @@ impl Queue {
     }
 
     /// Reconcile `key` at `at`, unless it is asked for sooner.
-    pub fn at(&mut self, key: Key, at: Instant) {
+    pub(crate) fn at(&mut self, key: Key, at: Instant) {
         if self.queued.contains(&key) || self.again.contains(&key) {
             return;
         }
@@ -108,7 +108,7 @@ impl Queue {
     }
 
     /// Move every timer due by `now` to the ready queue.
-    pub fn fire(&mut self, now: Instant) {
+    pub(crate) fn fire(&mut self, now: Instant) {
         while let Some((at, _)) = self.timers.first() {
             if *at > now {
                 break;
@@ -121,12 +121,12 @@ impl Queue {
     }
 
     /// When the next timer is due.
-    pub fn next_timer(&self) -> Option<Instant> {
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
         self.timers.first().map(|(at, _)| *at)
     }
 
     /// The next node to reconcile; it counts as running until [`Queue::done`].
-    pub fn start(&mut self) -> Option<Key> {
+    pub(crate) fn start(&mut self) -> Option<Key> {
         let key = self.ready.pop_front()?;
         self.queued.remove(&key);
         self.running.insert(key.clone());
@@ -134,7 +134,7 @@ impl Queue {
     }
 
     /// `key`'s reconcile ended at `now`, asking for `next`.
-    pub fn done(&mut self, key: &Key, next: Action, now: Instant) {
+    pub(crate) fn done(&mut self, key: &Key, next: Action, now: Instant) {
         self.running.remove(key);
         if self.again.remove(key) {
             self.now(key.clone());
@@ -145,19 +145,19 @@ impl Queue {
 
     /// Reconciles running.
     #[cfg(test)]
-    pub fn running(&self) -> usize {
+    pub(crate) fn running(&self) -> usize {
         self.running.len()
     }
 
     /// Nodes waiting for a slot.
     #[cfg(test)]
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.ready.len()
     }
 }
 
 /// What the loop is given to work with.
-pub struct Sources<R, A, Rd, S> {
+pub(crate) struct Sources<R, A, Rd, S> {
     /// Nodes to reconcile now: the watch's changes, the resync's slots, an election's sweep.
     pub requests: R,
     /// Every node in the cache, now (on each item).
@@ -165,7 +165,7 @@ pub struct Sources<R, A, Rd, S> {
     /// Resolves once `get` can serve the nodes asked for; nothing starts before.
     pub ready: Rd,
     /// Resolves when the controller is to stop.
-    pub shutdown: S,
+    pub(crate) shutdown: S,
     /// At most this many reconciles at once.
     pub concurrency: usize,
 }
@@ -173,7 +173,7 @@ pub struct Sources<R, A, Rd, S> {
 /// Run reconciles until `shutdown` resolves (then the running ones finish) or `requests` ends.
 /// `get` reads a node from the cache (a node gone from it is skipped); `names` lists the cache;
 /// `work` reconciles one node and says what next (errors are the caller's to turn into one).
-pub async fn run<T, R, A, Rd, S, G, N, W, F>(
+pub(crate) async fn run<T, R, A, Rd, S, G, N, W, F>(
     sources: Sources<R, A, Rd, S>,
     get: G,
     names: N,
@@ -290,7 +290,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn signalled() {
+pub(crate) async fn signalled() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

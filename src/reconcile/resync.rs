@@ -19,10 +19,10 @@ use super::queue::Key;
 use futures::{Stream, StreamExt};
 
 /// Ticks per resync period.
-pub const SLOTS: u64 = 100;
+pub(crate) const SLOTS: u64 = 100;
 
 /// The slot (`0..SLOTS`) of the node called `name`.
-pub fn slot(name: &str) -> u64 {
+pub(crate) fn slot(name: &str) -> u64 {
     let mut h = DefaultHasher::new();
     name.hash(&mut h);
     h.finish() % SLOTS
@@ -30,7 +30,10 @@ pub fn slot(name: &str) -> u64 {
 
 /// The nodes due at each tick, forever: at tick `k` (every `period / SLOTS`) those whose slot
 /// is `k % SLOTS`, as the cache has them then.
-pub fn due(store: crate::node::store::NodeCache, period: Duration) -> impl Stream<Item = Key> {
+pub(crate) fn due(
+    store: crate::node::store::NodeCache,
+    period: Duration,
+) -> impl Stream<Item = Key> {
     let every = (period / SLOTS as u32).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

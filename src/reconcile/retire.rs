@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use crate::{FIELD_MANAGER, labels::LabelScheme};
 
 /// Label and annotation keys `manager` owns, as the managed fields record them.
-pub fn owned_keys(
+pub(crate) fn owned_keys(
     managed: &[ManagedFieldsEntry],
     manager: &str,
 ) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -51,7 +51,7 @@ pub fn owned_keys(
 
 /// What one node carries that we wrote and no longer manage, and what we still manage.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Retired {
+pub(crate) struct Retired {
     /// Keys to give up (removed when only we own them).
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
@@ -62,13 +62,13 @@ pub struct Retired {
 }
 
 impl Retired {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.annotations.is_empty()
     }
 }
 
 /// The keys on this node that our field manager owns but `scheme` no longer manages.
-pub fn retired(scheme: &LabelScheme, meta: &ObjectMeta) -> Retired {
+pub(crate) fn retired(scheme: &LabelScheme, meta: &ObjectMeta) -> Retired {
     let (owned_labels, owned_annotations) = owned_keys(
         meta.managed_fields.as_deref().unwrap_or_default(),
         FIELD_MANAGER,
@@ -105,7 +105,7 @@ fn split(
 
 /// The server-side apply that gives up the retired keys: everything else we own, as it is.
 /// Carries the UID and resourceVersion, so it applies to the node as read or not at all.
-pub fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
+pub(crate) fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
     crate::node::apply_body(
         meta.name.as_deref().unwrap_or_default(),
         meta.uid.as_deref(),
@@ -116,7 +116,7 @@ pub fn apply_body(meta: &ObjectMeta, r: &Retired) -> serde_json::Value {
 }
 
 /// Retired keys per node name, from one paginated list of the Nodes' metadata.
-pub async fn find(
+pub(crate) async fn find(
     api: &Api<Node>,
     scheme: &LabelScheme,
 ) -> kube::Result<Vec<(ObjectMeta, Retired)>> {
@@ -144,7 +144,7 @@ const RETIRE_ATTEMPTS: usize = 3;
 
 /// Remove, once, every key we wrote and no longer manage. `leader` is asked before each write.
 /// Returns how many nodes were changed.
-pub async fn retire_all(
+pub(crate) async fn retire_all(
     api: &Api<Node>,
     scheme: &LabelScheme,
     leader: &crate::leader::Leadership,

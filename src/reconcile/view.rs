@@ -26,7 +26,7 @@ pub struct ControllerView {
 }
 
 /// The controller's side: what it knows about `name`.
-pub fn controller_view(
+pub(crate) fn controller_view(
     identity: &str,
     leading: bool,
     node: Option<&LiteNode>,

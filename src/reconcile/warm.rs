@@ -162,7 +162,7 @@ fn ask(
     async move { asked.answer().await.map(|_| ()) }
 }
 
-/// The first list's nodes as they come, for [`on_leading`]; the sender is dropped once the
+/// The first list's nodes as they come, for [`first_list`]; the sender is dropped once the
 /// list is in. Bounded (a node that finds it full is looked up by its reconcile, or by the walk
 /// after the list): while EC2's pace held the lookups back, an unbounded one kept most of the
 /// list (+5 MiB at the peak at 10,000 nodes).
@@ -212,21 +212,8 @@ pub async fn ahead_of_first_list(mut arrivals: Arrivals, ctx: &Context) -> usize
     done
 }
 
-/// While the first list pages in, each node looked up as it comes (see
-/// [`ahead_of_first_list`]); then, each time this replica starts leading with a synced node
-/// cache, one [`warm`] walk (after the first list, mostly cache hits).
-pub async fn on_leading(
-    store: crate::node::store::NodeCache,
-    ctx: Arc<Context>,
-    synced: Arc<std::sync::atomic::AtomicBool>,
-    arrivals: Arrivals,
-) {
-    first_list(arrivals, &ctx).await;
-    walks(store, ctx, synced).await;
-}
-
 /// The first list's nodes looked up as they come (see [`ahead_of_first_list`]).
-pub async fn first_list(arrivals: Arrivals, ctx: &Context) {
+pub(crate) async fn first_list(arrivals: Arrivals, ctx: &Context) {
     let started = Instant::now();
     let nodes = ahead_of_first_list(arrivals, ctx).await;
     if nodes > 0 {
@@ -240,7 +227,7 @@ pub async fn first_list(arrivals: Arrivals, ctx: &Context) {
 
 /// Each time this replica starts leading with a synced cache, one walk of every node (never
 /// ends; restartable: it holds nothing it cannot make again).
-pub async fn walks(
+pub(crate) async fn walks(
     store: crate::node::store::NodeCache,
     ctx: Arc<Context>,
     synced: Arc<std::sync::atomic::AtomicBool>,

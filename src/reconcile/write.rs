@@ -31,7 +31,7 @@ use crate::{
 
 /// The server-side apply body: the full set we manage. Keys the answer was silent on (see
 /// [`Desired::keep`]) are re-applied with their current values so that apply does not drop them.
-pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
+pub(crate) fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
     let mut labels = desired.labels.clone();
     let mut annotations = desired.annotations.clone();
     let current_labels = labels_of(node);
@@ -62,7 +62,7 @@ pub fn apply_body(node: &LiteNode, desired: &Desired) -> serde_json::Value {
 /// Asking for metadata only (`as=PartialObjectMetadata`) spares the API server encoding, and us
 /// decoding, a whole Node (~15 kB with its images) for every write: during an install of
 /// thousands of nodes the API server is the bottleneck, and every byte it encodes counts.
-pub async fn write_labels(
+pub(crate) async fn write_labels(
     nodes: &Api<WireNode>,
     node: &LiteNode,
     desired: &Desired,
@@ -147,7 +147,7 @@ const TAINT_ATTEMPTS: usize = 5;
 /// longer carries the taint (nothing is written) or no longer carries the labels, or when
 /// `leader` says this replica no longer leads (checked before each attempt: a 409 and the read
 /// after it take time, in which the lease can pass to another replica).
-pub async fn release_taint(
+pub(crate) async fn release_taint(
     nodes: &Api<WireNode>,
     node: &LiteNode,
     taint: &StartupTaint,
@@ -229,7 +229,7 @@ fn ours() -> PatchParams {
 ///
 /// The interconnect taint's writer ([`crate::publish::interconnect`]) and the removals of
 /// [`crate::cleanup`]; the startup taint's release is [`release_taint`] (it also checks labels).
-pub async fn set_taint(
+pub(crate) async fn set_taint(
     nodes: &Api<WireNode>,
     name: &str,
     taint: &StartupTaint,
@@ -269,7 +269,7 @@ pub async fn set_taint(
 
 /// Writes the `TopologyLabeled` condition (`body` from [`super::gate::Wanted::patch`]) on the
 /// status subresource; the kubelet's conditions are left alone (strategic merge by type).
-pub async fn write_condition(
+pub(crate) async fn write_condition(
     nodes: &Api<WireNode>,
     name: &str,
     body: serde_json::Value,

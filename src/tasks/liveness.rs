@@ -13,13 +13,17 @@ type Check = Box<dyn Fn() -> bool + Send + Sync>;
 /// EC2 batcher runs, the leader election runs…). Once one fails the process is of no use
 /// until restarted, and the kubelet restarts it.
 #[derive(Clone, Default)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     checks: Arc<Mutex<Vec<(&'static str, Check)>>>,
 }
 
 impl Liveness {
     /// Add a condition that must keep holding.
-    pub fn check(&self, name: &'static str, alive: impl Fn() -> bool + Send + Sync + 'static) {
+    pub(crate) fn check(
+        &self,
+        name: &'static str,
+        alive: impl Fn() -> bool + Send + Sync + 'static,
+    ) {
         self.checks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -28,7 +32,7 @@ impl Liveness {
 
     /// A task that must keep running: it holds the returned guard for its whole life (a panic
     /// drops it too).
-    pub fn task(&self, name: &'static str) -> TaskGuard {
+    pub(crate) fn task(&self, name: &'static str) -> TaskGuard {
         let flag = Arc::new(AtomicBool::new(true));
         let seen = flag.clone();
         self.check(name, move || seen.load(Ordering::SeqCst));
@@ -36,7 +40,7 @@ impl Liveness {
     }
 
     /// The names of the conditions that no longer hold.
-    pub fn failing(&self) -> Vec<&'static str> {
+    pub(crate) fn failing(&self) -> Vec<&'static str> {
         self.checks
             .lock()
             .unwrap_or_else(|e| e.into_inner())

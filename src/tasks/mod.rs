@@ -21,14 +21,14 @@ use tracing::{error, warn};
 use crate::metrics::Metrics;
 
 mod liveness;
-pub use liveness::{Liveness, TaskGuard};
+pub(crate) use liveness::{Liveness, TaskGuard};
 
 #[cfg(test)]
 mod tests;
 
 /// Whether a task's end is expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifetime {
+pub(crate) enum Lifetime {
     /// Runs until the process stops: any end is restarted.
     Forever,
     /// Does its work once: only a panic is restarted.
@@ -36,18 +36,18 @@ pub enum Lifetime {
 }
 
 /// Test hook: the task of this name panics once, when it first starts.
-pub const PANIC_ONCE_ENV: &str = "LABELER_TEST_PANIC_ONCE";
+pub(crate) const PANIC_ONCE_ENV: &str = "LABELER_TEST_PANIC_ONCE";
 
 /// The first pause before a restart; it doubles with each restart in a row, up to [`MAX_PAUSE`].
-pub const FIRST_PAUSE: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_secs(1);
 /// The longest pause before a restart.
-pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(60);
 /// A task that ran this long before it ended starts again from the first pause.
 const SETTLED: Duration = Duration::from_secs(300);
 
 /// Run the task `make` builds, under supervision (see the module's comment), on its own tokio
 /// task.
-pub fn supervise<F, Fut>(
+pub(crate) fn supervise<F, Fut>(
     name: &'static str,
     lifetime: Lifetime,
     metrics: Arc<Metrics>,

@@ -4,7 +4,7 @@
 
 /// Compare (or, with `UPDATE_DOCS=1`, rewrite) the part `name` of `file` (relative to the
 /// repository's root) with `text`.
-pub fn check_generated(file: &str, name: &str, text: &str) {
+pub(crate) fn check_generated(file: &str, name: &str, text: &str) {
     // Tests run in parallel: one at a time reads and rewrites a file.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -30,6 +30,6 @@ pub fn check_generated(file: &str, name: &str, text: &str) {
 }
 
 /// A Markdown table cell: pipes escaped, one line.
-pub fn cell(s: &str) -> String {
+pub(crate) fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }

@@ -1,3 +1,3 @@
 //! Helpers only the crate's unit tests use.
 
-pub mod docs;
+pub(crate) mod docs;

@@ -23,7 +23,7 @@ use crate::{
 pub struct HyperNode {
     pub name: String,
     pub tier: usize,
-    pub tier_name: String,
+    pub(crate) tier_name: String,
     pub members: Vec<Member>,
 }
 
@@ -40,7 +40,7 @@ pub enum Member {
 
 impl HyperNode {
     /// The object to server-side apply, annotated as the installation `owner`'s.
-    pub fn to_object(&self, owner: &str) -> Value {
+    pub(crate) fn to_object(&self, owner: &str) -> Value {
         let members: Vec<Value> = self
             .members
             .iter()
@@ -79,7 +79,7 @@ impl HyperNode {
 
 /// A DNS-1123 label from `prefix`, the tier and a network node ID: lowercase, at most 63
 /// characters, and unique per (tier, ID) (a hash is appended when the ID had to change).
-pub fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
+pub(crate) fn hypernode_name(prefix: &str, tier: usize, id: &str) -> String {
     let head = format!("{prefix}-t{tier}-");
     let mut body = String::new();
     for c in id.chars() {
@@ -308,7 +308,7 @@ fn clique_name(prefix: &str, clique: &str, block: &str, leaf: &str) -> String {
 /// Whether HyperNode `name` is one this installation made: our `managed-by` label alone is not
 /// enough (two installations in one cluster carry the same one), so the name must also be
 /// `<prefix>-t<tier>-…`, as [`hypernode_name`] makes them.
-pub fn owned_by(prefix: &str, name: &str) -> bool {
+pub(crate) fn owned_by(prefix: &str, name: &str) -> bool {
     name.strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix("-t"))
         .and_then(|rest| rest.split_once('-'))

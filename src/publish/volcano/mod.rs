@@ -37,11 +37,12 @@ use super::{
 };
 
 mod desired;
-pub use desired::{HyperNode, Member, Tier0, desired, hypernode_name, owned_by};
+pub(crate) use desired::owned_by;
+pub use desired::{HyperNode, Tier0, desired};
 
 /// A HyperNode this installation would publish that another installation holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Taken {
+pub(crate) struct Taken {
     pub name: String,
     /// The other installation's Lease; `None`: our label and prefix, but no owner annotation.
     pub owner: Option<String>,
@@ -49,7 +50,7 @@ pub struct Taken {
 
 /// Why a sync wrote nothing, or stopped.
 #[derive(Debug)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     Api(kube::Error),
     /// HyperNodes we would publish are another installation's (both use one name prefix):
     /// nothing is written, since a part of the tree would be wrong for Volcano.
@@ -100,14 +101,14 @@ impl std::fmt::Display for SyncError {
 
 /// What one sync did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SyncStats {
+pub(crate) struct SyncStats {
     pub applied: usize,
     pub deleted: usize,
-    pub unchanged: usize,
+    pub(crate) unchanged: usize,
 }
 
 /// Applies the difference between the desired HyperNodes and those we own.
-pub struct HyperNodeSync {
+pub(crate) struct HyperNodeSync {
     api: Api<DynamicObject>,
     prefix: String,
     owner: String,
@@ -119,7 +120,7 @@ pub struct HyperNodeSync {
     recheck: std::time::Duration,
 }
 
-pub fn api_resource() -> ApiResource {
+pub(crate) fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("topology.volcano.sh", "v1alpha1", "HyperNode"),
         "hypernodes",
@@ -130,7 +131,7 @@ impl HyperNodeSync {
     /// `prefix`: this installation's HyperNode name prefix; `owner`: its Lease
     /// (`<namespace>/<name>`, see [`OWNER`]); `recheck`: how often an unchanged tree is compared
     /// with the cluster again; `leader`: checked again right before every write and delete.
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         prefix: &str,
         owner: &str,
@@ -150,7 +151,7 @@ impl HyperNodeSync {
     /// Bring the cluster's HyperNodes to `desired`. Nothing is sent when `desired` is what the
     /// last successful sync applied, less than `recheck` ago. Another installation's HyperNodes are never written or
     /// deleted; when one of them has a name we would publish, nothing is written.
-    pub async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, SyncError> {
+    pub(crate) async fn sync(&mut self, desired: &[HyperNode]) -> Result<SyncStats, SyncError> {
         let mut h = DefaultHasher::new();
         desired.hash(&mut h);
         let hash = h.finish();
@@ -260,19 +261,19 @@ impl HyperNodeSync {
 
     /// Whether the last successful sync listed less than `recheck` ago (the same tree would
     /// send nothing).
-    pub fn fresh(&self) -> bool {
+    pub(crate) fn fresh(&self) -> bool {
         self.last.is_some_and(|(_, at)| at.elapsed() < self.recheck)
     }
 
     /// Forget what was applied (after losing leadership, or an error): the next sync compares
     /// against the cluster again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.last = None;
     }
 }
 
 /// Log conflicts once per distinct set.
-pub fn report_conflicts(conflicts: &[Conflict]) {
+pub(crate) fn report_conflicts(conflicts: &[Conflict]) {
     for c in conflicts.iter().take(10) {
         warn!(
             network_node = %c.network_node,
@@ -285,7 +286,7 @@ pub fn report_conflicts(conflicts: &[Conflict]) {
 
 /// Keeps the HyperNode tree in step with the labelled nodes; publishes nothing while the labels
 /// put a network node under two parents (reported once per distinct set).
-pub struct VolcanoPublisher {
+pub(crate) struct VolcanoPublisher {
     sync: HyperNodeSync,
     prefix: String,
     scheme: LabelScheme,
@@ -304,7 +305,7 @@ impl VolcanoPublisher {
     /// `owner`: this installation's Lease, `<namespace>/<name>` (see [`OWNER`]); `recheck`: how
     /// often an unchanged tree is compared with the cluster again.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         prefix: &str,
         owner: &str,
@@ -327,7 +328,7 @@ impl VolcanoPublisher {
     }
 
     /// Tier 0 holding `tier0` (UltraServers unless told).
-    pub fn with_tier0(mut self, tier0: Tier0) -> Self {
+    pub(crate) fn with_tier0(mut self, tier0: Tier0) -> Self {
         self.tier0 = tier0;
         self
     }
@@ -417,7 +418,7 @@ impl super::Publisher for VolcanoPublisher {
 }
 
 /// Volcano's HyperNodes as a plug-in.
-pub struct Plugin;
+pub(crate) struct Plugin;
 
 impl super::plugin::Plugin for Plugin {
     fn kind(&self) -> &'static str {

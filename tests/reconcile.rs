@@ -1353,7 +1353,7 @@ async fn on_election_joiners_go_first_and_the_fleet_follows_in_paced_chunks() {
         writer.apply(kube::runtime::watcher::Event::Apply(n));
     }
     let (elected, rx) = futures::channel::mpsc::unbounded();
-    let mut refs = ec2_topology_labeler::cmd::run::on_election(rx, reader, ctx.clone());
+    let mut refs = ec2_topology_labeler::reconcile::sweep::on_election(rx, reader, ctx.clone());
     elected.unbounded_send(()).expect("the pass is listening");
     let mut next = async || {
         tokio::time::timeout(Duration::from_millis(500), refs.next())

@@ -26,11 +26,20 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+use tracing::{info, warn};
 
 use crate::{
     FIELD_MANAGER,
     node::{CONDITION_TYPE, INTERCONNECT_CONDITION_TYPE},
     publish::{PLUGINS, plugin::Purpose},
+    reconcile::Context,
 };
 
 pub(crate) use crate::publish::plugin::{Item, Removed, Scope};
@@ -351,6 +360,51 @@ pub(crate) async fn nodes_with_our_keys(client: &Client) -> Result<Vec<Item>, ku
     )
     .await?;
     Ok(out)
+}
+
+/// Once leading with a synced cache: remove what the features turned off left on Nodes
+/// (`what`): our `TopologyLabeled` condition with `--node-condition` off (a stale `False` would
+/// hold back whatever gates on it), our `UltraServerInterconnectImpaired` condition with
+/// `--ultraserver-health` off (nothing would keep it true any more), our interconnect taint with
+/// `--ultraserver-health-taint` off (nothing would ever take it off), the UltraServer shape
+/// labels and annotation with `--ultraserver-shape` off (nothing would keep them true). One pass; a failure is
+/// logged with what to do.
+///
+/// What a scheduler feature now turned off published is not the controller's to remove: its
+/// ClusterRole holds no rights on the kinds of features turned off. `ec2-topology-labeler
+/// retire` does that (the chart's post-upgrade hook runs it; see [`crate::cmd::retire`]).
+pub(crate) async fn retire_from_nodes_at_start(
+    client: Client,
+    reader: crate::node::store::NodeCache,
+    ctx: Arc<Context>,
+    synced: Arc<AtomicBool>,
+    what: Vec<OnNode>,
+) {
+    let leader = ctx.leader.clone();
+    while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // One pass over the cache, each node expanded in turn (never the whole fleet at once).
+    let found = on_nodes(reader.state().iter().map(|n| n.expand()), &what);
+    for w in what {
+        let items: Vec<_> = found
+            .iter()
+            .filter(|i| i.kind == w.kind())
+            .cloned()
+            .collect();
+        if items.is_empty() {
+            continue;
+        }
+        let failed = apply(&client, &items, &leader).await.failed;
+        let removed = items.len() - failed.len();
+        let (what, flag) = (w.describe(), w.flag());
+        if removed > 0 {
+            info!(removed, "removed {what} from nodes ({flag} is off)");
+        }
+        if let Some((item, e)) = failed.first() {
+            warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove {what} ({flag} is off); grant the controller patch on nodes and nodes/status (the chart does) or run `ec2-topology-labeler uninstall`");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,38 +2,30 @@
 //! leader election, the publishers, the admin server, housekeeping — and runs it until
 //! SIGINT/SIGTERM.
 //!
-//! Owns: start-up order and shutdown. Holds no logic of its own beyond what each task needs to
-//! be started.
+//! Owns: start-up order and shutdown. Each part it starts lives in its room (the watch in
+//! `node::watch`, the sweep and housekeeping in `reconcile`, coverage in `publish`, the removals
+//! at start-up in `cleanup` and `reconcile::retire`); what is here is which parts a
+//! configuration starts and what each is handed.
 
 use std::{
-    collections::HashSet,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
-use futures::{StreamExt, TryStreamExt};
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt, watcher},
-};
-use tracing::{debug, error, info, warn};
+use futures::StreamExt;
+use kube::Api;
+use tracing::{info, warn};
 
 use crate::tasks::{Lifetime, supervise};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
     flags::RunArgs,
-    labels::LabelScheme,
-    leader::Leadership,
-    lookup::{Lookup, ec2::AwsTopology, limiter::Limiter},
+    lookup::{ec2::AwsTopology, limiter::Limiter},
     metrics::Metrics,
     node::store::NodeCache,
-    node::watch::{prune, relevant},
+    node::watch::relevant,
     node::{LiteNode, WireNode},
-    provider_id,
     reconcile::{
         Context,
         conflict::GuardConfig,
@@ -188,51 +180,30 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
     ctx.kicks = Some(kicks_tx);
     ctx.leader = leadership;
-    let (reader, mut feeder) = NodeCache::new();
+    let (reader, feeder) = NodeCache::new();
     ctx.cache = Some(reader.clone());
     let ctx = Arc::new(ctx);
 
     let _ = wired.set((reader.clone(), ctx.clone(), identity));
-    let prune_scheme = scheme.clone();
-    let filter_ctx = ctx.clone();
-    let mark_synced = synced.clone();
     // The first list's nodes, for the lookups ahead of their reconciles (dropped once it is in).
     // Bounded: while EC2's pace holds the lookups back, a node that finds the channel full is
     // not held for them (its reconcile asks, or the walk after the list does).
     let (arrivals_tx, arrivals) = tokio::sync::mpsc::channel(warm::IN_FLIGHT);
-    let mut arrivals_tx = Some(arrivals_tx);
-    // Pages of NODE_PAGE nodes: a page is read whole before it is decoded, and with container
-    // images a Node is ~15 kB of JSON; kube's default of 500 made each page of the initial list
-    // a transient of several MB, the largest the controller had at start-up.
-    let healthy = watch_health.clone();
-    let triggers = watcher(
+    let filter_ctx = ctx.clone();
+    let changed = crate::node::watch::nodes(
         nodes_watch,
-        watcher::Config::default()
-            .page_size(crate::node::store::NODE_PAGE)
-            .timeout(u32::try_from(args.serve.watch_timeout.0.as_secs()).unwrap_or(290)),
+        feeder,
+        scheme.clone(),
+        args.serve.watch_timeout.0,
+        crate::node::watch::Told {
+            health: watch_health.clone(),
+            synced: synced.clone(),
+            arrivals: arrivals_tx,
+            metrics: metrics.clone(),
+        },
     )
-    .default_backoff()
-    .map_ok(move |event| {
-        healthy.ok();
-        let done = matches!(event, watcher::Event::InitDone);
-        let touched = feeder.apply(crate::node::store::map_event(event, |wire| {
-            let mut node = LiteNode::from(wire);
-            prune(&mut node, &prune_scheme);
-            node
-        }));
-        if done {
-            arrivals_tx = None;
-            if !mark_synced.swap(true, Ordering::SeqCst) {
-                info!("node cache synced");
-            }
-        }
-        if let (Some(tx), Some(node)) = (&arrivals_tx, &touched) {
-            tx.try_send(node.clone()).ok();
-        }
-        touched
-    })
-    .try_filter_map(|touched| std::future::ready(Ok(touched)))
-    .try_filter(move |node| std::future::ready(filter_ctx.records.changed(node, relevant(node))));
+    .filter(move |node| std::future::ready(filter_ctx.records.changed(node, relevant(node))))
+    .map(|node| Key::from(node.name()));
 
     // Each time EC2 answers again after failing, re-check every node: those waiting out a
     // per-node backoff are labelled now (they share batched calls; the rest are cache hits).
@@ -278,7 +249,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Lifetime::Once,
             metrics.clone(),
             move || {
-                retire_at_start(
+                crate::reconcile::retire::retire_at_start(
                     api.clone(),
                     scheme.clone(),
                     leader.clone(),
@@ -312,7 +283,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Lifetime::Once,
             metrics.clone(),
             move || {
-                retire_from_nodes_at_start(
+                crate::cleanup::retire_from_nodes_at_start(
                     client.clone(),
                     reader.clone(),
                     ctx.clone(),
@@ -337,12 +308,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let (reader, synced, levels, every, ctx) = (
             reader.clone(),
             synced.clone(),
-            kueue_levels(&args.publish, &scheme),
+            crate::publish::coverage::kueue_levels(&args.publish, &scheme),
             args.publish.publish_interval.0.saturating_mul(12),
             ctx.clone(),
         );
         supervise("coverage", Lifetime::Forever, metrics.clone(), move || {
-            coverage(
+            crate::publish::coverage::coverage(
                 reader.clone(),
                 synced.clone(),
                 levels.clone(),
@@ -437,33 +408,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
             "housekeeping",
             Lifetime::Forever,
             metrics.clone(),
-            move || housekeeping(reader.clone(), lookup.clone(), ctx.clone(), resync),
+            move || {
+                crate::reconcile::housekeeping::housekeeping(
+                    reader.clone(),
+                    lookup.clone(),
+                    ctx.clone(),
+                    resync,
+                )
+            },
         );
     }
 
     info!(resync_s = resync.as_secs(), "controller starting");
-    let key = |n: &LiteNode| -> Key { Key::from(n.name()) };
-    let watch_metrics = metrics.clone();
-    let changed = triggers.filter_map(move |event| {
-        std::future::ready(match event {
-            Ok(node) => Some(key(&node)),
-            // The watcher relists by itself (after an expired resource version, a restarted API
-            // server); nothing is lost.
-            Err(e) => {
-                let reason = crate::node::watch::error_reason(&e);
-                watch_metrics.watch_error(reason);
-                watch_health.error();
-                if reason == "forbidden" {
-                    error!(error = %e, "the Node watch is refused: the ServiceAccount needs list and watch on nodes (the chart's ClusterRole); the node cache is going stale, retrying with backoff");
-                } else {
-                    warn!(error = %e, reason, "the Node watch failed; resuming with backoff");
-                }
-                None
-            }
-        })
-    });
     let due = resync::due(reader.clone(), resync);
-    let elected = on_election(elected_rx, reader.clone(), ctx.clone());
+    let elected = crate::reconcile::sweep::on_election(elected_rx, reader.clone(), ctx.clone());
     let requests = futures::stream::select_all([changed.boxed(), due.boxed(), elected.boxed()]);
     let names_of = reader.clone();
     let get_from = reader.clone();
@@ -501,300 +459,4 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     info!("controller stopped");
     Ok(())
-}
-
-/// On each election, every node's reconcile: the joining and held nodes' first, then the
-/// others in chunks: the first once every joining and held node's reconcile has run (at most
-/// [`URGENT_FIRST`]), each of the next once the controller has taken most of the one before. A new
-/// leader labels the nodes that wait for it before it re-checks thousands of verified ones, and
-/// a node that joins meanwhile waits behind one chunk, not behind the fleet (measured, 5,000
-/// verified nodes queued at once: 1.5 s for a joiner behind them).
-pub fn on_election(
-    elected: futures::channel::mpsc::UnboundedReceiver<()>,
-    reader: crate::node::store::NodeCache,
-    ctx: Arc<Context>,
-) -> futures::channel::mpsc::UnboundedReceiver<Key> {
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    // Restarted if it panics: the receiver outlives a run (a panic drops the run's lock).
-    let elected = Arc::new(tokio::sync::Mutex::new(elected));
-    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let metrics = ctx.metrics.clone();
-    supervise("election sweep", Lifetime::Forever, metrics, move || {
-        let (elected, reader, ctx, tx) = (elected.clone(), reader.clone(), ctx.clone(), tx.clone());
-        let restarted = runs.fetch_add(1, Ordering::SeqCst) > 0;
-        async move {
-            let mut elected = elected.lock().await;
-            // A restart after a panic mid-sweep: that election's message is spent; a replica
-            // that leads sweeps again rather than wait for the next election.
-            if restarted && ctx.leader.is_leader() && !sweep(&reader, &ctx, &tx).await {
-                return std::future::pending().await;
-            }
-            while elected.next().await.is_some() {
-                if !sweep(&reader, &ctx, &tx).await {
-                    // The queue stopped: shutting down.
-                    return std::future::pending().await;
-                }
-            }
-            // The election stopped: shutting down.
-            std::future::pending().await
-        }
-    });
-    rx
-}
-
-/// One election's sweep: every node's key sent, the joining and held nodes' first, the rest in
-/// chunks. `false` once the queue no longer takes keys.
-/// How long an election's sweep holds the rest of the fleet back while the joining and held
-/// nodes' reconciles run (a lookup's batch windows, EC2's answer and the write, with room).
-const URGENT_FIRST: Duration = Duration::from_secs(3);
-
-async fn sweep(
-    reader: &crate::node::store::NodeCache,
-    ctx: &Context,
-    tx: &futures::channel::mpsc::UnboundedSender<Key>,
-) -> bool {
-    const CHUNK: usize = 256;
-    let (mut first, mut rest) = (Vec::new(), Vec::new());
-    for n in reader.state() {
-        // Cooperative: thousands of nodes judged at a takeover must not hold a worker.
-        tokio::task::coop::consume_budget().await;
-        if crate::reconcile::urgent(&n.expand(), ctx) {
-            first.push(n);
-        } else {
-            rest.push(n);
-        }
-    }
-    if !first.is_empty() {
-        debug!(
-            nodes = first.len(),
-            "reconciling the joining and held nodes first"
-        );
-    }
-    let mut sent_at = ctx.metrics.reconciles_run();
-    let mut sent = 0u64;
-    let refs = first.iter().chain(&rest).map(|n| Key::from(n.name()));
-    for (k, r) in refs.enumerate() {
-        if k >= first.len() && (k - first.len()) % CHUNK == 0 {
-            // The controller's queue is first come, first served: wait until most of what was
-            // sent has run (at most a second) before sending the next chunk. Before the first
-            // chunk, until every joining and held node's reconcile has run (at most
-            // URGENT_FIRST): their lookups wait for a batch window or three and their writes
-            // for the API server, and re-checking verified nodes meanwhile only competes with
-            // them for the CPU and the API server (seen: joiners labelled up to 2.4 s after a
-            // takeover on a loaded machine, where 1 s is usual).
-            let (wait, need) = if k == first.len() && k > 0 {
-                (URGENT_FIRST, sent)
-            } else {
-                (Duration::from_secs(1), sent / 2)
-            };
-            let deadline = tokio::time::Instant::now() + wait;
-            while ctx.metrics.reconciles_run() < sent_at + need
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            if !ctx.leader.is_leader() {
-                break;
-            }
-            sent_at = ctx.metrics.reconciles_run();
-            sent = 0;
-        }
-        if tx.unbounded_send(r).is_err() {
-            return false;
-        }
-        sent += 1;
-    }
-    true
-}
-
-/// Once leading with a synced cache: remove what the features turned off left on Nodes
-/// (`what`): our `TopologyLabeled` condition with `--node-condition` off (a stale `False` would
-/// hold back whatever gates on it), our `UltraServerInterconnectImpaired` condition with
-/// `--ultraserver-health` off (nothing would keep it true any more), our interconnect taint with
-/// `--ultraserver-health-taint` off (nothing would ever take it off), the UltraServer shape
-/// labels and annotation with `--ultraserver-shape` off (nothing would keep them true). One pass; a failure is
-/// logged with what to do.
-///
-/// What a scheduler feature now turned off published is not the controller's to remove: its
-/// ClusterRole holds no rights on the kinds of features turned off. `ec2-topology-labeler
-/// retire` does that (the chart's post-upgrade hook runs it; see [`crate::cmd::retire`]).
-async fn retire_from_nodes_at_start(
-    client: Client,
-    reader: crate::node::store::NodeCache,
-    ctx: Arc<Context>,
-    synced: Arc<AtomicBool>,
-    what: Vec<crate::cleanup::OnNode>,
-) {
-    let leader = ctx.leader.clone();
-    while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    // One pass over the cache, each node expanded in turn (never the whole fleet at once).
-    let found = crate::cleanup::on_nodes(reader.state().iter().map(|n| n.expand()), &what);
-    for w in what {
-        let items: Vec<_> = found
-            .iter()
-            .filter(|i| i.kind == w.kind())
-            .cloned()
-            .collect();
-        if items.is_empty() {
-            continue;
-        }
-        let failed = crate::cleanup::apply(&client, &items, &leader).await.failed;
-        let removed = items.len() - failed.len();
-        let (what, flag) = (w.describe(), w.flag());
-        if removed > 0 {
-            info!(removed, "removed {what} from nodes ({flag} is off)");
-        }
-        if let Some((item, e)) = failed.first() {
-            warn!(failed = failed.len(), name = %item.name, error = %e, "cannot remove {what} ({flag} is off); grant the controller patch on nodes and nodes/status (the chart does) or run `ec2-topology-labeler uninstall`");
-        }
-    }
-}
-
-/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
-/// configuration and no longer manage (see [`crate::reconcile::retire`]).
-async fn retire_at_start(
-    api: Api<k8s_openapi::api::core::v1::Node>,
-    scheme: LabelScheme,
-    leader: Leadership,
-    metrics: Arc<Metrics>,
-    synced: Arc<AtomicBool>,
-) {
-    let mut delay = Duration::from_secs(5);
-    loop {
-        while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        match crate::reconcile::retire::retire_all(&api, &scheme, &leader, &metrics).await {
-            Ok(0) => return,
-            Ok(n) => {
-                info!(
-                    nodes = n,
-                    "removed labels and annotations this configuration no longer manages"
-                );
-                return;
-            }
-            Err(e) => {
-                warn!(error = %e, retry_in_s = delay.as_secs(), "cannot list nodes to find labels no longer managed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(300));
-            }
-        }
-    }
-}
-
-/// The fewest levels a configured Kueue Topology has (`None` when none is published): a node
-/// with fewer layer labels is left out of topology-aware scheduling.
-fn kueue_levels(
-    args: &crate::publish::PublishArgs,
-    scheme: &LabelScheme,
-) -> Option<(String, usize)> {
-    args.kueue_topology.then(|| {
-        (
-            args.kueue_topology_name.clone(),
-            scheme.uniform_depth.unwrap_or(3),
-        )
-    })
-}
-
-/// Coverage per instance type and zone as gauges, counted every `every` (12 publish intervals:
-/// a minute by default) from the node cache
-/// (reading each node's few labels in place), and a Warning Event, once per node, when a node
-/// we labelled carries fewer layers than the Kueue Topology we publish (Kueue leaves it out).
-async fn coverage(
-    reader: crate::node::store::NodeCache,
-    synced: Arc<AtomicBool>,
-    kueue: Option<(String, usize)>,
-    every: Duration,
-    ctx: Arc<Context>,
-) {
-    let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reported: HashSet<String> = HashSet::new();
-    loop {
-        tick.tick().await;
-        if !synced.load(Ordering::SeqCst) {
-            continue;
-        }
-        let nodes = reader.state();
-        let mut short = Vec::new();
-        let items: Vec<_> = nodes
-            .iter()
-            .filter(|n| provider_id::parse(n.provider_id()).is_ok())
-            .map(|n| {
-                let depth = crate::coverage::depth_of(&ctx.scheme, |k| n.label(k));
-                // Labels carried, not path depth: a node padded to --uniform-depth is in.
-                if let Some((_, levels)) = &kueue
-                    && let Some(carried) =
-                        crate::coverage::short_of(&ctx.scheme, *levels, |k| n.label(k))
-                {
-                    short.push((n.clone(), carried));
-                }
-                (
-                    n.label(crate::coverage::INSTANCE_TYPE_LABEL),
-                    n.label(crate::coverage::ZONE_LABEL),
-                    depth,
-                )
-            })
-            .collect();
-        ctx.metrics.set_coverage(&crate::coverage::cells(items));
-        let Some((name, levels)) = &kueue else {
-            continue;
-        };
-        let now: HashSet<String> = short.iter().map(|(n, _)| n.name_any()).collect();
-        reported.retain(|n| now.contains(n));
-        if !ctx.leader.is_leader() {
-            continue;
-        }
-        for (node, depth) in short {
-            if reported.insert(node.name_any()) {
-                ctx.events.publish(
-                    crate::admin::events::Reason::NotInSchedulerTopology,
-                    "CountCoverage",
-                    &format!(
-                        "the node carries {depth} layer label(s), Kueue Topology {name} has {levels} levels: Kueue leaves the node out of topology-aware scheduling"
-                    ),
-                    node.object_ref(),
-                );
-            }
-        }
-    }
-}
-
-/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
-async fn housekeeping(
-    reader: crate::node::store::NodeCache,
-    lookup: Lookup,
-    ctx: Arc<Context>,
-    resync: Duration,
-) {
-    let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        // Only against the whole fleet: while the first list pages in, a node not listed yet
-        // is not gone.
-        if !reader.is_ready() {
-            continue;
-        }
-        // The one place a deleted node is forgotten: its record (failures, our last write,
-        // conflicts, state), and the cached answers of instances no node runs on any more.
-        let live: HashSet<String> = reader.state().iter().map(|n| n.name_any()).collect();
-        ctx.records.retain(&live);
-        let instances: HashSet<String> = reader
-            .state()
-            .iter()
-            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
-            .map(|i| i.instance_id)
-            .collect();
-        let evicted = lookup.retain_instances(&instances);
-        if evicted > 0 {
-            debug!(
-                evicted,
-                "dropped cached answers of instances no node runs on"
-            );
-        }
-    }
 }

@@ -4,12 +4,33 @@
 //!
 //! Owns: those two rules. Never talks to the API server.
 
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use kube::{
+    Api,
+    runtime::{WatchStreamExt, watcher},
+};
+use tracing::{error, info, warn};
+
 use crate::{
+    client::WatchHealth,
     labels::{
         CAPACITY_BLOCK_SIZE_KEY, CLIQUE_LABEL, INSTANCE_TYPE_LABEL, LabelScheme,
         ULTRASERVER_TYPE_KEY,
     },
+    metrics::Metrics,
     node::LiteNode,
+    node::{
+        WireNode,
+        store::{Feeder, NODE_PAGE, map_event},
+    },
 };
 
 /// Keep only our label family and annotation: the rest of the Node was never deserialized
@@ -90,6 +111,82 @@ pub(crate) fn error_reason(e: &kube::runtime::watcher::Error) -> &'static str {
         kube::Error::HyperError(_) | kube::Error::Service(_) => "connect",
         _ => "other",
     }
+}
+
+/// What the Node watch tells as it goes: its health (each event: working; each error: failing),
+/// that the node cache synced (the first list is in), the first list's nodes as they come (for
+/// the lookups ahead of their reconciles; a full channel drops one, never waits), and its
+/// errors, counted by reason.
+pub(crate) struct Told {
+    pub(crate) health: Arc<WatchHealth>,
+    pub(crate) synced: Arc<AtomicBool>,
+    pub(crate) arrivals: tokio::sync::mpsc::Sender<Arc<LiteNode>>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// The one watch of the Nodes, feeding the node cache (`feeder`) with each node [`prune`]d:
+/// yields each node whose cached form the event changed. The watcher lists in pages of
+/// [`NODE_PAGE`] (a page is read whole before it is decoded, and with container images a Node
+/// is ~15 kB of JSON: kube's default of 500 made each page of the initial list a transient of
+/// several MB), renews the watch every `timeout` (when revoked rights show), and after an
+/// error resumes by itself with backoff, relisting when it lost its place: nothing is lost.
+pub(crate) fn nodes(
+    api: Api<WireNode>,
+    mut feeder: Feeder,
+    scheme: LabelScheme,
+    timeout: Duration,
+    told: Told,
+) -> impl Stream<Item = Arc<LiteNode>> + Send {
+    let Told {
+        health,
+        synced,
+        arrivals,
+        metrics,
+    } = told;
+    let mut arrivals = Some(arrivals);
+    let healthy = health.clone();
+    watcher(
+        api,
+        watcher::Config::default()
+            .page_size(NODE_PAGE)
+            .timeout(u32::try_from(timeout.as_secs()).unwrap_or(290)),
+    )
+    .default_backoff()
+    .map_ok(move |event| {
+        healthy.ok();
+        let done = matches!(event, watcher::Event::InitDone);
+        let touched = feeder.apply(map_event(event, |wire| {
+            let mut node = LiteNode::from(wire);
+            prune(&mut node, &scheme);
+            node
+        }));
+        if done {
+            arrivals = None;
+            if !synced.swap(true, Ordering::SeqCst) {
+                info!("node cache synced");
+            }
+        }
+        if let (Some(tx), Some(node)) = (&arrivals, &touched) {
+            tx.try_send(node.clone()).ok();
+        }
+        touched
+    })
+    .filter_map(move |event| {
+        std::future::ready(match event {
+            Ok(touched) => touched,
+            Err(e) => {
+                let reason = error_reason(&e);
+                metrics.watch_error(reason);
+                health.error();
+                if reason == "forbidden" {
+                    error!(error = %e, "the Node watch is refused: the ServiceAccount needs list and watch on nodes (the chart's ClusterRole); the node cache is going stale, retrying with backoff");
+                } else {
+                    warn!(error = %e, reason, "the Node watch failed; resuming with backoff");
+                }
+                None
+            }
+        })
+    })
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! this replica leads.
 
 pub(crate) mod cliques;
+pub(crate) mod coverage;
 pub mod interconnect;
 pub(crate) mod kai;
 pub mod kueue;

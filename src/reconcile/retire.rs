@@ -6,7 +6,14 @@
 //! Only keys our field manager owns are touched. A key another manager co-owns (EKS's cloud
 //! controller writes the same layer keys) stays on the node: we only give up our share of it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry};
@@ -16,7 +23,7 @@ use kube::{
 };
 use tracing::{info, warn};
 
-use crate::{FIELD_MANAGER, labels::LabelScheme};
+use crate::{FIELD_MANAGER, labels::LabelScheme, leader::Leadership, metrics::Metrics};
 
 /// Label and annotation keys `manager` owns, as the managed fields record them.
 pub(crate) fn owned_keys(
@@ -224,6 +231,38 @@ async fn retire_one(
         }
     }
     false
+}
+
+/// Once this replica leads and its cache synced: remove the labels we wrote under an earlier
+/// configuration and no longer manage (see [`retire_all`]).
+pub(crate) async fn retire_at_start(
+    api: Api<k8s_openapi::api::core::v1::Node>,
+    scheme: LabelScheme,
+    leader: Leadership,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+) {
+    let mut delay = Duration::from_secs(5);
+    loop {
+        while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        match retire_all(&api, &scheme, &leader, &metrics).await {
+            Ok(0) => return,
+            Ok(n) => {
+                info!(
+                    nodes = n,
+                    "removed labels and annotations this configuration no longer manages"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in_s = delay.as_secs(), "cannot list nodes to find labels no longer managed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(300));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,48 @@
+//! Forgetting what is gone: a deleted node's record and the cached answers of instances no node
+//! runs on any more, every quarter resync period (10 s to 15 min).
+//!
+//! Owns: that forgetting. Never writes to the cluster.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use tracing::debug;
+
+use super::Context;
+use crate::{lookup::Lookup, provider_id};
+
+/// Forget deleted nodes: their metrics state and, once unused, their cached answers.
+pub(crate) async fn housekeeping(
+    reader: crate::node::store::NodeCache,
+    lookup: Lookup,
+    ctx: Arc<Context>,
+    resync: Duration,
+) {
+    let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        // Only against the whole fleet: while the first list pages in, a node not listed yet
+        // is not gone.
+        if !reader.is_ready() {
+            continue;
+        }
+        // The one place a deleted node is forgotten: its record (failures, our last write,
+        // conflicts, state), and the cached answers of instances no node runs on any more.
+        let live: HashSet<String> = reader.state().iter().map(|n| n.name_any()).collect();
+        ctx.records.retain(&live);
+        let instances: HashSet<String> = reader
+            .state()
+            .iter()
+            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
+            .map(|i| i.instance_id)
+            .collect();
+        let evicted = lookup.retain_instances(&instances);
+        if evicted > 0 {
+            debug!(
+                evicted,
+                "dropped cached answers of instances no node runs on"
+            );
+        }
+    }
+}

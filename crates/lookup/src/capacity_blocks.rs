@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    ec2::{AwsTopology, Pace},
-    query::{Endpoint, document, items, list, next_token, number, paged, text, time},
+    ec2::{AwsTopology, Listing, Pace},
+    query::{Endpoint, list, number, text, time},
 };
 use crate::topology::Ec2Error;
 
@@ -133,36 +133,32 @@ impl AwsTopology {
     ) -> Result<(), Ec2Error> {
         const ACTION: &str = "DescribeCapacityBlocks";
         self.follow(
-            ACTION,
-            Pace::Every,
-            MAX_PAGES,
-            |token| {
-                self.call(
-                    region,
-                    at,
-                    ACTION,
-                    paged(list("CapacityBlockId", ids), token),
-                )
+            region,
+            at,
+            Listing {
+                what: ACTION,
+                action: ACTION,
+                params: list("CapacityBlockId", ids),
+                set: "capacityBlockSet",
+                pace: Pace::Every,
+                max_pages: MAX_PAGES,
             },
-            |body: String| {
-                let doc = document(ACTION, &body)?;
-                for item in items(&doc, "capacityBlockSet") {
-                    let Some(id) = text(item, "capacityBlockId") else {
-                        return Err(Ec2Error::BadResponse(
-                            "EC2 described a Capacity Block without its ID".into(),
-                        ));
-                    };
-                    let end = time(item, "endDate")?.map(humantime::format_rfc3339_seconds);
-                    out.insert(
-                        id.to_string(),
-                        Shape {
-                            ultraserver_type: text(item, "ultraserverType").map(str::to_owned),
-                            end: end.map(|t| t.to_string()),
-                            state: text(item, "state").map(str::to_owned),
-                        },
-                    );
-                }
-                Ok(next_token(&doc))
+            |item| {
+                let Some(id) = text(item, "capacityBlockId") else {
+                    return Err(Ec2Error::BadResponse(
+                        "EC2 described a Capacity Block without its ID".into(),
+                    ));
+                };
+                let end = time(item, "endDate")?.map(humantime::format_rfc3339_seconds);
+                out.insert(
+                    id.to_string(),
+                    Shape {
+                        ultraserver_type: text(item, "ultraserverType").map(str::to_owned),
+                        end: end.map(|t| t.to_string()),
+                        state: text(item, "state").map(str::to_owned),
+                    },
+                );
+                Ok(())
             },
         )
         .await
@@ -178,40 +174,36 @@ impl AwsTopology {
     ) -> Result<(), Ec2Error> {
         const ACTION: &str = "DescribeCapacityBlockStatus";
         self.follow(
-            ACTION,
-            Pace::Every,
-            MAX_PAGES,
-            |token| {
-                self.call(
-                    region,
-                    at,
-                    ACTION,
-                    paged(list("CapacityBlockId", ids), token),
-                )
+            region,
+            at,
+            Listing {
+                what: ACTION,
+                action: ACTION,
+                params: list("CapacityBlockId", ids),
+                set: "capacityBlockStatusSet",
+                pace: Pace::Every,
+                max_pages: MAX_PAGES,
             },
-            |body: String| {
-                let doc = document(ACTION, &body)?;
-                for item in items(&doc, "capacityBlockStatusSet") {
-                    let Some(id) = text(item, "capacityBlockId") else {
-                        return Err(Ec2Error::BadResponse(
-                            "EC2 described a Capacity Block's status without its ID".into(),
-                        ));
-                    };
-                    // A value this build does not know is never acted on.
-                    let status = match text(item, "interconnectStatus") {
-                        Some("ok") => Interconnect::Ok,
-                        Some("impaired") => Interconnect::Impaired,
-                        _ => Interconnect::InsufficientData,
-                    };
-                    out.insert(id.to_string(), status);
-                    if let Some(n) = number(item, "totalCapacity")?
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|n| *n > 0)
-                    {
-                        capacities.insert(id.to_string(), n);
-                    }
+            |item| {
+                let Some(id) = text(item, "capacityBlockId") else {
+                    return Err(Ec2Error::BadResponse(
+                        "EC2 described a Capacity Block's status without its ID".into(),
+                    ));
+                };
+                // A value this build does not know is never acted on.
+                let status = match text(item, "interconnectStatus") {
+                    Some("ok") => Interconnect::Ok,
+                    Some("impaired") => Interconnect::Impaired,
+                    _ => Interconnect::InsufficientData,
+                };
+                out.insert(id.to_string(), status);
+                if let Some(n) = number(item, "totalCapacity")?
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                {
+                    capacities.insert(id.to_string(), n);
                 }
-                Ok(next_token(&doc))
+                Ok(())
             },
         )
         .await

@@ -150,6 +150,19 @@ pub(super) enum Pace {
     Every,
 }
 
+/// One paginated EC2 call, for [`AwsTopology::follow`].
+pub(super) struct Listing<'a> {
+    /// The call, as its errors name it.
+    pub(super) what: &'a str,
+    pub(super) action: &'static str,
+    /// Its parameters but the NextToken.
+    pub(super) params: Vec<(String, String)>,
+    /// The element of the answer holding its items (`instanceSet`).
+    pub(super) set: &'static str,
+    pub(super) pace: Pace,
+    pub(super) max_pages: usize,
+}
+
 pub struct AwsTopology {
     api: Api,
     clients: Mutex<Clients>,
@@ -194,28 +207,39 @@ impl AwsTopology {
         }
     }
 
-    /// Follows one paginated EC2 call to its end: `send(token)` makes one request (`None` for
-    /// the first page, then the NextToken of the page before) and `read(page)` takes in its
-    /// items and returns its NextToken; an empty one ends the answer as an absent one does. A
-    /// page waits for the shared limiter as `pace` says. More than `max_pages` pages is a broken
-    /// answer (`what` names the call in the error).
-    pub(super) async fn follow<P, Fut>(
+    /// Follows one paginated EC2 call to its end: `listing.action` with `listing.params` (and,
+    /// after the first page, the NextToken of the page before) to `region` at `at`; each item of
+    /// every page's `listing.set` goes to `each`. An empty NextToken ends the answer as an
+    /// absent one does. A page waits for the shared limiter as `listing.pace` says. More than
+    /// `listing.max_pages` pages is a broken answer (`listing.what` names the call in the error).
+    pub(super) async fn follow(
         &self,
-        what: &str,
-        pace: Pace,
-        max_pages: usize,
-        mut send: impl FnMut(Option<String>) -> Fut,
-        mut read: impl FnMut(P) -> Result<Option<String>, Ec2Error>,
-    ) -> Result<(), Ec2Error>
-    where
-        Fut: std::future::Future<Output = Result<P, Ec2Error>>,
-    {
+        region: &str,
+        at: &Endpoint,
+        listing: Listing<'_>,
+        mut each: impl FnMut(Node<'_, '_>) -> Result<(), Ec2Error>,
+    ) -> Result<(), Ec2Error> {
+        let Listing {
+            what,
+            action,
+            params,
+            set,
+            pace,
+            max_pages,
+        } = listing;
         let mut next: Option<String> = None;
         for page in 0..max_pages {
             if page > 0 || pace == Pace::Every {
                 self.pace().await;
             }
-            next = read(send(next.take()).await?)?.filter(|t| !t.is_empty());
+            let body = self
+                .call(region, at, action, paged(params.clone(), next.take()))
+                .await?;
+            let doc = document(action, &body)?;
+            for item in items(&doc, set) {
+                each(item)?;
+            }
+            next = next_token(&doc).filter(|t| !t.is_empty());
             if next.is_none() {
                 return Ok(());
             }
@@ -317,23 +341,19 @@ impl AwsTopology {
         // Instance IDs only: never MaxResults with IDs (EC2 refuses the combination), never an
         // unfiltered scan of the region.
         self.follow(
-            &format!("{ACTION} for {} instance IDs", instance_ids.len()),
-            Pace::AfterFirst,
-            MAX_PAGES,
-            |token| {
-                self.call(
-                    region,
-                    at,
-                    ACTION,
-                    paged(list("InstanceId", instance_ids), token),
-                )
+            region,
+            at,
+            Listing {
+                what: &format!("{ACTION} for {} instance IDs", instance_ids.len()),
+                action: ACTION,
+                params: list("InstanceId", instance_ids),
+                set: "instanceSet",
+                pace: Pace::AfterFirst,
+                max_pages: MAX_PAGES,
             },
-            |body: String| {
-                let doc = document(ACTION, &body)?;
-                for item in items(&doc, "instanceSet") {
-                    out.push(believe(item, instance_ids)?);
-                }
-                Ok(next_token(&doc))
+            |item| {
+                out.push(believe(item, instance_ids)?);
+                Ok(())
             },
         )
         .await?;

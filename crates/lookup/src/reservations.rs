@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use ec2_topology_core::reservations::Reservation;
 
 use super::{
-    ec2::{AwsTopology, Pace},
-    query::{document, items, next_token, number, paged, strings, text, time},
+    ec2::{AwsTopology, Listing, Pace},
+    query::{number, strings, text, time},
 };
 use crate::topology::Ec2Error;
 
@@ -34,72 +34,78 @@ impl AwsTopology {
         const RESERVATIONS: &str = "DescribeCapacityReservations";
         let at = &self.client(region)?;
         let mut by_id: BTreeMap<String, Reservation> = BTreeMap::new();
-        let page = |size: u32, token| paged(vec![("MaxResults".into(), size.to_string())], token);
+        let page = |size: u32| vec![("MaxResults".to_string(), size.to_string())];
         self.follow(
-            TOPOLOGY,
-            Pace::Every,
-            MAX_PAGES,
-            |token| self.call(region, at, TOPOLOGY, page(TOPOLOGY_PAGE, token)),
-            |body: String| {
-                let doc = document(TOPOLOGY, &body)?;
-                for item in items(&doc, "capacityReservationSet") {
-                    let Some(id) = text(item, "capacityReservationId") else {
-                        return Err(Ec2Error::BadResponse(
-                            "EC2 described a Capacity Reservation without its ID".into(),
-                        ));
-                    };
-                    by_id.insert(
-                        id.to_string(),
-                        Reservation {
-                            id: id.to_string(),
-                            instance_type: owned(item, "instanceType"),
-                            state: owned(item, "state"),
-                            availability_zone: owned(item, "availabilityZone"),
-                            capacity_block_id: owned(item, "capacityBlockId"),
-                            group_name: owned(item, "groupName"),
-                            network_nodes: strings(item, "networkNodeSet")?,
-                            total: None,
-                            available: None,
-                            start: None,
-                        },
-                    );
-                }
-                Ok(next_token(&doc))
+            region,
+            at,
+            Listing {
+                what: TOPOLOGY,
+                action: TOPOLOGY,
+                params: page(TOPOLOGY_PAGE),
+                set: "capacityReservationSet",
+                pace: Pace::Every,
+                max_pages: MAX_PAGES,
+            },
+            |item| {
+                let Some(id) = text(item, "capacityReservationId") else {
+                    return Err(Ec2Error::BadResponse(
+                        "EC2 described a Capacity Reservation without its ID".into(),
+                    ));
+                };
+                by_id.insert(
+                    id.to_string(),
+                    Reservation {
+                        id: id.to_string(),
+                        instance_type: owned(item, "instanceType"),
+                        state: owned(item, "state"),
+                        availability_zone: owned(item, "availabilityZone"),
+                        capacity_block_id: owned(item, "capacityBlockId"),
+                        group_name: owned(item, "groupName"),
+                        network_nodes: strings(item, "networkNodeSet")?,
+                        total: None,
+                        available: None,
+                        start: None,
+                    },
+                );
+                Ok(())
             },
         )
         .await?;
         self.follow(
-            RESERVATIONS,
-            Pace::Every,
-            MAX_PAGES,
-            |token| self.call(region, at, RESERVATIONS, page(RESERVATIONS_PAGE, token)),
-            |body: String| {
-                let doc = document(RESERVATIONS, &body)?;
-                for item in items(&doc, "capacityReservationSet") {
-                    let Some(id) = text(item, "capacityReservationId") else {
-                        continue;
-                    };
-                    // One the topology call left out (it describes pending and active ones) is
-                    // still the account's: listed without network nodes, so that a node carrying
-                    // its ID is not called a stranger.
-                    let r = by_id.entry(id.to_string()).or_insert_with(|| Reservation {
-                        id: id.to_string(),
-                        instance_type: owned(item, "instanceType"),
-                        availability_zone: owned(item, "availabilityZone"),
-                        capacity_block_id: owned(item, "capacityBlockId"),
-                        ..Reservation::default()
-                    });
-                    let count = |name| -> Result<Option<u32>, Ec2Error> {
-                        Ok(number(item, name)?.and_then(|n| u32::try_from(n).ok()))
-                    };
-                    r.total = count("totalInstanceCount")?;
-                    r.available = count("availableInstanceCount")?;
-                    r.start = time(item, "startDate")?;
-                    if r.state.is_none() {
-                        r.state = owned(item, "state");
-                    }
+            region,
+            at,
+            Listing {
+                what: RESERVATIONS,
+                action: RESERVATIONS,
+                params: page(RESERVATIONS_PAGE),
+                set: "capacityReservationSet",
+                pace: Pace::Every,
+                max_pages: MAX_PAGES,
+            },
+            |item| {
+                let Some(id) = text(item, "capacityReservationId") else {
+                    return Ok(());
+                };
+                // One the topology call left out (it describes pending and active ones) is
+                // still the account's: listed without network nodes, so that a node carrying
+                // its ID is not called a stranger.
+                let r = by_id.entry(id.to_string()).or_insert_with(|| Reservation {
+                    id: id.to_string(),
+                    instance_type: owned(item, "instanceType"),
+                    availability_zone: owned(item, "availabilityZone"),
+                    capacity_block_id: owned(item, "capacityBlockId"),
+                    ..Reservation::default()
+                });
+                let count = |name| -> Result<Option<u32>, Ec2Error> {
+                    Ok(number(item, name)?.and_then(|n| u32::try_from(n).ok()))
+                };
+                r.total = count("totalInstanceCount")?;
+                r.available = count("availableInstanceCount")?;
+                r.start = time(item, "startDate")?;
+                if r.state.is_none() {
+                    r.state = owned(item, "state");
                 }
-                Ok(next_token(&doc))
+                Ok(())
             },
         )
         .await?;

@@ -170,6 +170,17 @@ pub(crate) async fn leftovers(
     Ok(items)
 }
 
+/// A removal command's end: an error when `failed` removals failed (the report said which).
+pub(crate) fn outcome(failed: usize) -> crate::Result<()> {
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(crate::Error::Config(format!(
+            "{failed} removal(s) failed (see above)"
+        )))
+    }
+}
+
 /// `items` and what became of them, for a person (one line each; `empty` when there are none)
 /// or as JSON (`dryRun`, `items`, `failed`, and the fields of `extra`).
 pub(crate) fn report(

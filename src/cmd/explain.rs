@@ -535,16 +535,7 @@ pub fn render(e: &Explanation, args: &ExplainArgs) -> String {
                         .unwrap_or_default()
                 ),
             );
-            let mut changes = Vec::new();
-            for (k, v) in &p.labels.add {
-                changes.push(format!("+{k}={v}"));
-            }
-            for (k, (from, to)) in &p.labels.change {
-                changes.push(format!("~{k}={from}->{to}"));
-            }
-            for k in p.labels.remove.keys() {
-                changes.push(format!("-{k}"));
-            }
+            let changes = p.labels.lines();
             line(
                 "Would change",
                 if changes.is_empty() {

@@ -110,14 +110,7 @@ pub async fn run(args: RetireArgs) -> Result<()> {
         serde_json::json!({ "installation": installation }),
     )?;
     std::io::stdout().write_all(out.as_bytes())?;
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "{} removal(s) failed (see above)",
-            failed.len()
-        )))
-    }
+    cleanup::outcome(failed.len())
 }
 
 #[cfg(test)]

@@ -155,12 +155,5 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         }
     }
     std::io::stdout().write_all(out.as_bytes())?;
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "{} removal(s) failed (see above)",
-            failed.len()
-        )))
-    }
+    cleanup::outcome(failed.len())
 }

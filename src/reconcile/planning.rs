@@ -176,16 +176,7 @@ pub(crate) fn render_table(plans: &[NodePlan]) -> String {
         "CHANGES".into(),
     ]];
     for p in plans {
-        let mut changes: Vec<String> = Vec::new();
-        for (k, v) in &p.labels.add {
-            changes.push(format!("+{k}={v}"));
-        }
-        for (k, (from, to)) in &p.labels.change {
-            changes.push(format!("~{k}={from}->{to}"));
-        }
-        for k in p.labels.remove.keys() {
-            changes.push(format!("-{k}"));
-        }
+        let mut changes = p.labels.lines();
         let ann = p.annotations.add.len() + p.annotations.change.len() + p.annotations.remove.len();
         if ann > 0 {
             changes.push(format!("({ann} annotation change(s))"));

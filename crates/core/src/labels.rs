@@ -386,6 +386,15 @@ impl MapDiff {
         self.add.is_empty() && self.change.is_empty() && self.remove.is_empty()
     }
 
+    /// Each change as a person reads it: `+KEY=VALUE` added, `~KEY=FROM->TO` changed, `-KEY`
+    /// removed (in that order, each by key).
+    pub fn lines(&self) -> Vec<String> {
+        let added = self.add.iter().map(|(k, v)| format!("+{k}={v}"));
+        let changed = (self.change.iter()).map(|(k, (from, to))| format!("~{k}={from}->{to}"));
+        let removed = self.remove.keys().map(|k| format!("-{k}"));
+        added.chain(changed).chain(removed).collect()
+    }
+
     fn compute<'a>(
         current: impl Iterator<Item = (&'a String, &'a String)>,
         desired: &BTreeMap<String, String>,
@@ -560,6 +569,23 @@ pub fn sanitize_label_value(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diff_reads_as_added_changed_removed() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let diff = MapDiff {
+            add: map(&[("b", "2"), ("a", "1")]),
+            change: [("c".to_string(), ("old".to_string(), "new".to_string()))].into(),
+            remove: map(&[("d", "4")]),
+        };
+        assert_eq!(diff.lines(), ["+a=1", "+b=2", "~c=old->new", "-d"]);
+        assert!(MapDiff::default().lines().is_empty());
+    }
 
     fn topo(nodes: &[&str]) -> InstanceTopology {
         InstanceTopology {

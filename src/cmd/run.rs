@@ -43,7 +43,7 @@ type Wired = (NodeCache, Arc<Context>, String);
 /// Run the controller until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    if let Some(at) = &args.publish.slurm_topology_configmap {
+    if let Some(at) = &args.publish.slurm.slurm_topology_configmap {
         crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
     }
     if args.leader.leader_election {

@@ -131,7 +131,7 @@ impl RunArgs {
                 "--nvlink-clique-level=true puts the NVLink clique under the UltraServer level: it needs --ultraserver-level auto or always and the capacity block label".into(),
             );
         }
-        if let Some(at) = &self.publish.slurm_topology_configmap {
+        if let Some(at) = &self.publish.slurm.slurm_topology_configmap {
             crate::publish::slurm::parse_target(at)?;
         }
         self.health.check()?;

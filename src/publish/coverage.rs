@@ -20,9 +20,9 @@ pub(crate) fn kueue_levels(
     args: &crate::publish::PublishArgs,
     scheme: &LabelScheme,
 ) -> Option<(String, usize)> {
-    args.kueue_topology.then(|| {
+    args.kueue.kueue_topology.then(|| {
         (
-            args.kueue_topology_name.clone(),
+            args.kueue.kueue_topology_name.clone(),
             scheme.uniform_depth.unwrap_or(3),
         )
     })

@@ -158,7 +158,7 @@ impl KaiPublisher {
         Self {
             client: s.client.clone(),
             scheme: s.scheme.clone(),
-            name: s.args.kai_topology_name.clone(),
+            name: s.args.kai.kai_topology_name.clone(),
             ultraserver_level: s.args.ultraserver_level,
             clique: s.args.nvlink_clique_level,
             recheck: s.args.publish_interval.0.saturating_mul(RECHECK_INTERVALS),
@@ -316,6 +316,7 @@ impl super::plugin::Plugin for Plugin {
 
     fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
         Ok(s.args
+            .kai
             .kai_topology
             .then(|| Box::new(KaiPublisher::new(s)) as Box<dyn Publisher>)
             .into_iter()
@@ -332,7 +333,7 @@ impl super::plugin::Plugin for Plugin {
         purpose: Purpose<'a>,
     ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
         Box::pin(async move {
-            if matches!(purpose, Purpose::TurnedOff(args) if args.kai_topology) {
+            if matches!(purpose, Purpose::TurnedOff(args) if args.kai.kai_topology) {
                 return Ok(Vec::new());
             }
             let Some(ar) = topology_resource(client).await? else {
@@ -344,7 +345,7 @@ impl super::plugin::Plugin for Plugin {
                 .filter_map(|t| scope.item("kai-topology", &t));
             match purpose {
                 Purpose::TurnedOff(args) => {
-                    let name = args.kai_topology_name.as_str();
+                    let name = args.kai.kai_topology_name.as_str();
                     let of_the_name = |n: &str| {
                         let of = |n: &str| {
                             n == name
@@ -379,6 +380,22 @@ impl super::plugin::Plugin for Plugin {
     ) -> BoxFuture<'a, Result<super::plugin::Removed, kube::Error>> {
         Box::pin(async move { delete(client, topology_resource(client).await?, name).await })
     }
+}
+
+/// KAI Scheduler's flags: its Topology objects.
+#[derive(
+    Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KaiArgs {
+    /// Create KAI Scheduler Topologies whose levels are our layer labels then the hostname: one
+    /// of 3 layers, and `<name>-<depth>-layer` for nodes with more (KAI leaves out of a Topology
+    /// every node lacking one of its levels).
+    #[arg(long, env = "LABELER_KAI_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kai_topology: bool,
+    /// Name of that Topology (workloads name it in their `kai.scheduler/topology` annotation).
+    #[arg(long, env = "LABELER_KAI_TOPOLOGY_NAME", default_value = "aws-network")]
+    pub kai_topology_name: String,
 }
 
 #[cfg(test)]

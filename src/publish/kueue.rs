@@ -80,21 +80,21 @@ pub(crate) struct KueuePublisher {
 impl KueuePublisher {
     pub(crate) fn new(s: &Setup<'_>) -> Self {
         let (args, scheme) = (s.args, s.scheme);
-        let hostname = args.kueue_topology_hostname_level;
+        let hostname = args.kueue.kueue_topology_hostname_level;
         // With uniform depth every node carries that many layers: one Topology covers them all.
         let depth = scheme.uniform_depth.unwrap_or(3);
         let mut topologies = vec![(
-            args.kueue_topology_name.clone(),
+            args.kueue.kueue_topology_name.clone(),
             levels(scheme, depth, hostname),
         )];
-        if args.kueue_topology_four_layer && scheme.uniform_depth.is_some() {
+        if args.kueue.kueue_topology_four_layer && scheme.uniform_depth.is_some() {
             warn!(
-                topology = %args.kueue_topology_four_layer_name,
+                topology = %args.kueue.kueue_topology_four_layer_name,
                 "--kueue-topology-four-layer is ignored with --uniform-depth: the one Topology covers every node"
             );
-        } else if args.kueue_topology_four_layer {
+        } else if args.kueue.kueue_topology_four_layer {
             topologies.push((
-                args.kueue_topology_four_layer_name.clone(),
+                args.kueue.kueue_topology_four_layer_name.clone(),
                 levels(scheme, 4, hostname),
             ));
         }
@@ -224,10 +224,10 @@ fn ultraserver_topology(s: &Setup<'_>) -> Option<(String, Vec<String>)> {
     ultraserver_levels(
         s.scheme,
         depth,
-        s.args.kueue_topology_hostname_level,
+        s.args.kueue.kueue_topology_hostname_level,
         s.args.nvlink_clique_level,
     )
-    .map(|l| (s.args.kueue_topology_ultraserver_name.clone(), l))
+    .map(|l| (s.args.kueue.kueue_topology_ultraserver_name.clone(), l))
 }
 
 /// Kueue's Topology as a plug-in.
@@ -239,7 +239,7 @@ impl super::plugin::Plugin for Plugin {
     }
 
     fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
-        if !s.args.kueue_topology {
+        if !s.args.kueue.kueue_topology {
             return Ok(Vec::new());
         }
         let mut out: Vec<Box<dyn Publisher>> = vec![Box::new(KueuePublisher::new(s))];
@@ -259,12 +259,12 @@ impl super::plugin::Plugin for Plugin {
     ) -> BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
         Box::pin(async move {
             match purpose {
-                Purpose::TurnedOff(args) if args.kueue_topology => Ok(Vec::new()),
+                Purpose::TurnedOff(args) if args.kueue.kueue_topology => Ok(Vec::new()),
                 Purpose::TurnedOff(args) => {
                     let names = [
-                        &args.kueue_topology_name,
-                        &args.kueue_topology_four_layer_name,
-                        &args.kueue_topology_ultraserver_name,
+                        &args.kueue.kueue_topology_name,
+                        &args.kueue.kueue_topology_four_layer_name,
+                        &args.kueue.kueue_topology_ultraserver_name,
                     ];
                     Ok(topologies(client, false, scope)
                         .await?
@@ -345,6 +345,46 @@ async fn topologies(
             }
         })
         .collect())
+}
+
+/// Kueue's flags: its Topology objects.
+#[derive(
+    Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KueueArgs {
+    /// Create a Kueue Topology whose levels are our layer labels (never changes an existing
+    /// one: Kueue's levels are immutable; a mismatch is reported).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kueue_topology: bool,
+    /// Name of that Topology (ResourceFlavors refer to it by `topologyName`).
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_NAME",
+        default_value = "aws-network"
+    )]
+    pub(crate) kueue_topology_name: String,
+    /// Also create a Topology with four layers, for 4-layer instance types (p6-b200, p6-b300).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub(crate) kueue_topology_four_layer: bool,
+    /// Name of the 4-layer Topology.
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER_NAME",
+        default_value = "aws-network-4-layer"
+    )]
+    pub(crate) kueue_topology_four_layer_name: String,
+    /// Name of the Topology for UltraServer members: the layers, then the capacity block (one
+    /// NVLink domain), then the hostname (see `--ultraserver-level`).
+    #[arg(
+        long,
+        env = "LABELER_KUEUE_TOPOLOGY_ULTRASERVER_NAME",
+        default_value = "aws-network-ultraserver"
+    )]
+    pub(crate) kueue_topology_ultraserver_name: String,
+    /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
+    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) kueue_topology_hostname_level: bool,
 }
 
 #[cfg(test)]

@@ -39,39 +39,23 @@ use crate::{
     tree::NodeView,
 };
 
-/// What to publish for schedulers beyond labels.
+/// What to publish for schedulers beyond labels: each scheduler's own flags (declared beside its
+/// plug-in), and what they share (the UltraServer and NVLink levels, the publish interval).
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PublishArgs {
-    /// Create a Kueue Topology whose levels are our layer labels (never changes an existing
-    /// one: Kueue's levels are immutable; a mismatch is reported).
-    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
-    pub kueue_topology: bool,
-    /// Name of that Topology (ResourceFlavors refer to it by `topologyName`).
-    #[arg(
-        long,
-        env = "LABELER_KUEUE_TOPOLOGY_NAME",
-        default_value = "aws-network"
-    )]
-    pub(crate) kueue_topology_name: String,
-    /// Also create a Topology with four layers, for 4-layer instance types (p6-b200, p6-b300).
-    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER", default_value_t = false, action = clap::ArgAction::Set)]
-    pub(crate) kueue_topology_four_layer: bool,
-    /// Name of the 4-layer Topology.
-    #[arg(
-        long,
-        env = "LABELER_KUEUE_TOPOLOGY_FOUR_LAYER_NAME",
-        default_value = "aws-network-4-layer"
-    )]
-    pub(crate) kueue_topology_four_layer_name: String,
-    /// Name of the Topology for UltraServer members: the layers, then the capacity block (one
-    /// NVLink domain), then the hostname (see `--ultraserver-level`).
-    #[arg(
-        long,
-        env = "LABELER_KUEUE_TOPOLOGY_ULTRASERVER_NAME",
-        default_value = "aws-network-ultraserver"
-    )]
-    pub(crate) kueue_topology_ultraserver_name: String,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kueue: kueue::KueueArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub volcano: volcano::VolcanoArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kai: kai::KaiArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub slurm: slurm::SlurmArgs,
     /// Give UltraServer members (nodes carrying the capacity block label) a Kueue and a KAI
     /// Topology with the capacity block as a level after the network layers and before the
     /// hostname, beside the ones every node fits, and a Volcano HyperNode of tier 0 per
@@ -89,34 +73,6 @@ pub struct PublishArgs {
     #[arg(long, env = "LABELER_NVLINK_CLIQUE_LEVEL", default_value_t = false, action = clap::ArgAction::Set)]
     #[serde(default)]
     pub(crate) nvlink_clique_level: bool,
-    /// End the Topology's levels with kubernetes.io/hostname (as Kueue advises).
-    #[arg(long, env = "LABELER_KUEUE_TOPOLOGY_HOSTNAME_LEVEL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub(crate) kueue_topology_hostname_level: bool,
-    /// Keep a Volcano HyperNode tree in step with the labelled nodes.
-    #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
-    pub volcano_hypernodes: bool,
-    /// Prefix of the HyperNode names we own.
-    #[arg(
-        long,
-        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
-        default_value = "ec2tl"
-    )]
-    pub volcano_hypernode_prefix: String,
-    /// Create KAI Scheduler Topologies whose levels are our layer labels then the hostname: one
-    /// of 3 layers, and `<name>-<depth>-layer` for nodes with more (KAI leaves out of a Topology
-    /// every node lacking one of its levels).
-    #[arg(long, env = "LABELER_KAI_TOPOLOGY", default_value_t = false, action = clap::ArgAction::Set)]
-    pub kai_topology: bool,
-    /// Name of that Topology (workloads name it in their `kai.scheduler/topology` annotation).
-    #[arg(long, env = "LABELER_KAI_TOPOLOGY_NAME", default_value = "aws-network")]
-    pub kai_topology_name: String,
-    /// Keep Slurm's `topology.yaml` (the tree of the labelled nodes) in this ConfigMap,
-    /// `NAMESPACE/NAME`; one that exists and is not ours is left alone.
-    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP")]
-    #[schemars(regex(
-        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-    ))]
-    pub slurm_topology_configmap: Option<String>,
     /// How often publishers compare what they publish with the labels (nothing is sent when
     /// nothing changed).
     #[arg(long, value_parser = crate::bounds::duration_flag("publish-interval"), env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]

@@ -309,7 +309,7 @@ impl super::plugin::Plugin for Plugin {
 
     /// A malformed `--slurm-topology-configmap` is an error.
     fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn Publisher>>, String> {
-        let Some(target) = s.args.slurm_topology_configmap.as_deref() else {
+        let Some(target) = s.args.slurm.slurm_topology_configmap.as_deref() else {
             return Ok(Vec::new());
         };
         Ok(vec![Box::new(SlurmPublisher::new(
@@ -387,6 +387,21 @@ impl super::plugin::Plugin for Plugin {
             )
         })
     }
+}
+
+/// Slurm's flags: its topology ConfigMap.
+#[derive(
+    Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SlurmArgs {
+    /// Keep Slurm's `topology.yaml` (the tree of the labelled nodes) in this ConfigMap,
+    /// `NAMESPACE/NAME`; one that exists and is not ours is left alone.
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP")]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    ))]
+    pub slurm_topology_configmap: Option<String>,
 }
 
 #[cfg(test)]

@@ -1094,9 +1094,13 @@ fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
     let ec2_topology_labeler::flags::Command::Retire(r) = cli.command else {
         panic!("the hook runs retire");
     };
-    assert!(r.publish.kueue_topology && !r.publish.volcano_hypernodes && !r.publish.kai_topology);
-    assert_eq!(r.publish.kai_topology_name, "team-net");
-    assert_eq!(r.publish.volcano_hypernode_prefix, "team");
+    assert!(
+        r.publish.kueue.kueue_topology
+            && !r.publish.volcano.volcano_hypernodes
+            && !r.publish.kai.kai_topology
+    );
+    assert_eq!(r.publish.kai.kai_topology_name, "team-net");
+    assert_eq!(r.publish.volcano.volcano_hypernode_prefix, "team");
     assert_eq!(r.leader.leader_election_lease_name, "team-lease");
     assert_eq!(
         r.leader.leader_election_namespace.as_deref(),

@@ -427,11 +427,12 @@ impl super::plugin::Plugin for Plugin {
 
     fn build(&self, s: &Setup<'_>) -> Result<Vec<Box<dyn super::Publisher>>, String> {
         let a = s.args;
-        Ok(a.volcano_hypernodes
+        Ok(a.volcano
+            .volcano_hypernodes
             .then(|| {
                 let p = VolcanoPublisher::new(
                     s.client.clone(),
-                    &a.volcano_hypernode_prefix,
+                    &a.volcano.volcano_hypernode_prefix,
                     s.owner,
                     a.publish_interval
                         .0
@@ -468,8 +469,10 @@ impl super::plugin::Plugin for Plugin {
     ) -> futures::future::BoxFuture<'a, Result<Vec<Item>, kube::Error>> {
         Box::pin(async move {
             let prefix = match purpose {
-                Purpose::TurnedOff(args) if args.volcano_hypernodes => return Ok(Vec::new()),
-                Purpose::TurnedOff(args) => args.volcano_hypernode_prefix.as_str(),
+                Purpose::TurnedOff(args) if args.volcano.volcano_hypernodes => {
+                    return Ok(Vec::new());
+                }
+                Purpose::TurnedOff(args) => args.volcano.volcano_hypernode_prefix.as_str(),
                 Purpose::Uninstall(u) => u.hypernode_prefix,
             };
             Ok(labelled(client, &api_resource())
@@ -794,4 +797,22 @@ mod sync_tests {
             "listed again, and the missing HyperNodes applied"
         );
     }
+}
+
+/// Volcano's flags: its HyperNode tree.
+#[derive(
+    Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VolcanoArgs {
+    /// Keep a Volcano HyperNode tree in step with the labelled nodes.
+    #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub volcano_hypernodes: bool,
+    /// Prefix of the HyperNode names we own.
+    #[arg(
+        long,
+        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
+        default_value = "ec2tl"
+    )]
+    pub volcano_hypernode_prefix: String,
 }

@@ -18,7 +18,7 @@ use crate::{
     flags::{OutputFormat, UninstallArgs},
     leader::Leadership,
     node::{LiteNode, WireNode},
-    publish::plugin::{Purpose, SlurmConfigMaps, Uninstall},
+    publish::plugin::{Purpose, Uninstall},
 };
 
 /// The Lease, if a controller still holds it (renewed within its lease duration).
@@ -89,22 +89,9 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
         None => Vec::new(),
     };
     let installation = crate::leader::installation(&args.leader, &client);
-    let target: (String, String);
-    let slurm = match args.slurm_topology_configmap.as_deref() {
-        Some("none") => SlurmConfigMaps::None,
-        Some(at) => {
-            target = crate::publish::slurm::parse_target(at).map_err(Error::Config)?;
-            SlurmConfigMaps::One {
-                namespace: &target.0,
-                name: &target.1,
-            }
-        }
-        None => SlurmConfigMaps::All,
-    };
     let told = Uninstall {
         force: args.force,
-        hypernode_prefix: &args.volcano_hypernode_prefix,
-        slurm,
+        flags: &args.plugins,
     };
     items.extend(
         cleanup::leftovers(

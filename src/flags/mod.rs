@@ -185,21 +185,12 @@ pub struct UninstallArgs {
     /// controller holds the Lease.
     #[arg(long, env = "LABELER_UNINSTALL_FORCE", action = clap::ArgAction::SetTrue)]
     pub force: bool,
-    /// Prefix of the HyperNode names this installation owns (as given to `run`).
-    #[arg(
-        long,
-        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
-        default_value = "ec2tl"
-    )]
-    pub volcano_hypernode_prefix: String,
+    /// What each scheduler's plug-in is told (its own flags).
+    #[command(flatten)]
+    pub plugins: crate::publish::UninstallFlags,
     /// Nodes still carrying the startup taint (as given to `run`) are pointed out.
     #[command(flatten)]
     pub taint: crate::reconcile::gate::StartupTaintFlag,
-    /// The Slurm ConfigMap to remove (`NAMESPACE/NAME`, as given to `run`; removed only if it
-    /// carries our managed-by label), or `none`. Unset: every ConfigMap with our label, in any
-    /// namespace (needs cluster-wide ConfigMap list; the chart's hook names its one instead).
-    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP")]
-    pub slurm_topology_configmap: Option<String>,
     /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
     /// post-delete hook waits for the deleted pods' last renewal to expire).
     #[arg(long, value_parser = crate::bounds::duration_flag("wait-for-lease"), env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
@@ -562,6 +553,39 @@ pub(crate) fn run_args_of(cmdline: &[u8]) -> Option<RunArgs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `uninstall --slurm-topology-configmap` is `none` or `NAMESPACE/NAME`, read when the
+    /// command line is parsed; anything else is refused there, naming the flag.
+    #[test]
+    fn uninstall_reads_the_slurm_configmap_when_parsed() {
+        use crate::publish::SlurmConfigMaps;
+        let parse = |v: &str| {
+            Cli::try_parse_from([
+                "ec2-topology-labeler",
+                "uninstall",
+                "--slurm-topology-configmap",
+                v,
+            ])
+            .map(|cli| match cli.command {
+                Command::Uninstall(u) => u.plugins.slurm.slurm_topology_configmap,
+                _ => panic!("parsed as uninstall"),
+            })
+        };
+        assert_eq!(parse("none").ok(), Some(Some(SlurmConfigMaps::None)));
+        assert_eq!(
+            parse("slurm/topology").ok(),
+            Some(Some(SlurmConfigMaps::One {
+                namespace: "slurm".into(),
+                name: "topology".into()
+            }))
+        );
+        let refused = parse("Slurm/Topology")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("--slurm-topology-configmap"), "{refused}");
+        assert!(refused.contains("is not NAMESPACE/NAME"), "{refused}");
+    }
     use crate::labels::{LabelScheme, LayerNumbering};
     use clap::CommandFactory;
     use std::time::Duration;

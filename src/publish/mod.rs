@@ -79,6 +79,18 @@ pub struct PublishArgs {
     pub(crate) publish_interval: HumanDuration,
 }
 
+/// What `uninstall` tells the plug-ins: each scheduler's own flags, declared beside it.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct UninstallFlags {
+    #[command(flatten)]
+    pub volcano: volcano::VolcanoUninstallFlags,
+    #[command(flatten)]
+    pub slurm: slurm::SlurmUninstallFlags,
+}
+
+/// Which Slurm ConfigMaps `uninstall` removes.
+pub use slurm::ConfigMaps as SlurmConfigMaps;
+
 /// Every scheduler we publish for, in the order they publish: adding one is a file implementing
 /// [`plugin::Plugin`] and a line here.
 pub(crate) const PLUGINS: [&dyn plugin::Plugin; 4] = [

@@ -107,22 +107,9 @@ pub(crate) enum Purpose<'a> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Uninstall<'a> {
     /// Remove even what is still named (a Kueue Topology a ResourceFlavor names).
-    pub force: bool,
-    /// The HyperNode name prefix `run` was given.
-    pub(crate) hypernode_prefix: &'a str,
-    /// Which Slurm ConfigMaps are ours.
-    pub slurm: SlurmConfigMaps<'a>,
-}
-
-/// Which Slurm ConfigMaps `uninstall` removes (each only if it carries our label).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum SlurmConfigMaps<'a> {
-    /// `--slurm-topology-configmap none`.
-    None,
-    /// The one `run` was given.
-    One { namespace: &'a str, name: &'a str },
-    /// Unset: every ConfigMap of our label, in any namespace.
-    All,
+    pub(crate) force: bool,
+    /// Each plug-in's own flags.
+    pub(crate) flags: &'a super::UninstallFlags,
 }
 
 /// One thing of ours, and what happens to it.
@@ -391,10 +378,17 @@ pub(crate) mod tests {
     async fn uninstall_asks_the_api_server() {
         // With nothing answering, every plug-in but a Slurm told `none` reports the failure.
         let client = unreachable();
+        let flags = crate::publish::UninstallFlags {
+            volcano: crate::publish::volcano::VolcanoUninstallFlags {
+                volcano_hypernode_prefix: "ec2tl".into(),
+            },
+            slurm: crate::publish::slurm::SlurmUninstallFlags {
+                slurm_topology_configmap: Some(crate::publish::slurm::ConfigMaps::None),
+            },
+        };
         let told = Uninstall {
             force: false,
-            hypernode_prefix: "ec2tl",
-            slurm: SlurmConfigMaps::None,
+            flags: &flags,
         };
         for p in PLUGINS {
             let left = p

@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use super::{
     Publisher,
     owner::MANAGED_BY,
-    plugin::{Item, Purpose, Removed, Scope, Setup, SlurmConfigMaps},
+    plugin::{Item, Purpose, Removed, Scope, Setup},
 };
 use crate::{
     FIELD_MANAGER, admin::events::Events, labels::LabelScheme, metrics::Metrics, slurm::Problem,
@@ -345,9 +345,9 @@ impl super::plugin::Plugin for Plugin {
             let Purpose::Uninstall(u) = purpose else {
                 return Ok(Vec::new());
             };
-            match u.slurm {
-                SlurmConfigMaps::None => Ok(Vec::new()),
-                SlurmConfigMaps::One { namespace, name } => {
+            match &u.flags.slurm.slurm_topology_configmap {
+                Some(ConfigMaps::None) => Ok(Vec::new()),
+                Some(ConfigMaps::One { namespace, name }) => {
                     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
                     Ok(api
                         .get_opt(name)
@@ -357,7 +357,7 @@ impl super::plugin::Plugin for Plugin {
                         .into_iter()
                         .collect())
                 }
-                SlurmConfigMaps::All => {
+                None => {
                     let api: Api<ConfigMap> = Api::all(client.clone());
                     let selector = super::owner::selector();
                     Ok(api
@@ -402,6 +402,35 @@ pub struct SlurmArgs {
         pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
     ))]
     pub slurm_topology_configmap: Option<String>,
+}
+
+/// Which Slurm ConfigMaps `uninstall` removes (each only if it carries our label); unset, every
+/// ConfigMap of our label, in any namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigMaps {
+    /// `--slurm-topology-configmap none`.
+    None,
+    /// The one `run` was given.
+    One { namespace: String, name: String },
+}
+
+/// `none` or `NAMESPACE/NAME`, checked when the command line is read.
+fn uninstall_target(at: &str) -> Result<ConfigMaps, String> {
+    if at == "none" {
+        return Ok(ConfigMaps::None);
+    }
+    let (namespace, name) = parse_target(at)?;
+    Ok(ConfigMaps::One { namespace, name })
+}
+
+/// `uninstall`'s Slurm flag.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct SlurmUninstallFlags {
+    /// The Slurm ConfigMap to remove (`NAMESPACE/NAME`, as given to `run`; removed only if it
+    /// carries our managed-by label), or `none`. Unset: every ConfigMap with our label, in any
+    /// namespace (needs cluster-wide ConfigMap list; the chart's hook names its one instead).
+    #[arg(long, env = "LABELER_SLURM_TOPOLOGY_CONFIGMAP", value_parser = uninstall_target)]
+    pub slurm_topology_configmap: Option<ConfigMaps>,
 }
 
 #[cfg(test)]

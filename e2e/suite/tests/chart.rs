@@ -1160,12 +1160,15 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
         panic!("the hook runs uninstall");
     };
     assert_eq!(u.leader.leader_election_lease_name, "my-lease");
-    assert_eq!(u.volcano_hypernode_prefix, "team");
+    assert_eq!(u.plugins.volcano.volcano_hypernode_prefix, "team");
     assert!(u.taint.startup_taint.is_some());
     assert!(!u.labels && !u.force && !u.dry_run);
     assert!(u.wait_for_lease.0 >= std::time::Duration::from_secs(30));
     // No Slurm ConfigMap configured: none looked for, and no ConfigMap permission at all.
-    assert_eq!(u.slurm_topology_configmap.as_deref(), Some("none"));
+    assert_eq!(
+        u.plugins.slurm.slurm_topology_configmap,
+        Some(ec2_topology_labeler::publish::SlurmConfigMaps::None)
+    );
     let configmap_rules = |docs: &[Value]| -> Vec<Value> {
         docs.iter()
             .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete")

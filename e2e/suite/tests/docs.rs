@@ -233,9 +233,9 @@ fn without_tests(text: &str) -> String {
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         if line == "#[cfg(test)]"
-            && lines
-                .peek()
-                .is_some_and(|l| l.starts_with("mod ") && l.ends_with('{'))
+            && lines.peek().is_some_and(|l| {
+                l.trim_start_matches("pub(crate) ").starts_with("mod ") && l.ends_with('{')
+            })
         {
             for inner in lines.by_ref() {
                 if inner == "}" {

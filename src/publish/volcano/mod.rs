@@ -473,7 +473,7 @@ impl super::plugin::Plugin for Plugin {
                     return Ok(Vec::new());
                 }
                 Purpose::TurnedOff(args) => args.volcano.volcano_hypernode_prefix.as_str(),
-                Purpose::Uninstall(u) => u.hypernode_prefix,
+                Purpose::Uninstall(u) => u.flags.volcano.volcano_hypernode_prefix.as_str(),
             };
             Ok(labelled(client, &api_resource())
                 .await?
@@ -809,6 +809,18 @@ pub struct VolcanoArgs {
     #[arg(long, env = "LABELER_VOLCANO_HYPERNODES", default_value_t = false, action = clap::ArgAction::Set)]
     pub volcano_hypernodes: bool,
     /// Prefix of the HyperNode names we own.
+    #[arg(
+        long,
+        env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
+        default_value = "ec2tl"
+    )]
+    pub volcano_hypernode_prefix: String,
+}
+
+/// `uninstall`'s Volcano flag.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct VolcanoUninstallFlags {
+    /// Prefix of the HyperNode names this installation owns (as given to `run`).
     #[arg(
         long,
         env = "LABELER_VOLCANO_HYPERNODE_PREFIX",

@@ -424,20 +424,19 @@ mod tests {
     use crate::node::LiteNode;
 
     fn node(name: &str, conditions: &[&str], taints: &[(&str, &str)]) -> LiteNode {
-        let conditions: Vec<_> = conditions
-            .iter()
-            .map(|t| json!({"type": t, "status": "True", "reason": "R"}))
-            .collect();
-        let taints: Vec<_> = taints
-            .iter()
-            .map(|(k, e)| json!({"key": k, "effect": e}))
-            .collect();
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"taints": taints},
-            "status": {"conditions": conditions}
-        }))
-        .expect("a node")
+        let mut n = crate::testing::nodes::node(name);
+        for t in conditions {
+            n = n.condition(crate::node::LiteCondition {
+                type_: t.to_string(),
+                status: "True".into(),
+                reason: Some("R".into()),
+                ..crate::node::LiteCondition::default()
+            });
+        }
+        for (key, effect) in taints {
+            n = n.taint(key, effect);
+        }
+        n.build()
     }
 
     #[test]

@@ -280,10 +280,9 @@ mod tests {
     use super::*;
 
     fn node(name: &str, rv: &str) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.name = Some(name.into());
-        n.metadata.resource_version = Some(rv.into());
-        n
+        crate::testing::nodes::node(name)
+            .resource_version(Some(rv))
+            .build()
     }
 
     #[tokio::test]

@@ -335,7 +335,7 @@ mod tests {
     use super::*;
     use crate::{node::LiteNode, node::store::NodeCache};
     use kube::runtime::watcher::Event;
-    use std::{collections::BTreeMap, sync::Mutex};
+    use std::sync::Mutex;
 
     /// Counts its publishes (and the nodes with topology in each); fresh from its first publish on while `fresh_after` says so.
     struct Counting {
@@ -394,24 +394,12 @@ mod tests {
     }
 
     fn node(name: &str, leaf: &str) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.name = Some(name.into());
-        n.metadata.labels = Some(BTreeMap::from([
-            (
-                "topology.k8s.aws/network-node-layer-1".to_string(),
-                "nn-spine".to_string(),
-            ),
-            (
-                "topology.k8s.aws/network-node-layer-2".to_string(),
-                "nn-agg".to_string(),
-            ),
-            (
-                "topology.k8s.aws/network-node-layer-3".to_string(),
-                leaf.to_string(),
-            ),
-        ]));
-        n.pack_labels();
-        n
+        crate::testing::nodes::node(name)
+            .path(
+                "topology.k8s.aws/network-node-layer-",
+                &["nn-spine", "nn-agg", leaf],
+            )
+            .packed()
     }
 
     /// `list` publishing every `interval` as the leader, with the default label keys.

@@ -317,17 +317,11 @@ mod tests {
     const L: &str = "topology.k8s.aws/network-node-layer-";
 
     fn node(name: &str, path: &[&str], provider_id: &str) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.name = Some(name.into());
-        n.metadata.uid = Some(format!("uid-{name}"));
-        let mut labels = BTreeMap::new();
-        for (i, v) in path.iter().enumerate() {
-            labels.insert(format!("{L}{}", i + 1), v.to_string());
-        }
-        n.metadata.labels = Some(labels);
-        n.spec.provider_id = Some(provider_id.into());
-        n.pack_labels();
-        n
+        crate::testing::nodes::node(name)
+            .uid()
+            .path(L, path)
+            .provider_id(provider_id)
+            .packed()
     }
 
     fn fp(path: &[&str]) -> u64 {

@@ -313,16 +313,10 @@ mod tests {
     use super::*;
 
     fn node(created_s_ago: Option<i64>, labels: &[(&str, &str)], now: &Time) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.creation_timestamp =
-            created_s_ago.map(|s| Time(now.0 - k8s_openapi::jiff::SignedDuration::from_secs(s)));
-        n.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        n
+        crate::testing::nodes::unnamed()
+            .created(created_s_ago, now)
+            .labels(labels)
+            .build()
     }
 
     #[test]

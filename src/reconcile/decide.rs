@@ -463,7 +463,7 @@ mod tests {
 
     use std::collections::BTreeMap;
 
-    use k8s_openapi::{api::core::v1::Taint, apimachinery::pkg::apis::meta::v1::Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::{
@@ -482,26 +482,16 @@ mod tests {
         tainted: bool,
         labels: &[(&str, &str)],
     ) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.name = Some("n1".into());
-        n.metadata.creation_timestamp = Some(Time(
-            now.0 - k8s_openapi::jiff::SignedDuration::from_secs(age_s),
-        ));
-        n.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        n.spec.provider_id = Some(provider_id.into());
+        let n = crate::testing::nodes::node("n1")
+            .created(Some(age_s), now)
+            .labels(labels)
+            .provider_id(provider_id);
         if tainted {
-            n.spec.taints.push(Taint {
-                key: "ec2-topology-labeler.io/topology-pending".into(),
-                effect: "NoSchedule".into(),
-                ..Taint::default()
-            });
+            n.taint("ec2-topology-labeler.io/topology-pending", "NoSchedule")
+                .build()
+        } else {
+            n.build()
         }
-        n
     }
 
     fn gate(when: WhenUnsupported, timeout_s: Option<u64>) -> Gate {

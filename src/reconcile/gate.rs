@@ -724,17 +724,19 @@ mod tests {
     }
 
     fn node_with(cond: Option<(&str, &str, &str)>) -> LiteNode {
-        let mut n = LiteNode::default();
-        if let Some((status, reason, at)) = cond {
-            n.status.conditions.push(crate::node::LiteCondition {
-                type_: CONDITION_TYPE.into(),
-                status: status.into(),
-                reason: Some(reason.into()),
-                message: None,
-                last_transition_time: Some(Time(at.parse().unwrap())),
-            });
+        let n = crate::testing::nodes::unnamed();
+        match cond {
+            Some((status, reason, at)) => n
+                .condition(crate::node::LiteCondition {
+                    type_: CONDITION_TYPE.into(),
+                    status: status.into(),
+                    reason: Some(reason.into()),
+                    message: None,
+                    last_transition_time: Some(Time(at.parse().unwrap())),
+                })
+                .build(),
+            None => n.build(),
         }
-        n
     }
 
     #[test]

@@ -423,11 +423,10 @@ mod tests {
     }
 
     fn node(name: &str, rv: Option<&str>) -> LiteNode {
-        let mut n = LiteNode::default();
-        n.metadata.name = Some(name.into());
-        n.metadata.uid = Some(format!("uid-{name}"));
-        n.metadata.resource_version = rv.map(String::from);
-        n
+        crate::testing::nodes::node(name)
+            .uid()
+            .resource_version(rv)
+            .build()
     }
 
     fn desired(leaf: &str) -> Desired {

@@ -303,12 +303,9 @@ pub fn verdict(e: &Explanation) -> String {
 
 /// `args` with the controller's label, gate, EC2, cache, Lease and admin-address flags.
 pub fn adopt(mut args: ExplainArgs, run: RunArgs) -> ExplainArgs {
-    args.labels = run.labels;
-    args.gate = run.gate;
-    args.ec2 = run.ec2;
-    args.lookup = run.lookup;
-    args.leader = run.leader;
+    args.leader = run.leader.clone();
     args.debug_addr = run.serve.debug_addr;
+    args.decide = run.into();
     args
 }
 
@@ -317,7 +314,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         Some(run) => adopt(args, run),
         None => args,
     };
-    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let scheme = args.decide.labels.scheme().map_err(Error::Config)?;
     let client = crate::client::connect_default().await?;
     let full: Api<Node> = Api::all(client.clone());
     let node = full
@@ -336,14 +333,14 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     let now = if args.no_ec2 {
         None
     } else {
-        let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(()))
+        let lookup = lookup_from(&args.decide.ec2, &args.decide.lookup, Arc::new(()))
             .await
             .map_err(crate::Error::Config)?;
-        let gate = Gate::from(&args.gate);
+        let gate = Gate::from(&args.decide.gate);
         plan_nodes(
             std::slice::from_ref(&lite),
             &scheme,
-            args.ec2.region.as_deref(),
+            args.decide.ec2.region.as_deref(),
             &lookup,
             &gate,
         )
@@ -356,8 +353,8 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         .filter(|(k, _)| scheme.is_family_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let key = args.lookup.record_key().map_err(Error::Config)?;
-    let record = match crate::reconcile::target(&lite, &scheme, args.ec2.region.as_deref()) {
+    let key = args.decide.lookup.record_key().map_err(Error::Config)?;
+    let record = match crate::reconcile::target(&lite, &scheme, args.decide.ec2.region.as_deref()) {
         Ok(Ok(t)) => match crate::reconcile::trusted(&lite, &scheme, &t, key.as_ref()) {
             Ok(v) => format!(
                 "trusted (EC2 has given this answer for {}s): a new leader takes it, no EC2 call, and asks again within --cache-ttl",
@@ -647,9 +644,9 @@ mod tests {
         let adopted = adopt(mine, run);
         assert_eq!(adopted.node, "node-a");
         assert_eq!(adopted.debug_addr.port(), 9090);
-        assert_eq!(adopted.ec2.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(adopted.decide.ec2.region.as_deref(), Some("eu-west-1"));
         assert_eq!(adopted.leader.leader_election_lease_name, "other");
-        let scheme = adopted.labels.scheme().expect("scheme");
+        let scheme = adopted.decide.labels.scheme().expect("scheme");
         assert!(scheme.is_family_label("example.com/layer-1"));
         // `tree` and `plan` there read its label keys (and `plan` its EC2 settings) too.
         let run = run_args_of(&pid1).expect("a run command line");
@@ -675,12 +672,13 @@ mod tests {
         };
         let plan = crate::cmd::plan::adopt(plan, run);
         assert!(
-            plan.labels
+            plan.decide
+                .labels
                 .scheme()
                 .expect("scheme")
                 .is_family_label("example.com/layer-1")
         );
-        assert_eq!(plan.ec2.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(plan.decide.ec2.region.as_deref(), Some("eu-west-1"));
         assert_eq!(
             plan.output.format,
             OutputFormat::Json,

@@ -20,10 +20,7 @@ use crate::{
 /// container with `kubectl exec`, where its credentials are too).
 pub fn adopt(args: PlanArgs, run: crate::flags::RunArgs) -> PlanArgs {
     PlanArgs {
-        labels: run.labels,
-        gate: run.gate,
-        ec2: run.ec2,
-        lookup: run.lookup,
+        decide: run.into(),
         ..args
     }
 }
@@ -33,15 +30,22 @@ pub async fn run(args: PlanArgs) -> Result<()> {
         Some(run) => adopt(args, run),
         None => args,
     };
-    let scheme = args.labels.scheme().map_err(Error::Config)?;
+    let scheme = args.decide.labels.scheme().map_err(Error::Config)?;
     let client = crate::client::connect_default().await?;
     let api: Api<WireNode> = Api::all(client.clone());
     let nodes = list_nodes(&api, &scheme).await?;
-    let lookup = lookup_from(&args.ec2, &args.lookup, Arc::new(()))
+    let lookup = lookup_from(&args.decide.ec2, &args.decide.lookup, Arc::new(()))
         .await
         .map_err(crate::Error::Config)?;
-    let gate = Gate::from(&args.gate);
-    let mut plans = plan_nodes(&nodes, &scheme, args.ec2.region.as_deref(), &lookup, &gate).await;
+    let gate = Gate::from(&args.decide.gate);
+    let mut plans = plan_nodes(
+        &nodes,
+        &scheme,
+        args.decide.ec2.region.as_deref(),
+        &lookup,
+        &gate,
+    )
+    .await;
     let retired = crate::reconcile::retire::find(&Api::all(client), &scheme).await?;
     add_retired(&mut plans, retired);
     let text = match args.output.format {

@@ -218,14 +218,7 @@ pub struct ExplainArgs {
     /// The node's name.
     pub node: String,
     #[command(flatten)]
-    pub labels: LabelArgs,
-    /// What the startup gate would do (the same flags as `run`).
-    #[command(flatten)]
-    pub gate: GateArgs,
-    #[command(flatten)]
-    pub ec2: Ec2Args,
-    #[command(flatten)]
-    pub lookup: LookupArgs,
+    pub decide: DecideArgs,
     /// Where to find the Lease, to name the leader.
     #[command(flatten)]
     pub leader: LeaderArgs,
@@ -504,6 +497,18 @@ pub enum OutputFormat {
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
     #[command(flatten)]
+    pub decide: DecideArgs,
+    #[command(flatten)]
+    pub output: Output,
+    #[command(flatten)]
+    pub own: OwnFlags,
+}
+
+/// What deciding a node's labels takes, the same flags as `run`'s: `plan` and `explain` read
+/// them, and take the running controller's in its container.
+#[derive(Debug, Clone, Args)]
+pub struct DecideArgs {
+    #[command(flatten)]
     pub labels: LabelArgs,
     /// What the startup gate would do (the same flags as `run`).
     #[command(flatten)]
@@ -512,10 +517,18 @@ pub struct PlanArgs {
     pub ec2: Ec2Args,
     #[command(flatten)]
     pub lookup: LookupArgs,
-    #[command(flatten)]
-    pub output: Output,
-    #[command(flatten)]
-    pub own: OwnFlags,
+}
+
+impl From<RunArgs> for DecideArgs {
+    /// The running controller's.
+    fn from(run: RunArgs) -> Self {
+        DecideArgs {
+            labels: run.labels,
+            gate: run.gate,
+            ec2: run.ec2,
+            lookup: run.lookup,
+        }
+    }
 }
 
 /// The flags of the controller this process runs beside: PID 1's command line when it is

@@ -1,24 +1,26 @@
-//! A clean way out: what we wrote, found and removed — when a feature is turned off (by the
-//! leader at start-up, only what cannot hurt a running workload) and by `uninstall` (everything
+//! A clean way out: what we wrote, found and removed — when a feature is turned off (what it
+//! left on Nodes by the leader at start-up; what it published by `retire`, the chart's
+//! post-upgrade hook, only what cannot hurt a running workload) and by `uninstall` (everything
 //! we own, labels only when asked).
 //!
-//! What is ours: our `TopologyLabeled` and `UltraServerInterconnectImpaired` conditions and our
-//! interconnect taint on Nodes; objects carrying our
+//! What is ours: our `TopologyLabeled` and `UltraServerInterconnectImpaired` conditions, our
+//! interconnect taint and the UltraServer shape keys on Nodes; objects carrying our
 //! `app.kubernetes.io/managed-by` label (HyperNodes also under this installation's name prefix);
 //! the Lease; the label and annotation keys our field manager owns on Nodes.
 //!
-//! "Cannot hurt" decides what turning a feature off removes at start-up: a condition nothing
-//! else should gate on any more, the interconnect taint (nothing would ever take it off again),
-//! and HyperNodes (Volcano re-plans from what exists). Kueue and
-//! KAI Topologies (a ResourceFlavor or a workload's annotation may name them) and the Slurm
-//! ConfigMap (a slurmctld may mount it) are left in place then; `uninstall` removes them, except
-//! a Kueue Topology a ResourceFlavor still names (reported, kept unless `--force`).
+//! "Cannot hurt" decides what turning a feature off removes: on Nodes at start-up, a condition
+//! nothing else should gate on any more, the interconnect taint (nothing would ever take it off
+//! again) and the shape keys (nothing would keep them true); by `retire`, HyperNodes (Volcano
+//! re-plans from what exists) and the Kueue Topologies no ResourceFlavor names. KAI Topologies
+//! (a workload's annotation may name them), a Kueue Topology a ResourceFlavor names and the
+//! Slurm ConfigMap (a slurmctld may mount it) are kept then; `uninstall` removes them, except a
+//! Kueue Topology a ResourceFlavor still names (reported, kept unless `--force`).
 //!
 //! Each publisher finds and removes its own objects ([`crate::publish::plugin::Plugin`]); this
 //! module asks every one, and removes the rest (the condition, the Lease, our keys on Nodes).
 //!
-//! Owns: removals. Each is one API call, made only while this replica leads (start-up) or by the
-//! operator's own command.
+//! Owns: removals. Each is a read and a write at most (retried on a conflict), made only while
+//! this replica leads (start-up) or by the operator's own command.
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{

@@ -1,5 +1,6 @@
-//! Paginated lists: every list of many objects the controller and its commands make goes page by
-//! page (a large fleet is never one response held whole), through [`each_page`].
+//! Paginated lists: every list of Nodes and Pods, and of Kueue's objects, the controller and its
+//! commands make goes page by page (a large fleet is never one response held whole), through
+//! [`each_page`]. (The HyperNode lists are not paged yet.)
 //!
 //! Owns: the continue-token loop. Never decides what a page's items mean.
 

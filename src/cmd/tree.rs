@@ -1,4 +1,5 @@
-//! `tree`: the cluster's topology as its labels describe it (reads Nodes, writes nothing).
+//! `tree`: the cluster's topology as its labels describe it (reads Nodes, and EC2 with
+//! `--reservations`; writes nothing).
 //!
 //! Owns: the `tree` output. Never writes to the cluster.
 

@@ -1,6 +1,7 @@
 //! The Lease protocol (client-go's `leaderelection`): acquire when free, released, or unchanged
-//! for a whole lease duration on our own clock; every write a `replace` carrying the
-//! resourceVersion read; renew every retry period; give up at the renew deadline.
+//! for a whole lease duration on our own clock; a `create` when there is none (a second creator
+//! gets a conflict), else a `replace` carrying the resourceVersion read; renew every retry
+//! period; give up at the renew deadline.
 //!
 //! Owns: the Lease object. Never touches anything else.
 

@@ -4,8 +4,9 @@
 //! - a candidate takes the Lease when it is free, released, or has not changed for a whole lease
 //!   duration *as observed on this replica's own clock* (never by comparing another replica's
 //!   timestamps with ours, so clock skew between nodes does not matter);
-//! - every write to the Lease is a `replace` carrying the resourceVersion that was read, so two
-//!   candidates can never both win: the second gets a conflict;
+//! - every write to the Lease is a `create` when there is none or a `replace` carrying the
+//!   resourceVersion that was read, so two candidates can never both win: the second gets a
+//!   conflict;
 //! - the leader renews every retry period and **stops acting as leader on its own** once its last
 //!   successful renewal is older than the renew deadline (lease duration − renew grace), whether
 //!   renewals fail with errors, 403s or hang. The deadline is shorter than the lease duration, so

@@ -5,8 +5,9 @@
 //! Also who this process is: its Pod (from the downward API, where Events about the controller
 //! itself go) and its default leader-election identity.
 //!
-//! Owns: reading `/proc/self`, the cgroup memory limit and the downward API's variables. Linux
-//! only; elsewhere the series are simply absent.
+//! Owns: reading `/proc/self`, the cgroup memory limit, the downward API's variables, the
+//! hostname and the ServiceAccount's namespace file. Linux only for the resource series;
+//! elsewhere they are absent (the start time is always written).
 
 use std::{
     fmt::Write as _,

@@ -1,8 +1,9 @@
-//! What the node watch keeps of each Node ([`prune`]: the fields and labels a reconcile,
-//! `tree`, `explain` and the gauges read) and which of its changes wake a reconcile
-//! ([`relevant`]: not heartbeats, images or other labels).
+//! The one watch of the Nodes ([`nodes`]: listed in pages, then watched, feeding the node cache,
+//! its errors counted and its health told), what it keeps of each Node ([`prune`]: the fields
+//! and labels a reconcile, `tree`, `explain` and the gauges read) and which of its changes wake
+//! a reconcile ([`relevant`]: not heartbeats, images or other labels).
 //!
-//! Owns: those two rules. Never talks to the API server.
+//! Owns: the Node watch and those two rules. Never writes to the cluster.
 
 use std::{
     sync::{

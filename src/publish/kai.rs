@@ -12,7 +12,8 @@
 //! layer and the hostname (`--ultraserver-level`). KAI's levels are
 //! immutable (a validation rule refuses any change), so nothing is ever updated in place.
 //!
-//! Owns: the KAI Topologies we create. Never changes or deletes any Topology.
+//! Owns: the KAI Topologies we create. Never changes a Topology; deletes ours only for
+//! `uninstall` (and `retire`'s turned-off check lists them as kept).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -3,8 +3,9 @@
 //! topology in a ConfigMap ([`slurm`]), each behind the small [`Publisher`] trait.
 //! Each compares before it writes, so a steady cluster costs nothing.
 //!
-//! Owns: scheduler objects derived from the labels. Never writes node labels; never acts unless
-//! this replica leads.
+//! Owns: scheduler objects derived from the labels, and the UltraServer facts kept on Nodes
+//! ([`shape`]: its labels and annotation; [`interconnect`]: its condition and taint). Never writes
+//! the topology labels; never acts unless this replica leads.
 
 pub(crate) mod cliques;
 pub(crate) mod coverage;

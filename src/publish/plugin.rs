@@ -1,10 +1,12 @@
 //! A scheduler's publisher as a plug-in: built when its flags turn it on, and finding and
 //! removing what it left in the cluster (for `retire`, when its feature is turned off, and for
-//! `uninstall`). Adding a scheduler is one file implementing [`Plugin`] and one line in
-//! [`super::PLUGINS`].
+//! `uninstall`). Adding a scheduler is one file implementing [`Plugin`] (with its flags, flattened
+//! into [`super::PublishArgs`], and its `uninstall` flags, if any, into
+//! [`super::UninstallFlags`]) and one entry in [`super::PLUGINS`].
 //!
-//! Owns: the shape of a plug-in and of what it leaves ([`Item`], [`Scope`], [`Purpose`]). Never
-//! removes anything itself (each plug-in does, through [`Plugin::remove`]).
+//! Owns: the shape of a plug-in and of what it leaves ([`Item`], [`Scope`], [`Purpose`]), and
+//! the list and delete calls the plug-ins share ([`labelled`], [`delete`]). Never decides what
+//! to remove (each plug-in does, through [`Plugin::leftovers`] and [`Plugin::remove`]).
 
 use std::sync::Arc;
 

@@ -4,7 +4,8 @@
 //! reconfigure` after a change).
 //!
 //! Owns: that one ConfigMap, when we created it (our `managed-by` label). One of that name
-//! without our label is never changed, only reported. Never deletes it.
+//! without our label is never changed, only reported. Never deletes it while publishing;
+//! `uninstall` removes ours.
 
 use std::{
     collections::hash_map::DefaultHasher,

@@ -1,7 +1,8 @@
-//! Kubernetes Events on Nodes: informative, on changes and transitions only, and never allowed
-//! to hold up a reconcile.
+//! Kubernetes Events on Nodes: informative, on changes and transitions only, handed to
+//! [`crate::admin::events`] (which never waits). Reporting a conflict with another writer costs
+//! one read of the Node, once per hold.
 //!
-//! Owns: Event text and delivery. Never changes labels.
+//! Owns: which Events a reconcile's outcome gives. Never changes labels.
 
 use kube::Api;
 use tracing::warn;

@@ -7,7 +7,8 @@
 //! policy), or when the operator's timeout has passed.
 //!
 //! Owns: what to do with a node's startup taint and condition, given where the node stands.
-//! Pure: never does I/O (the writes are in [`super::write`]).
+//! Pure but for the clock [`Gate::timeout_in`] reads: never does I/O (the writes are in
+//! [`super::write`]).
 
 use std::{fmt, str::FromStr, time::Duration};
 

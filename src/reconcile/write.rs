@@ -7,7 +7,8 @@
 //! conflict) and the `TopologyLabeled` condition (a strategic-merge patch of the status
 //! subresource that touches no other condition).
 //!
-//! Owns: the shape of every node write. Never decides whether to write (the reconciler does).
+//! Owns: the shape of the reconciler's and the startup gate's writes, and of the taint writes
+//! others share ([`set_taint`]). Never decides whether to write (the reconciler does).
 
 use std::collections::BTreeMap;
 

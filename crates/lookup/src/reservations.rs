@@ -4,7 +4,7 @@
 //! Needs `ec2:DescribeCapacityReservationTopology` and `ec2:DescribeCapacityReservations`.
 //!
 //! Owns: reading those two calls' pages into [`Reservation`]s. Never caches or retries; each
-//! page after the first waits for the shared limiter's token, as every EC2 call does.
+//! page waits for the shared limiter's token, as every EC2 call does.
 
 use std::collections::BTreeMap;
 

@@ -90,15 +90,23 @@ pub struct LookupConfig {
     pub not_described_ttl: Duration,
 }
 
+/// The lookup flags' defaults, written once: the flags show them, [`LookupConfig::default`]
+/// takes them.
+const BATCH_WINDOW: Duration = Duration::from_millis(200);
+const BATCH_MAX_WAIT: Duration = Duration::from_secs(2);
+const CACHE_TTL: Duration = Duration::from_secs(6 * 3600);
+const NOT_DESCRIBED_RETRY: Duration = Duration::from_secs(15);
+const NOT_DESCRIBED_TTL: Duration = Duration::from_secs(3600);
+
 impl Default for LookupConfig {
     fn default() -> Self {
         Self {
-            batch_window: Duration::from_millis(200),
-            batch_max_wait: Duration::from_secs(2),
+            batch_window: BATCH_WINDOW,
+            batch_max_wait: BATCH_MAX_WAIT,
             max_batch: MAX_IDS_PER_CALL,
-            cache_ttl: Duration::from_secs(6 * 3600),
-            not_described_retry: Duration::from_secs(15),
-            not_described_ttl: Duration::from_secs(3600),
+            cache_ttl: CACHE_TTL,
+            not_described_retry: NOT_DESCRIBED_RETRY,
+            not_described_ttl: NOT_DESCRIBED_TTL,
         }
     }
 }
@@ -150,23 +158,23 @@ struct Request {
 pub struct LookupArgs {
     /// A DescribeInstanceTopology call goes out once no new instance has joined the waiting
     /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
-    #[arg(long, value_parser = crate::bounds::duration_flag("batch-window"), env = "LABELER_BATCH_WINDOW", default_value = "200ms")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("batch-window"), env = "LABELER_BATCH_WINDOW", default_value_t = HumanDuration(BATCH_WINDOW))]
     pub batch_window: HumanDuration,
     /// Longest an instance waits for its call to fill while others keep arriving (an instance
     /// whose node is joining or carries the startup taint: two batch windows at most, three
     /// while only joining nodes wait and their burst is about to fill the call).
-    #[arg(long, value_parser = crate::bounds::duration_flag("batch-max-wait"), env = "LABELER_BATCH_MAX_WAIT", default_value = "2s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("batch-max-wait"), env = "LABELER_BATCH_MAX_WAIT", default_value_t = HumanDuration(BATCH_MAX_WAIT))]
     pub batch_max_wait: HumanDuration,
     /// How often each instance's answer is asked again (re-verified), in full calls: when one
     /// comes due at its node's next reconcile, the answers due soonest ride its call.
-    #[arg(long, value_parser = crate::bounds::duration_flag("cache-ttl"), env = "LABELER_CACHE_TTL", default_value = "6h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("cache-ttl"), env = "LABELER_CACHE_TTL", default_value_t = HumanDuration(CACHE_TTL))]
     pub cache_ttl: HumanDuration,
     /// First retry after EC2 did not describe an instance (doubles per attempt).
-    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-retry"), env = "LABELER_NOT_DESCRIBED_RETRY", default_value = "15s")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-retry"), env = "LABELER_NOT_DESCRIBED_RETRY", default_value_t = HumanDuration(NOT_DESCRIBED_RETRY))]
     pub not_described_retry: HumanDuration,
     /// Longest wait before asking again about an instance EC2 does not describe (an unsupported
     /// instance type).
-    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-ttl"), env = "LABELER_NOT_DESCRIBED_TTL", default_value = "1h")]
+    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-ttl"), env = "LABELER_NOT_DESCRIBED_TTL", default_value_t = HumanDuration(NOT_DESCRIBED_TTL))]
     pub not_described_ttl: HumanDuration,
     /// A file holding the key verification records are sealed with (an HMAC key of at least 32
     /// bytes; the chart mounts one from a Secret it creates). A record is trusted only if sealed

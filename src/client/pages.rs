@@ -1,6 +1,7 @@
-//! Paginated lists: every list of Nodes and Pods, and of Kueue's objects, the controller and its
-//! commands make goes page by page (a large fleet is never one response held whole), through
-//! [`each_page`]. (The HyperNode lists are not paged yet.)
+//! Paginated lists: every list the controller and its commands make that grows with the fleet
+//! (Nodes, Pods, HyperNodes and our other scheduler objects) goes page by page (a large fleet is
+//! never one response held whole), through [`each_page`]; the few ResourceFlavors and Slurm
+//! ConfigMaps are listed at once.
 //!
 //! Owns: the continue-token loop. Never decides what a page's items mean.
 

@@ -187,17 +187,30 @@ impl Scope<'_> {
     }
 }
 
-/// Objects of `ar` (cluster-scoped) with our managed-by label; none when the API is not served.
+/// Objects per page of the lists of our scheduler objects (HyperNodes are one per network node:
+/// thousands in a large fleet, never one response).
+pub(crate) const PAGE: u32 = 500;
+
+/// Objects of `ar` (cluster-scoped) with our managed-by label, page by page; none when the API
+/// is not served.
 pub(crate) async fn labelled(
     client: &Client,
     ar: &ApiResource,
 ) -> Result<Vec<DynamicObject>, kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    match api
-        .list(&ListParams::default().labels(&owner::selector()))
-        .await
-    {
-        Ok(list) => Ok(list.items),
+    let mut out = Vec::new();
+    let listed = crate::client::pages::each_page(
+        ListParams::default().labels(&owner::selector()),
+        PAGE,
+        |p| {
+            let api = api.clone();
+            async move { api.list(&p).await }
+        },
+        |items| out.extend(items),
+    )
+    .await;
+    match listed {
+        Ok(()) => Ok(out),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
         Err(e) => Err(e),
     }

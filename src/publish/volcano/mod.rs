@@ -165,28 +165,35 @@ impl HyperNodeSync {
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let mut existing: BTreeMap<String, DynamicObject> = BTreeMap::new();
         let mut others: BTreeMap<String, Option<String>> = BTreeMap::new();
-        for o in self
-            .api
-            .list(&ListParams::default().labels(&selector))
-            .await?
-            .items
-        {
-            let name = o.name_any();
-            if !owned_by(&self.prefix, &name) {
-                continue;
-            }
-            match claim(&o, &self.owner) {
-                Claim::Other(owner) => {
-                    others.insert(name, Some(owner));
+        // Page by page: one HyperNode per network node is thousands in a large fleet.
+        crate::client::pages::each_page(
+            ListParams::default().labels(&selector),
+            super::plugin::PAGE,
+            |p| {
+                let api = self.api.clone();
+                async move { api.list(&p).await }
+            },
+            |items| {
+                for o in items {
+                    let name = o.name_any();
+                    if !owned_by(&self.prefix, &name) {
+                        continue;
+                    }
+                    match claim(&o, &self.owner) {
+                        Claim::Other(owner) => {
+                            others.insert(name, Some(owner));
+                        }
+                        Claim::Unclaimed => {
+                            others.insert(name, None);
+                        }
+                        Claim::Ours => {
+                            existing.insert(name, o);
+                        }
+                    }
                 }
-                Claim::Unclaimed => {
-                    others.insert(name, None);
-                }
-                Claim::Ours => {
-                    existing.insert(name, o);
-                }
-            }
-        }
+            },
+        )
+        .await?;
         let taken: Vec<Taken> = desired
             .iter()
             .filter_map(|h| {
@@ -541,9 +548,10 @@ mod sync_tests {
         (sync, handle)
     }
 
-    /// Run one sync of `desired` against a server listing `existing`; every request after the
-    /// list is answered 200. Returns the sync's result and the (method, name, body) of each
-    /// write and delete.
+    /// Run one sync of `desired` against a server listing `existing` (in two pages when it holds
+    /// two or more: the sync must follow the continue token); every request after the list is
+    /// answered 200. Returns the sync's result and the (method, name, body) of each write and
+    /// delete.
     async fn sync_against(
         desired: &[HyperNode],
         existing: Vec<Value>,
@@ -556,9 +564,35 @@ mod sync_tests {
                 .expect("the list within 5 s")
                 .expect("the list");
             assert_eq!(list.method(), Method::GET);
-            send.send_response(ok(&json!({
-                "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
-                "metadata": {}, "items": existing })));
+            let query = list.uri().query().unwrap_or_default().to_string();
+            assert!(query.contains("limit=500"), "paged: {query}");
+            let mut pages = vec![existing];
+            if pages[0].len() >= 2 {
+                let half = pages[0].len() / 2;
+                let second = pages[0].split_off(half);
+                pages.push(second);
+            }
+            let last = pages.len() - 1;
+            let mut send = Some(send);
+            for (k, items) in pages.into_iter().enumerate() {
+                let to = match send.take() {
+                    Some(s) => s,
+                    None => {
+                        let (next, s) = handle.next_request().await.expect("the next page");
+                        let query = next.uri().query().unwrap_or_default().to_string();
+                        assert!(query.contains("continue=page-2"), "asked on: {query}");
+                        s
+                    }
+                };
+                let meta = if k < last {
+                    json!({"continue": "page-2"})
+                } else {
+                    json!({})
+                };
+                to.send_response(ok(&json!({
+                    "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNodeList",
+                    "metadata": meta, "items": items })));
+            }
             // Bounded: the sync is done when no request comes for a second.
             while let Ok(Some((req, send))) =
                 tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await

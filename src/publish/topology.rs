@@ -188,9 +188,10 @@ pub(crate) fn report_mismatch(
     );
 }
 
-/// [`ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel` (Kueue's, KAI's),
-/// served as `ar`, created as the installation `owner`'s. `leader` is checked right before the
-/// write (the reads before it take time, in which the lease can pass to another replica).
+/// [`super::kueue::ensure`] for a Topology kind of any group with `spec.levels[].nodeLabel`
+/// (Kueue's, KAI's), served as `ar`, created as the installation `owner`'s. `leader` is checked
+/// right before the write (the reads before it take time, in which the lease can pass to another
+/// replica).
 pub(crate) async fn ensure_in(
     client: &Client,
     ar: &ApiResource,

@@ -3,8 +3,8 @@
 //! [`decide`] is pure: from the node, what its record says and the answer (EC2's, through
 //! [`super::assess`], or why there is none) it gives one [`Decision`]: where the node stands,
 //! what to say about it (an Event and a log line, once, on entering that), the labels to write,
-//! where the startup gate stands (its condition and taint follow from that: [`Gate::plan`]) and
-//! when to look again. [`super::reconcile_node`] gathers the facts (and stops early when
+//! where the startup gate stands (its condition and taint follow from that:
+//! [`super::gate::Gate::plan`]) and when to look again. [`super::reconcile_node`] gathers the facts (and stops early when
 //! leadership is lost while it does) and `carry_out` carries the decision out; neither decides
 //! where a node stands.
 //!

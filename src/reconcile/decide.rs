@@ -4,9 +4,9 @@
 //! [`super::assess`], or why there is none) it gives one [`Decision`]: where the node stands,
 //! what to say about it (an Event and a log line, once, on entering that), the labels to write,
 //! where the startup gate stands (its condition and taint follow from that:
-//! [`super::gate::Gate::plan`]) and when to look again. [`super::reconcile_node`] gathers the facts (and stops early when
-//! leadership is lost while it does) and `carry_out` carries the decision out; neither decides
-//! where a node stands.
+//! [`super::gate::Gate::plan`]) and when to look again. [`super::reconcile_node`] gathers the
+//! facts (and stops early when leadership is lost while it does) and `carry_out` carries the
+//! decision out; neither decides where a node stands.
 //!
 //! Owns: the decision for one node. Never does I/O, never reads a clock (the time is a fact).
 

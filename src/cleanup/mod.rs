@@ -29,10 +29,7 @@ use kube::{
 };
 use serde_json::json;
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 use tracing::{info, warn};
@@ -394,9 +391,9 @@ pub(crate) async fn retire_from_nodes_at_start(
     what: Vec<OnNode>,
 ) {
     let leader = ctx.leader.clone();
-    while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    leader
+        .leading_with(&synced, Duration::from_millis(500))
+        .await;
     // One pass over the cache, each node expanded in turn (never the whole fleet at once).
     let found = on_nodes(reader.state().iter().map(|n| n.expand()), &what);
     for w in what {

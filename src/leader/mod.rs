@@ -229,6 +229,18 @@ impl Leadership {
         }
     }
 
+    /// Returns once this replica leads and `synced` holds (the node cache has its first list),
+    /// looking every `poll`: what the leader's start-up tasks wait for.
+    pub(crate) async fn leading_with(
+        &self,
+        synced: &std::sync::atomic::AtomicBool,
+        poll: std::time::Duration,
+    ) {
+        while !(self.is_leader() && synced.load(Ordering::SeqCst)) {
+            tokio::time::sleep(poll).await;
+        }
+    }
+
     /// May we act as leader right now? Checked again right before every write.
     pub(crate) fn is_leader(&self) -> bool {
         if self.state.always {

@@ -8,10 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -244,9 +241,9 @@ pub(crate) async fn retire_at_start(
 ) {
     let mut delay = Duration::from_secs(5);
     loop {
-        while !(leader.is_leader() && synced.load(Ordering::SeqCst)) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        leader
+            .leading_with(&synced, Duration::from_millis(500))
+            .await;
         match retire_all(&api, &scheme, &leader, &metrics).await {
             Ok(0) => return,
             Ok(n) => {

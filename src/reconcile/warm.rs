@@ -236,9 +236,7 @@ pub(crate) async fn walks(
     // and their first lookups should go out in the walk's full calls, not in a call of their own.
     let poll = Duration::from_millis(20);
     loop {
-        while !(ctx.leader.is_leader() && synced.load(std::sync::atomic::Ordering::SeqCst)) {
-            tokio::time::sleep(poll).await;
-        }
+        ctx.leader.leading_with(&synced, poll).await;
         let walked = warm(&store, &ctx).await;
         debug!(?walked, "cache walk done");
         // Leadership lost, then won again: walk again (mostly cache hits by then).

@@ -846,10 +846,13 @@ pub struct VolcanoArgs {
     #[arg(
         long,
         env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
-        default_value = "ec2tl"
+        default_value = HYPERNODE_PREFIX
     )]
     pub volcano_hypernode_prefix: String,
 }
+
+/// `--volcano-hypernode-prefix`'s default, for `run` and `uninstall` alike.
+const HYPERNODE_PREFIX: &str = "ec2tl";
 
 /// `uninstall`'s Volcano flag.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -858,7 +861,7 @@ pub struct VolcanoUninstallFlags {
     #[arg(
         long,
         env = "LABELER_VOLCANO_HYPERNODE_PREFIX",
-        default_value = "ec2tl"
+        default_value = HYPERNODE_PREFIX
     )]
     pub volcano_hypernode_prefix: String,
 }

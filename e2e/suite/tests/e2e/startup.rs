@@ -81,17 +81,7 @@ pub(super) async fn released(
 }
 
 pub(super) async fn event_count(c: &Client, node: &str, reason: &str) -> anyhow::Result<usize> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
-    Ok(events
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
-        })
-        .count())
+    events_about(c, "Node", node, reason).await
 }
 
 /// The startup taint: released only once the labels are on the node (seen by a watch of every

@@ -2,7 +2,10 @@
 
 use std::{io::IsTerminal, process::ExitCode};
 
-use ec2_topology_labeler::flags::{Cli, Command, LogFormat};
+use ec2_topology_labeler::{
+    cmd::{Cli, Command},
+    flags::LogFormat,
+};
 use tracing_subscriber::{EnvFilter, fmt};
 
 /// mimalloc instead of the C library's allocator, only when built with `--features mimalloc`:
@@ -33,7 +36,7 @@ fn init_logging(format: LogFormat) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_checked();
-    init_logging(cli.log_format);
+    init_logging(cli.globals.log_format);
     // One rustls crypto provider for the whole process (kube and the AWS SDK both use ring);
     // installed before any client is built. It can only fail if one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -274,7 +274,7 @@ proptest! {
         grace_ms in prop_oneof![(0u64..3_700).prop_map(|s| s * 1000), 0u64..3_700_000],
     ) {
         use clap::Parser;
-        use ec2_topology_labeler::{flags::{Cli, Command}, leader::{RENEWALS_PER_DEADLINE, Timings}};
+        use ec2_topology_labeler::{cmd::{Cli, Command}, leader::{RENEWALS_PER_DEADLINE, Timings}};
         let (d, g) = (format!("{duration_ms}ms"), format!("{grace_ms}ms"));
         let Ok(cli) = Cli::try_parse_from([
             "ec2-topology-labeler", "run",

@@ -132,6 +132,13 @@ fn setup(fake: &Fake) -> (Arc<Context>, Handle) {
 }
 
 fn setup_context(fake: &Fake) -> (Context, Handle) {
+    setup_with_window(fake, Duration::from_millis(1))
+}
+
+/// The same, with this batch window (the production default is 200 ms; most tests take 1 ms to
+/// run fast, which a test of how calls fill cannot: a worker delayed past 1 ms on a loaded
+/// machine sends a part-full call).
+fn setup_with_window(fake: &Fake, batch_window: Duration) -> (Context, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let metrics = Arc::new(Metrics::new());
@@ -139,7 +146,7 @@ fn setup_context(fake: &Fake) -> (Context, Handle) {
         fake.clone(),
         Arc::new(Limiter::new(LimiterConfig::default())),
         LookupConfig {
-            batch_window: Duration::from_millis(1),
+            batch_window,
             ..LookupConfig::default()
         },
         metrics.clone(),
@@ -1068,7 +1075,8 @@ fn fleet(n: usize) -> ec2_topology_labeler::node::store::NodeCache {
 async fn the_walk_at_start_fills_every_call_and_leaves_reconciles_cache_hits() {
     let fake = Fake::default();
     fake.0.describe_all.store(true, Ordering::SeqCst);
-    let (ctx, handle) = setup(&fake);
+    let (ctx, handle) = setup_with_window(&fake, LookupConfig::default().batch_window);
+    let ctx = Arc::new(ctx);
     let store = fleet(1_050);
     let walked = warm::warm(&store, &ctx).await;
     assert_eq!(walked.nodes, 1_050);

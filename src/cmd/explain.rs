@@ -15,6 +15,7 @@
 
 use std::{io::Write, net::SocketAddr, sync::Arc, time::Duration};
 
+use clap::Args;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -22,7 +23,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    flags::{ExplainArgs, OutputFormat, RunArgs, in_the_controllers_container},
+    flags::{
+        DecideArgs, LeaderArgs, Output, OutputFormat, OwnFlags, RunArgs,
+        in_the_controllers_container,
+    },
     lookup::lookup_from,
     node::LiteNode,
     node::watch::prune,
@@ -31,6 +35,28 @@ use crate::{
     reconcile::planning::{NodePlan, plan_nodes},
     reconcile::view::ControllerView,
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The node's name.
+    pub node: String,
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    /// Where to find the Lease, to name the leader.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// Where the controller serves its view of the nodes (`run`'s `--debug-addr`; in the
+    /// controller's Pod its own value is used).
+    #[arg(long, env = "LABELER_DEBUG_ADDR", default_value = "127.0.0.1:8081")]
+    pub debug_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub own: OwnFlags,
+    /// Do not ask EC2: show only the node and the controller's view.
+    #[arg(long, env = "LABELER_EXPLAIN_NO_EC2", action = clap::ArgAction::SetTrue)]
+    pub(crate) no_ec2: bool,
+    #[command(flatten)]
+    pub output: Output,
+}
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
@@ -576,7 +602,10 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::flags::{Cli, Command, run_args_of};
+    use crate::{
+        cmd::{Cli, Command},
+        flags::run_args_of,
+    };
 
     fn cmdline(args: &[&str]) -> Vec<u8> {
         args.iter().flat_map(|a| a.bytes().chain([0])).collect()

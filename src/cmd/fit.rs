@@ -5,16 +5,170 @@
 
 use std::{collections::BTreeMap, io::Write};
 
+use clap::Args;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
     fit::{Capacity, Gang, Milli, PODS, Taint, Toleration, fit, milli},
-    flags::{FitArgs, OutputFormat},
+    flags::{LabelArgs, Output, OutputFormat},
     labels::{LabelScheme, path_of},
     publish::cliques::CLIQUE_LABEL,
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct FitArgs {
+    /// A Kueue Workload (`NAMESPACE/NAME`, usually a pending one) instead of `--pods`,
+    /// `--requests` and `--level`: each of its pod sets with a topology request, on each
+    /// topology-aware flavor of its ClusterQueue (the flavor's node labels and tolerations
+    /// added to the pod template's).
+    #[arg(long, value_parser = parse_workload, env = "LABELER_FIT_WORKLOAD", conflicts_with_all = ["pods", "requests", "level", "node_selector", "tolerations"])]
+    pub workload: Option<(String, String)>,
+    /// Pods in the gang.
+    #[arg(long, value_parser = crate::bounds::count_flag::<u64>("pods"), env = "LABELER_FIT_PODS", required_unless_present = "workload")]
+    pub pods: Option<u64>,
+    /// What each pod requests, `RESOURCE=QUANTITY` separated by commas
+    /// (`nvidia.com/gpu=8,cpu=90,memory=1000Gi`). Every pod also takes a pod slot.
+    #[arg(long, value_parser = parse_requests, env = "LABELER_FIT_REQUESTS", default_value = "")]
+    pub requests: Requests,
+    /// The node label whose values are the domains the whole gang must share
+    /// (`topology.k8s.aws/network-node-layer-3` for one leaf switch).
+    #[arg(long, value_parser = parse_label_key, env = "LABELER_FIT_LEVEL", required_unless_present = "workload")]
+    pub level: Option<String>,
+    /// Node labels every pod requires (its `nodeSelector`), `KEY=VALUE` separated by commas:
+    /// other nodes are in no domain.
+    #[arg(long, value_parser = parse_node_selector, env = "LABELER_FIT_NODE_SELECTOR", default_value = "")]
+    pub(crate) node_selector: NodeSelector,
+    /// Taints the pods tolerate, `KEY[=VALUE][:EFFECT]` separated by commas (no value: any
+    /// value; no effect: any effect). Nodes with a `NoSchedule` or `NoExecute` taint not
+    /// tolerated take no pod.
+    #[arg(long, value_parser = parse_toleration, value_delimiter = ',', env = "LABELER_FIT_TOLERATIONS")]
+    pub tolerations: Vec<crate::fit::Toleration>,
+    /// Domains that do not fit to show, nearest first.
+    #[arg(long, value_parser = crate::bounds::count_flag::<usize>("misses"), env = "LABELER_FIT_MISSES", default_value_t = 5)]
+    pub misses: usize,
+    /// The label keys, as `run` has them: they say which level is the capacity block (an
+    /// UltraServer, named by its leaf switch too) and which are the network layers.
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// Per-pod requests, in thousandths of each resource's unit.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Requests(pub std::collections::BTreeMap<String, crate::fit::Milli>);
+
+/// `nvidia.com/gpu=8,cpu=500m`: each resource once, a name Kubernetes accepts, a quantity of
+/// at least 0.
+fn parse_requests(text: &str) -> std::result::Result<Requests, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, quantity) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected RESOURCE=QUANTITY"))?;
+        let name = parse_label_key(name.trim())
+            .map_err(|e| format!("{part:?}: not a resource name: {e}"))?;
+        let amount = crate::fit::milli(quantity.trim()).map_err(|e| e.to_string())?;
+        if amount < 0 {
+            return Err(format!("{part:?}: a request is not negative"));
+        }
+        if name == crate::fit::PODS {
+            return Err("pods: every pod takes one pod slot; not a request".into());
+        }
+        if out.insert(name.clone(), amount).is_some() {
+            return Err(format!("{name} given twice"));
+        }
+    }
+    Ok(Requests(out))
+}
+
+/// `NAMESPACE/NAME`.
+fn parse_workload(text: &str) -> std::result::Result<(String, String), String> {
+    let (ns, name) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?}: expected NAMESPACE/NAME"))?;
+    let dns_label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && crate::labels::is_valid_label_key(s)
+            && !s.contains('/')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    if !dns_label(ns) || !dns_label(name) {
+        return Err(format!(
+            "{text:?}: expected NAMESPACE/NAME (lowercase DNS names)"
+        ));
+    }
+    Ok((ns.to_string(), name.to_string()))
+}
+
+/// Required node labels.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct NodeSelector(pub std::collections::BTreeMap<String, String>);
+
+/// `pool=a,zone=b`: valid label keys and values, each key once.
+fn parse_node_selector(text: &str) -> std::result::Result<NodeSelector, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected KEY=VALUE"))?;
+        let key = parse_label_key(key)?;
+        if !value.is_empty() && !crate::labels::is_valid_label_value(value) {
+            return Err(format!("{part:?}: {value:?} is not a label value"));
+        }
+        if out.insert(key.clone(), value.to_string()).is_some() {
+            return Err(format!("{key} given twice"));
+        }
+    }
+    Ok(NodeSelector(out))
+}
+
+/// `KEY[=VALUE][:EFFECT]`: `Equal` with a value, `Exists` without; an empty key (`:NoSchedule`)
+/// with no value tolerates every key.
+fn parse_toleration(text: &str) -> std::result::Result<crate::fit::Toleration, String> {
+    let (rest, effect) = match text.rsplit_once(':') {
+        Some((rest, effect)) => (rest, Some(effect)),
+        None => (text, None),
+    };
+    if let Some(e) = effect
+        && !matches!(e, "NoSchedule" | "PreferNoSchedule" | "NoExecute")
+    {
+        return Err(format!(
+            "{text:?}: the effect is NoSchedule, PreferNoSchedule or NoExecute, not {e:?}"
+        ));
+    }
+    let (key, value) = match rest.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (rest, None),
+    };
+    if !key.is_empty() {
+        parse_label_key(key)?;
+    } else if value.is_some() {
+        return Err(format!("{text:?}: a value needs a key"));
+    }
+    Ok(crate::fit::Toleration {
+        key: (!key.is_empty()).then(|| key.to_string()),
+        operator: Some(if value.is_some() { "Equal" } else { "Exists" }.into()),
+        value: value.map(str::to_string),
+        effect: effect.map(str::to_string),
+    })
+}
+
+/// A label key (or resource name) as Kubernetes accepts it: an optional DNS-subdomain prefix
+/// and `/`, then a name of at most 63 characters.
+fn parse_label_key(text: &str) -> std::result::Result<String, String> {
+    if crate::labels::is_valid_label_key(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a label key (an optional DNS-subdomain prefix and `/`, then 1-63 letters, digits, `-`, `_`, `.`)"
+        ))
+    }
+}
 
 /// Quantities as thousandths; one Kubernetes would not write is left out.
 fn amounts(
@@ -539,6 +693,86 @@ pub mod workload {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fit_reads_requests_selectors_and_tolerations_and_refuses_bad_ones() {
+        use crate::cmd::{Cli, Command};
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "x",
+            "fit",
+            "--pods",
+            "4",
+            "--requests",
+            "nvidia.com/gpu=8, cpu=500m",
+            "--level",
+            "topology.k8s.aws/network-node-layer-3",
+            "--node-selector",
+            "pool=gpu",
+            "--tolerations",
+            "nvidia.com/gpu:NoSchedule,dedicated=train,:NoExecute",
+        ]);
+        let Ok(Cli {
+            command: Command::Fit(f),
+            ..
+        }) = cli
+        else {
+            panic!("not parsed: {cli:?}");
+        };
+        assert_eq!(f.requests.0.get("nvidia.com/gpu"), Some(&8_000));
+        assert_eq!(f.requests.0.get("cpu"), Some(&500));
+        assert_eq!(
+            f.node_selector.0.get("pool").map(String::as_str),
+            Some("gpu")
+        );
+        assert_eq!(f.tolerations.len(), 3);
+        assert_eq!(f.tolerations[0].operator.as_deref(), Some("Exists"));
+        assert_eq!(f.tolerations[1].value.as_deref(), Some("train"));
+        assert_eq!(f.tolerations[2].key, None);
+        assert_eq!(f.misses, 5);
+        assert_eq!(f.pods, Some(4));
+        let w = Cli::try_parse_from(["x", "fit", "--workload", "ml/train-1"]);
+        assert!(
+            matches!(&w, Ok(Cli { command: Command::Fit(f), .. }) if f.workload == Some(("ml".into(), "train-1".into()))),
+            "{w:?}"
+        );
+        for refused in [
+            vec!["x", "fit", "--workload", "ml/train-1", "--pods", "2"],
+            vec!["x", "fit", "--workload", "train-1"],
+            vec!["x", "fit", "--pods", "2"],
+        ] {
+            assert!(Cli::try_parse_from(&refused).is_err(), "{refused:?}");
+        }
+        for (flag, value, says) in [
+            (
+                "--requests",
+                "nvidia.com/gpu=eight",
+                "not a Kubernetes quantity",
+            ),
+            ("--requests", "cpu=-1", "not negative"),
+            ("--requests", "cpu=1,cpu=2", "given twice"),
+            ("--requests", "pods=1", "pod slot"),
+            ("--requests", "cpu", "RESOURCE=QUANTITY"),
+            ("--level", "Not A Label", "not a label key"),
+            ("--node-selector", "pool", "KEY=VALUE"),
+            ("--tolerations", "gpu:NoWay", "the effect is"),
+            ("--tolerations", "=v", "a value needs a key"),
+            ("--pods", "0", "out of range"),
+        ] {
+            let mut args = vec!["x", "fit"];
+            for (f, v) in [
+                ("--pods", "1"),
+                ("--level", "topology.k8s.aws/network-node-layer-3"),
+            ] {
+                if f != flag {
+                    args.extend([f, v]);
+                }
+            }
+            args.extend([flag, value]);
+            let err = Cli::try_parse_from(args).map(drop).unwrap_err().to_string();
+            assert!(err.contains(says), "{flag} {value}: {err}");
+        }
+    }
+
     use super::*;
 
     fn pod(spec: serde_json::Value) -> Pod {

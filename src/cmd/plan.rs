@@ -5,16 +5,27 @@
 
 use std::{io::Write, sync::Arc};
 
+use clap::Args;
 use kube::Api;
 
 use crate::{
     Error, Result,
-    flags::{OutputFormat, PlanArgs},
+    flags::{DecideArgs, Output, OutputFormat, OwnFlags},
     lookup::lookup_from,
     node::WireNode,
     reconcile::gate::Gate,
     reconcile::planning::{add_retired, list_nodes, plan_nodes, render_table},
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub decide: DecideArgs,
+    #[command(flatten)]
+    pub output: Output,
+    #[command(flatten)]
+    pub own: OwnFlags,
+}
 
 /// `args` with the running controller's label, gate, EC2 and lookup flags (`plan` run in its
 /// container with `kubectl exec`, where its credentials are too).

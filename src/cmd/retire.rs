@@ -16,6 +16,7 @@
 
 use std::{io::Write, time::Duration};
 
+use clap::Args;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, Client};
 use tracing::info;
@@ -23,10 +24,33 @@ use tracing::info;
 use crate::{
     Error, Result,
     cleanup::{self, Item, Scope},
-    flags::RetireArgs,
+    flags::{HumanDuration, LeaderArgs, Output},
     leader::Leadership,
     publish::{PublishArgs, plugin::Purpose},
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct RetireArgs {
+    /// Print what would be removed; remove nothing.
+    #[arg(long, env = "LABELER_RETIRE_DRY_RUN", action = clap::ArgAction::SetTrue)]
+    pub dry_run: bool,
+    /// What is published now (the same flags as `run`): a feature turned off has its objects
+    /// retired; one turned on is left to the controller.
+    #[command(flatten)]
+    pub publish: crate::publish::PublishArgs,
+    /// Wait for this Deployment (`NAMESPACE/NAME`) to finish rolling out first: until then a
+    /// replica of the earlier configuration may lead and publish again what is retired.
+    #[arg(long, env = "LABELER_RETIRE_WAIT_FOR_ROLLOUT")]
+    pub wait_for_rollout: Option<String>,
+    /// How long to wait for that rollout before giving up (removing nothing).
+    #[arg(long, value_parser = crate::bounds::duration_flag("rollout-timeout"), env = "LABELER_RETIRE_ROLLOUT_TIMEOUT", default_value = "5m")]
+    pub(crate) rollout_timeout: HumanDuration,
+    /// This installation (its Lease): only what is annotated as its own is retired.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    #[command(flatten)]
+    pub output: Output,
+}
 
 /// What the features `publish` turns off left behind, as this installation's: to remove, or
 /// kept with why.

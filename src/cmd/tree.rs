@@ -5,19 +5,77 @@
 
 use std::io::Write;
 
+use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
     Error, Result,
     coverage::Coverage,
-    flags::{TreeArgs, TreeFormat},
+    flags::{LabelArgs, OwnFlags},
     node::LiteNode,
     picture,
     reconcile::gate::{self, StartupTaint},
     tree::{Forest, NodeView},
     vouch::Unvouched,
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct TreeArgs {
+    #[command(flatten)]
+    pub labels: LabelArgs,
+    /// Nodes still carrying the startup taint are pointed out (unset: the chart's).
+    #[command(flatten)]
+    pub taint: crate::reconcile::gate::StartupTaintFlag,
+    /// Output format: the tree, JSON, a picture (`dot`: Graphviz, `dot -Tsvg`; `mermaid`: a
+    /// Mermaid flowchart, drawn where Markdown is), or Slurm's topology file (`slurm`:
+    /// `topology.conf` for the tree plugin; `slurm-yaml`: `topology.yaml`, Slurm 25.05 and later).
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "LABELER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: TreeFormat,
+    /// Fail (exit status 1, after printing) when fewer than this many nodes carry complete
+    /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
+    #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
+    pub(crate) min_labelled: usize,
+    /// Draw every node's topology labels as found. By default, when the cluster's nodes carry
+    /// verification records, a node whose labels no record vouches for (labelled by hand or by
+    /// another tool, or rewritten since the controller verified them) is listed without
+    /// topology and says why, as the controller leaves it out of what it publishes. (Read
+    /// without the record key: only the controller can tell a forged record.)
+    #[arg(long, env = "LABELER_INCLUDE_UNVERIFIED")]
+    pub(crate) include_unverified: bool,
+    /// Instead of the tree: the account's Capacity Reservations under the network nodes EC2
+    /// places them at (known before any instance runs), with instances reserved, in use, and
+    /// the nodes that joined from each (by Karpenter's
+    /// `karpenter.k8s.aws/capacity-reservation-id` label). Asks EC2 with the AWS credentials at
+    /// hand: needs `ec2:DescribeCapacityReservationTopology` and
+    /// `ec2:DescribeCapacityReservations`. Table or JSON.
+    #[arg(long, env = "LABELER_TREE_RESERVATIONS")]
+    pub reservations: bool,
+    /// The region whose reservations `--reservations` shows; by default each region the nodes'
+    /// `topology.kubernetes.io/region` labels name.
+    #[arg(long, env = "AWS_REGION", value_parser = crate::lookup::ec2::parse_region)]
+    pub region: Option<String>,
+    #[command(flatten)]
+    pub own: OwnFlags,
+}
+
+/// What `tree` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum TreeFormat {
+    #[default]
+    Table,
+    Json,
+    Dot,
+    Mermaid,
+    Slurm,
+    SlurmYaml,
+}
 
 fn ready(node: &Node) -> Option<bool> {
     node.status

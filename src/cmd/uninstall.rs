@@ -9,17 +9,48 @@
 
 use std::io::Write;
 
+use clap::Args;
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{Api, Client, ResourceExt};
 
 use crate::{
     Error, Result,
     cleanup::{self, Item},
-    flags::{OutputFormat, UninstallArgs},
+    flags::{HumanDuration, LeaderArgs, Output, OutputFormat},
     leader::Leadership,
     node::{LiteNode, WireNode},
     publish::plugin::{Purpose, Uninstall},
 };
+
+#[derive(Debug, Clone, Args)]
+pub struct UninstallArgs {
+    /// Print what would be removed; remove nothing.
+    #[arg(long, env = "LABELER_UNINSTALL_DRY_RUN", action = clap::ArgAction::SetTrue)]
+    pub dry_run: bool,
+    /// Also remove the topology labels and annotations that only we own (keys another manager
+    /// co-owns, as EKS's cloud controller does the layer keys, stay).
+    #[arg(long, env = "LABELER_UNINSTALL_LABELS", action = clap::ArgAction::SetTrue)]
+    pub labels: bool,
+    /// Remove a Kueue Topology even when a ResourceFlavor names it, and run even while a
+    /// controller holds the Lease.
+    #[arg(long, env = "LABELER_UNINSTALL_FORCE", action = clap::ArgAction::SetTrue)]
+    pub force: bool,
+    /// What each scheduler's plug-in is told (its own flags).
+    #[command(flatten)]
+    pub plugins: crate::publish::UninstallFlags,
+    /// Nodes still carrying the startup taint (as given to `run`) are pointed out.
+    #[command(flatten)]
+    pub taint: crate::reconcile::gate::StartupTaintFlag,
+    /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
+    /// post-delete hook waits for the deleted pods' last renewal to expire).
+    #[arg(long, value_parser = crate::bounds::duration_flag("wait-for-lease"), env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
+    pub wait_for_lease: HumanDuration,
+    /// Where the Lease is.
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    #[command(flatten)]
+    pub output: Output,
+}
 
 /// The Lease, if a controller still holds it (renewed within its lease duration).
 async fn held_by(client: &Client, ns: &str, args: &UninstallArgs) -> Result<Option<String>> {

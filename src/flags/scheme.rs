@@ -187,7 +187,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        flags::{Cli, Command},
+        cmd::{Cli, Command},
         labels::desired,
         publish::kueue,
         topology::InstanceTopology,

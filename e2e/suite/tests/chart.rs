@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use clap::Parser;
 use e2e::helm::{chart, helm};
 use ec2_topology_labeler::bounds::Range;
+use ec2_topology_labeler::cmd::Cli;
 use ec2_topology_labeler::flags::{
-    Cli, ControllerArgs, Ec2Args, GateArgs, LabelArgs, LookupArgs, PublishArgs,
+    ControllerArgs, Ec2Args, GateArgs, LabelArgs, LookupArgs, PublishArgs,
 };
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde::{Deserialize, Serialize};
@@ -191,7 +192,7 @@ fn every_config_key_becomes_a_flag_the_binary_accepts() {
         );
     }
     let Ok(Cli {
-        command: ec2_topology_labeler::flags::Command::Run(run),
+        command: ec2_topology_labeler::cmd::Command::Run(run),
         ..
     }) = cli
     else {
@@ -1091,7 +1092,7 @@ fn retire_hook_holds_rights_for_exactly_the_features_turned_off() {
         .collect();
     let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
         .expect("the binary accepts the hook's arguments");
-    let ec2_topology_labeler::flags::Command::Retire(r) = cli.command else {
+    let ec2_topology_labeler::cmd::Command::Retire(r) = cli.command else {
         panic!("the hook runs retire");
     };
     assert!(
@@ -1156,7 +1157,7 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
         .collect();
     let cli = Cli::try_parse_from(std::iter::once("ec2-topology-labeler".to_string()).chain(args))
         .expect("the binary accepts the hook's arguments");
-    let ec2_topology_labeler::flags::Command::Uninstall(u) = cli.command else {
+    let ec2_topology_labeler::cmd::Command::Uninstall(u) = cli.command else {
         panic!("the hook runs uninstall");
     };
     assert_eq!(u.leader.leader_election_lease_name, "my-lease");
@@ -1254,7 +1255,7 @@ fn metrics_bind_address_takes_every_family_by_default() {
             std::iter::once("ec2-topology-labeler".to_string()).chain(args.clone()),
         )
         .expect("the binary accepts the args");
-        let ec2_topology_labeler::flags::Command::Run(run) = cli.command else {
+        let ec2_topology_labeler::cmd::Command::Run(run) = cli.command else {
             panic!("run");
         };
         run.serve.metrics_addr

@@ -4,6 +4,7 @@
 //!
 //! Owns: the admin endpoints. Never changes the controller's state.
 
+use crate::bounds::{Bound, secs};
 use std::{
     io,
     net::{Ipv4Addr, SocketAddr},
@@ -27,6 +28,12 @@ use tracing::{error, info, warn};
 
 use crate::{metrics::Metrics, tasks::Liveness};
 
+/// `--watch-unhealthy-after`'s range.
+pub(crate) const WATCH_UNHEALTHY_AFTER_RANGE: Bound =
+    Bound::duration("watch-unhealthy-after", secs(10), secs(3600));
+/// `--watch-timeout`'s range.
+pub(crate) const WATCH_TIMEOUT_RANGE: Bound = Bound::duration("watch-timeout", secs(5), secs(3600));
+
 /// What the deployment sets itself (the chart owns these flags).
 #[derive(Debug, Clone, Args, PartialEq)]
 pub struct ServeArgs {
@@ -47,7 +54,7 @@ pub struct ServeArgs {
     /// Nodes, an API server that refuses it): the cache it feeds is going stale.
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("watch-unhealthy-after"),
+        value_parser = WATCH_UNHEALTHY_AFTER_RANGE.durations(),
         env = "LABELER_WATCH_UNHEALTHY_AFTER",
         default_value = "2m"
     )]
@@ -57,7 +64,7 @@ pub struct ServeArgs {
     /// `watch` sooner, at one request per renewal.
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("watch-timeout"),
+        value_parser = WATCH_TIMEOUT_RANGE.durations(),
         env = "LABELER_WATCH_TIMEOUT",
         default_value = "290s"
     )]

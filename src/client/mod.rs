@@ -19,6 +19,7 @@
 //!
 //! Owns: the client's transport policy. Never decides what to write.
 
+use crate::bounds::{Bound, secs};
 use std::{sync::Arc, task::Poll, time::Duration};
 
 use bytes::Bytes;
@@ -47,13 +48,24 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response: a watch's streamed, any other read whole within its deadline.
 pub(crate) type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// `--kube-connect-timeout`'s range.
+pub(crate) const KUBE_CONNECT_TIMEOUT_RANGE: Bound =
+    Bound::duration("kube-connect-timeout", secs(1), secs(300));
+/// `--kube-request-timeout`'s range.
+pub(crate) const KUBE_REQUEST_TIMEOUT_RANGE: Bound =
+    Bound::duration("kube-request-timeout", secs(1), secs(600));
+/// `--kube-qps`'s range.
+pub(crate) const KUBE_QPS_RANGE: Bound = Bound::number("kube-qps", 1.0, 100_000.0);
+/// `--kube-burst`'s range.
+pub(crate) const KUBE_BURST_RANGE: Bound = Bound::number("kube-burst", 1.0, 100_000.0);
+
 /// How the process talks to the API server.
 #[derive(Debug, Clone, Args, PartialEq)]
 pub struct ClientArgs {
     /// Time to connect to the API server (TCP and TLS).
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("kube-connect-timeout"),
+        value_parser = KUBE_CONNECT_TIMEOUT_RANGE.durations(),
         env = "LABELER_KUBE_CONNECT_TIMEOUT",
         default_value = "10s"
     )]
@@ -62,7 +74,7 @@ pub struct ClientArgs {
     /// bound. A write is also cut off at the renew deadline (see docs/reliability.md).
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("kube-request-timeout"),
+        value_parser = KUBE_REQUEST_TIMEOUT_RANGE.durations(),
         env = "LABELER_KUBE_REQUEST_TIMEOUT",
         default_value = "30s"
     )]
@@ -71,7 +83,7 @@ pub struct ClientArgs {
     /// pace (~430 a second): a ceiling against a runaway loop, not a brake on an install.
     #[arg(
         long,
-        value_parser = crate::bounds::number_flag("kube-qps"),
+        value_parser = KUBE_QPS_RANGE.numbers(),
         env = "LABELER_KUBE_QPS",
         default_value_t = 500.0
     )]
@@ -79,7 +91,7 @@ pub struct ClientArgs {
     /// API requests allowed back to back after a quiet period (client-go's burst).
     #[arg(
         long,
-        value_parser = crate::bounds::number_flag("kube-burst"),
+        value_parser = KUBE_BURST_RANGE.numbers(),
         env = "LABELER_KUBE_BURST",
         default_value_t = 1000.0
     )]

@@ -3,6 +3,7 @@
 //!
 //! Owns: the `fit` output. Never writes to the cluster.
 
+use crate::bounds::Bound;
 use std::{collections::BTreeMap, io::Write};
 
 use clap::Args;
@@ -17,6 +18,11 @@ use crate::{
     publish::cliques::CLIQUE_LABEL,
 };
 
+/// `--pods`'s range.
+pub(crate) const PODS_RANGE: Bound = Bound::count("pods", 1, 1_000_000);
+/// `--misses`'s range.
+pub(crate) const MISSES_RANGE: Bound = Bound::count("misses", 0, 100_000);
+
 #[derive(Debug, Clone, Args)]
 pub struct FitArgs {
     /// A Kueue Workload (`NAMESPACE/NAME`, usually a pending one) instead of `--pods`,
@@ -26,7 +32,7 @@ pub struct FitArgs {
     #[arg(long, value_parser = parse_workload, env = "LABELER_FIT_WORKLOAD", conflicts_with_all = ["pods", "requests", "level", "node_selector", "tolerations"])]
     pub workload: Option<(String, String)>,
     /// Pods in the gang.
-    #[arg(long, value_parser = crate::bounds::count_flag::<u64>("pods"), env = "LABELER_FIT_PODS", required_unless_present = "workload")]
+    #[arg(long, value_parser = PODS_RANGE.counts::<u64>(), env = "LABELER_FIT_PODS", required_unless_present = "workload")]
     pub pods: Option<u64>,
     /// What each pod requests, `RESOURCE=QUANTITY` separated by commas
     /// (`nvidia.com/gpu=8,cpu=90,memory=1000Gi`). Every pod also takes a pod slot.
@@ -46,7 +52,7 @@ pub struct FitArgs {
     #[arg(long, value_parser = parse_toleration, value_delimiter = ',', env = "LABELER_FIT_TOLERATIONS")]
     pub tolerations: Vec<crate::fit::Toleration>,
     /// Domains that do not fit to show, nearest first.
-    #[arg(long, value_parser = crate::bounds::count_flag::<usize>("misses"), env = "LABELER_FIT_MISSES", default_value_t = 5)]
+    #[arg(long, value_parser = MISSES_RANGE.counts::<usize>(), env = "LABELER_FIT_MISSES", default_value_t = 5)]
     pub misses: usize,
     /// The label keys, as `run` has them: they say which level is the capacity block (an
     /// UltraServer, named by its leaf switch too) and which are the network layers.

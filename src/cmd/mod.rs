@@ -17,7 +17,55 @@ pub mod uninstall;
 
 use clap::{Parser, Subcommand};
 
-use crate::flags::{Globals, RunArgs};
+use crate::{
+    bounds::{Bound, Range},
+    flags::{Globals, RunArgs},
+};
+
+/// Every bounded flag's range, each declared beside its flag: what docs/configuration.md and
+/// the chart's values.schema.json give (a test holds this list to the command line: every flag
+/// that refuses a value as out of range is in it, and every range in it is a flag's).
+pub const BOUNDS: &[Bound] = &[
+    crate::admin::http::WATCH_UNHEALTHY_AFTER_RANGE,
+    crate::admin::http::WATCH_TIMEOUT_RANGE,
+    crate::publish::reserved::RESERVATIONS_INTERVAL_RANGE,
+    crate::publish::reserved::RESERVATION_IDLE_AFTER_RANGE,
+    crate::publish::interconnect::ULTRASERVER_HEALTH_INTERVAL_RANGE,
+    crate::publish::PUBLISH_INTERVAL_RANGE,
+    crate::publish::shape::ULTRASERVER_SHAPE_INTERVAL_RANGE,
+    crate::leader::LEADER_ELECTION_LEASE_DURATION_RANGE,
+    crate::leader::LEADER_ELECTION_RENEW_GRACE_RANGE,
+    crate::flags::scheme::UNIFORM_DEPTH_RANGE,
+    retire::ROLLOUT_TIMEOUT_RANGE,
+    fit::PODS_RANGE,
+    fit::MISSES_RANGE,
+    uninstall::WAIT_FOR_LEASE_RANGE,
+    tree::MIN_LABELLED_RANGE,
+    crate::client::KUBE_CONNECT_TIMEOUT_RANGE,
+    crate::client::KUBE_REQUEST_TIMEOUT_RANGE,
+    crate::client::KUBE_QPS_RANGE,
+    crate::client::KUBE_BURST_RANGE,
+    crate::reconcile::gate::STARTUP_TAINT_TIMEOUT_RANGE,
+    crate::reconcile::RESYNC_PERIOD_RANGE,
+    crate::reconcile::CONCURRENCY_RANGE,
+    crate::reconcile::WRITE_CONCURRENCY_RANGE,
+    crate::reconcile::CONFLICT_BACKOFF_RANGE,
+    crate::reconcile::CONFLICT_WINDOW_RANGE,
+    crate::lookup::BATCH_WINDOW_RANGE,
+    crate::lookup::BATCH_MAX_WAIT_RANGE,
+    crate::lookup::CACHE_TTL_RANGE,
+    crate::lookup::NOT_DESCRIBED_RETRY_RANGE,
+    crate::lookup::NOT_DESCRIBED_TTL_RANGE,
+    crate::lookup::ec2::EC2_RATE_RANGE,
+    crate::lookup::ec2::EC2_BURST_RANGE,
+    crate::lookup::ec2::EC2_TIMEOUT_RANGE,
+    crate::lookup::ec2::EC2_THROTTLE_BACKOFF_MAX_RANGE,
+];
+
+/// The range of the flag `flag` (its long name), if it has one.
+pub fn bound(flag: &str) -> Option<Range> {
+    BOUNDS.iter().find(|b| b.flag == flag).map(|b| b.range)
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -180,6 +228,106 @@ mod tests {
         }
     }
 
+    /// The list of ranges and the command line agree: every flag that refuses a value as out of
+    /// range has its range in [`BOUNDS`] (and the refusal gives it), and every range there is
+    /// one such flag's, listed once and ordered. (A range declared beside its flag but left out
+    /// of the list would miss the docs and the chart's schema; one listed but not the flag's
+    /// parser would document a check that is not made.)
+    #[test]
+    fn every_bounded_flag_is_listed_and_every_listed_range_is_a_flags() {
+        let mut listed = std::collections::HashSet::new();
+        for b in BOUNDS {
+            assert!(listed.insert(b.flag), "--{} listed twice", b.flag);
+            assert!(b.is_ordered(), "--{}'s range is not ordered", b.flag);
+        }
+        // Far above every range, each kind: a duration, a whole number, a number.
+        let probes = ["100000000years", "10000000000", "1e300"];
+        let mut refusing = std::collections::HashSet::new();
+        for sub in Cli::command().get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                if !arg.get_action().takes_values() {
+                    continue;
+                }
+                for probe in probes {
+                    let line = format!("--{long}={probe}");
+                    let Err(e) = Cli::try_parse_from(["x", sub.get_name(), line.as_str()]) else {
+                        continue;
+                    };
+                    let e = e.to_string();
+                    if !e.contains(&format!("out of range for --{long}")) {
+                        continue;
+                    }
+                    let range = bound(long).unwrap_or_else(|| {
+                        panic!("{} --{long} refuses {probe} as out of range, but BOUNDS has no range for it", sub.get_name())
+                    });
+                    assert!(e.contains(&range.describe()), "{e}");
+                    refusing.insert(long.to_string());
+                }
+            }
+        }
+        for b in BOUNDS {
+            assert!(
+                refusing.contains(b.flag),
+                "--{} is in BOUNDS but no command's flag refuses a value outside it",
+                b.flag
+            );
+        }
+    }
+
+    /// Random strings never panic a flag's parser, and whatever one takes is inside its range.
+    #[test]
+    fn parsers_take_only_values_in_range_for_any_input() {
+        let mut rng = fastrand::Rng::with_seed(42);
+        let pieces = [
+            "0",
+            "1",
+            "9",
+            "99999999999999999999",
+            ".",
+            "5",
+            "ms",
+            "s",
+            "h",
+            "d",
+            "days",
+            "y",
+            "-",
+            " ",
+            "e",
+            "NaN",
+            "inf",
+            "m",
+            "w",
+        ];
+        for _ in 0..20_000 {
+            let s: String = (0..rng.usize(1..6))
+                .map(|_| pieces[rng.usize(..pieces.len())])
+                .collect();
+            for b in BOUNDS {
+                match b.range {
+                    Range::Duration { min, max } => {
+                        if let Ok(d) = b.durations()(&s) {
+                            assert!(d.0 >= min && d.0 <= max, "{} {s:?}", b.flag);
+                        }
+                    }
+                    Range::Count { min, max } => {
+                        if let Ok(n) = b.counts::<u64>()(&s) {
+                            assert!(n >= min && n <= max, "{} {s:?}", b.flag);
+                        }
+                    }
+                    Range::Number { min, max } => {
+                        if let Ok(n) = b.numbers()(&s) {
+                            assert!(n >= min && n <= max, "{} {s:?}", b.flag);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// docs/configuration.md's flag reference, generated from the flags themselves.
     #[test]
     fn docs_flags_table_is_generated_from_the_code() {
@@ -249,9 +397,7 @@ mod tests {
                 .next()
                 .unwrap_or_default()
                 .trim_end_matches('`');
-            let range = crate::bounds::of(long)
-                .map(|r| r.describe())
-                .unwrap_or_default();
+            let range = bound(long).map(|r| r.describe()).unwrap_or_default();
             t.push_str(&format!(
                 "| {key} | {env} | {default} | {range} | {} | {} |\n",
                 commands.join(", "),
@@ -281,7 +427,7 @@ mod tests {
             let err = Cli::try_parse_from(["ec2-topology-labeler", "run", arg.as_str()])
                 .expect_err(flag)
                 .to_string();
-            let range = crate::bounds::of(flag.trim_start_matches("--"))
+            let range = bound(flag.trim_start_matches("--"))
                 .expect("bounded")
                 .describe();
             assert!(

@@ -14,6 +14,7 @@
 //!
 //! Owns: the command. The removals themselves are [`crate::cleanup`]'s.
 
+use crate::bounds::{Bound, secs};
 use std::{io::Write, time::Duration};
 
 use clap::Args;
@@ -29,6 +30,10 @@ use crate::{
     publish::{PublishArgs, plugin::Purpose},
 };
 
+/// `--rollout-timeout`'s range.
+pub(crate) const ROLLOUT_TIMEOUT_RANGE: Bound =
+    Bound::duration("rollout-timeout", secs(0), secs(3600));
+
 #[derive(Debug, Clone, Args)]
 pub struct RetireArgs {
     /// Print what would be removed; remove nothing.
@@ -43,7 +48,7 @@ pub struct RetireArgs {
     #[arg(long, env = "LABELER_RETIRE_WAIT_FOR_ROLLOUT")]
     pub wait_for_rollout: Option<String>,
     /// How long to wait for that rollout before giving up (removing nothing).
-    #[arg(long, value_parser = crate::bounds::duration_flag("rollout-timeout"), env = "LABELER_RETIRE_ROLLOUT_TIMEOUT", default_value = "5m")]
+    #[arg(long, value_parser = ROLLOUT_TIMEOUT_RANGE.durations(), env = "LABELER_RETIRE_ROLLOUT_TIMEOUT", default_value = "5m")]
     pub(crate) rollout_timeout: HumanDuration,
     /// This installation (its Lease): only what is annotated as its own is retired.
     #[command(flatten)]

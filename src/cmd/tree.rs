@@ -3,6 +3,7 @@
 //!
 //! Owns: the `tree` output. Never writes to the cluster.
 
+use crate::bounds::Bound;
 use std::io::Write;
 
 use clap::{Args, ValueEnum};
@@ -19,6 +20,9 @@ use crate::{
     tree::{Forest, NodeView},
     vouch::Unvouched,
 };
+
+/// `--min-labelled`'s range.
+pub(crate) const MIN_LABELLED_RANGE: Bound = Bound::count("min-labelled", 0, 10_000_000);
 
 #[derive(Debug, Clone, Args)]
 pub struct TreeArgs {
@@ -40,7 +44,7 @@ pub struct TreeArgs {
     pub output: TreeFormat,
     /// Fail (exit status 1, after printing) when fewer than this many nodes carry complete
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
-    #[arg(long, value_parser = crate::bounds::count_flag::<usize>("min-labelled"), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
+    #[arg(long, value_parser = MIN_LABELLED_RANGE.counts::<usize>(), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub(crate) min_labelled: usize,
     /// Draw every node's topology labels as found. By default, when the cluster's nodes carry
     /// verification records, a node whose labels no record vouches for (labelled by hand or by

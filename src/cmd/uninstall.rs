@@ -7,6 +7,7 @@
 //!
 //! Owns: the command. The removals themselves are [`crate::cleanup`]'s.
 
+use crate::bounds::{Bound, secs};
 use std::io::Write;
 
 use clap::Args;
@@ -21,6 +22,10 @@ use crate::{
     node::{LiteNode, WireNode},
     publish::plugin::{Purpose, Uninstall},
 };
+
+/// `--wait-for-lease`'s range.
+pub(crate) const WAIT_FOR_LEASE_RANGE: Bound =
+    Bound::duration("wait-for-lease", secs(0), secs(3600));
 
 #[derive(Debug, Clone, Args)]
 pub struct UninstallArgs {
@@ -43,7 +48,7 @@ pub struct UninstallArgs {
     pub taint: crate::reconcile::gate::StartupTaintFlag,
     /// Wait up to this long for a controller's Lease to lapse before refusing (the chart's
     /// post-delete hook waits for the deleted pods' last renewal to expire).
-    #[arg(long, value_parser = crate::bounds::duration_flag("wait-for-lease"), env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
+    #[arg(long, value_parser = WAIT_FOR_LEASE_RANGE.durations(), env = "LABELER_UNINSTALL_WAIT_FOR_LEASE", default_value = "0s")]
     pub wait_for_lease: HumanDuration,
     /// Where the Lease is.
     #[command(flatten)]

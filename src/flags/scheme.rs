@@ -3,6 +3,7 @@
 //!
 //! Owns: the label flags. Never does I/O.
 
+use crate::bounds::Bound;
 use clap::{Args, ValueEnum};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -55,6 +56,9 @@ impl From<LayerNumberingArg> for LayerNumbering {
     }
 }
 
+/// `--uniform-depth`'s range.
+pub(crate) const UNIFORM_DEPTH_RANGE: Bound = Bound::count("uniform-depth", 1, 16);
+
 /// Which labels to write.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -95,7 +99,7 @@ pub struct LabelArgs {
     /// network node repeated down to this layer, so one Kueue Topology of this many levels
     /// covers a fleet of 3- and 4-layer types (top-first numbering only; see
     /// docs/schedulers.md for the trade-off).
-    #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = crate::bounds::count_flag::<u8>("uniform-depth"))]
+    #[arg(long, env = "LABELER_UNIFORM_DEPTH", value_parser = UNIFORM_DEPTH_RANGE.counts::<u8>())]
     pub(crate) uniform_depth: Option<u8>,
     /// Write Slinky's `topology.slinky.slurm.net/spec` annotation on each node
     /// (`<tree topology>:<deepest network node>`), for a NodeSet with `syncTopology`.

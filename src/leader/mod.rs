@@ -21,6 +21,7 @@
 //!
 //! Owns: whether this replica leads. Never writes anything but its Lease (see `lease`).
 
+use crate::bounds::{Bound, secs};
 use std::{
     sync::{
         Arc, Mutex,
@@ -42,6 +43,13 @@ mod lease;
 #[cfg(test)]
 mod tests;
 
+/// `--leader-election-lease-duration`'s range.
+pub(crate) const LEADER_ELECTION_LEASE_DURATION_RANGE: Bound =
+    Bound::duration("leader-election-lease-duration", secs(1), secs(3600));
+/// `--leader-election-renew-grace`'s range.
+pub(crate) const LEADER_ELECTION_RENEW_GRACE_RANGE: Bound =
+    Bound::duration("leader-election-renew-grace", secs(1), secs(3600));
+
 /// Leader election, for running more than one replica (the chart sets these).
 #[derive(Debug, Clone, Args, PartialEq)]
 pub struct LeaderArgs {
@@ -62,7 +70,7 @@ pub struct LeaderArgs {
     /// How long a leader's lease lasts without renewal: the longest a failover takes.
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("leader-election-lease-duration"),
+        value_parser = LEADER_ELECTION_LEASE_DURATION_RANGE.durations(),
         env = "LABELER_LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s"
     )]
@@ -73,7 +81,7 @@ pub struct LeaderArgs {
     /// of this, at most 2s).
     #[arg(
         long,
-        value_parser = crate::bounds::duration_flag("leader-election-renew-grace"),
+        value_parser = LEADER_ELECTION_RENEW_GRACE_RANGE.durations(),
         env = "LABELER_LEADER_ELECTION_RENEW_GRACE",
         default_value = "5s"
     )]

@@ -24,6 +24,7 @@
 //! Owns: that condition and that taint. Never writes anything else; never acts unless this
 //! replica leads.
 
+use crate::bounds::{Bound, secs};
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
@@ -49,6 +50,10 @@ use crate::{
     tree::NodeView,
 };
 
+/// `--ultraserver-health-interval`'s range.
+pub(crate) const ULTRASERVER_HEALTH_INTERVAL_RANGE: Bound =
+    Bound::duration("ultraserver-health-interval", secs(10), secs(3600));
+
 /// UltraServer health, from EC2.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -61,7 +66,7 @@ pub struct HealthArgs {
     #[serde(default)]
     pub(crate) ultraserver_health: bool,
     /// How often the leader asks (a call per region for every 100 capacity blocks).
-    #[arg(long, value_parser = crate::bounds::duration_flag("ultraserver-health-interval"), env = "LABELER_ULTRASERVER_HEALTH_INTERVAL", default_value = "1m")]
+    #[arg(long, value_parser = ULTRASERVER_HEALTH_INTERVAL_RANGE.durations(), env = "LABELER_ULTRASERVER_HEALTH_INTERVAL", default_value = "1m")]
     pub(crate) ultraserver_health_interval: HumanDuration,
     /// Also taint the nodes of an impaired capacity block
     /// `ec2-topology-labeler.io/interconnect-impaired:NoSchedule` (removed once EC2 says `ok`),

@@ -21,6 +21,7 @@ pub mod topology;
 pub(crate) mod trusted;
 pub mod volcano;
 
+use crate::bounds::{Bound, millis, secs};
 use std::{
     sync::{
         Arc,
@@ -39,6 +40,10 @@ use crate::{
     duration::HumanDuration, labels::LabelScheme, leader::Leadership, metrics::Metrics,
     tree::NodeView,
 };
+
+/// `--publish-interval`'s range.
+pub(crate) const PUBLISH_INTERVAL_RANGE: Bound =
+    Bound::duration("publish-interval", millis(100), secs(3600));
 
 /// What to publish for schedulers beyond labels: each scheduler's own flags (declared beside its
 /// plug-in), and what they share (the UltraServer and NVLink levels, the publish interval).
@@ -76,7 +81,7 @@ pub struct PublishArgs {
     pub(crate) nvlink_clique_level: bool,
     /// How often publishers compare what they publish with the labels (nothing is sent when
     /// nothing changed).
-    #[arg(long, value_parser = crate::bounds::duration_flag("publish-interval"), env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
+    #[arg(long, value_parser = PUBLISH_INTERVAL_RANGE.durations(), env = "LABELER_PUBLISH_INTERVAL", default_value = "5s")]
     pub(crate) publish_interval: HumanDuration,
 }
 

@@ -13,6 +13,7 @@
 //! else to the cluster; a failed call leaves the gauges as they were and is tried again at the
 //! next interval.
 
+use crate::bounds::{Bound, DAY, secs};
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{
@@ -39,6 +40,13 @@ use crate::{
 /// The `ReservationIdle` Event about one reservation is repeated no more often than this.
 pub(crate) const REPEAT_MIN: Duration = Duration::from_secs(600);
 
+/// `--reservations-interval`'s range.
+pub(crate) const RESERVATIONS_INTERVAL_RANGE: Bound =
+    Bound::duration("reservations-interval", secs(10), secs(DAY));
+/// `--reservation-idle-after`'s range.
+pub(crate) const RESERVATION_IDLE_AFTER_RANGE: Bound =
+    Bound::duration("reservation-idle-after", secs(10), secs(30 * DAY));
+
 /// Reserved capacity by network node.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -51,12 +59,12 @@ pub struct ReservationArgs {
     #[serde(default)]
     pub(crate) capacity_reservations: bool,
     /// How often the leader asks about reservations (two calls a region, and their pages).
-    #[arg(long, value_parser = crate::bounds::duration_flag("reservations-interval"), env = "LABELER_RESERVATIONS_INTERVAL", default_value = "5m")]
+    #[arg(long, value_parser = RESERVATIONS_INTERVAL_RANGE.durations(), env = "LABELER_RESERVATIONS_INTERVAL", default_value = "5m")]
     pub(crate) reservations_interval: HumanDuration,
     /// An active reservation no node of this cluster joined from, started this long ago or
     /// longer, is a `ReservationIdle` Warning Event on the leader's Pod (repeated as often
     /// while it lasts, at least every 10 minutes).
-    #[arg(long, value_parser = crate::bounds::duration_flag("reservation-idle-after"), env = "LABELER_RESERVATION_IDLE_AFTER", default_value = "1h")]
+    #[arg(long, value_parser = RESERVATION_IDLE_AFTER_RANGE.durations(), env = "LABELER_RESERVATION_IDLE_AFTER", default_value = "1h")]
     pub(crate) reservation_idle_after: HumanDuration,
 }
 

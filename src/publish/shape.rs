@@ -26,6 +26,7 @@
 //!
 //! Owns: those three keys. Never writes anything else; never acts unless this replica leads.
 
+use crate::bounds::{Bound, DAY, secs};
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
@@ -57,6 +58,10 @@ pub use crate::labels::{
 /// The field manager of these keys.
 pub(crate) const MANAGER: &str = "ec2-topology-labeler-ultraserver-shape";
 
+/// `--ultraserver-shape-interval`'s range.
+pub(crate) const ULTRASERVER_SHAPE_INTERVAL_RANGE: Bound =
+    Bound::duration("ultraserver-shape-interval", secs(10), secs(DAY));
+
 /// UltraServer shape, from EC2.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -71,7 +76,7 @@ pub struct ShapeArgs {
     pub(crate) ultraserver_shape: bool,
     /// How often the leader asks (two calls per region for every 100 capacity blocks; a
     /// block's shape changes only when it is extended).
-    #[arg(long, value_parser = crate::bounds::duration_flag("ultraserver-shape-interval"), env = "LABELER_ULTRASERVER_SHAPE_INTERVAL", default_value = "10m")]
+    #[arg(long, value_parser = ULTRASERVER_SHAPE_INTERVAL_RANGE.durations(), env = "LABELER_ULTRASERVER_SHAPE_INTERVAL", default_value = "10m")]
     pub(crate) ultraserver_shape_interval: HumanDuration,
 }
 

@@ -10,6 +10,7 @@
 //! Pure but for the clock [`Gate::timeout_in`] reads: never does I/O (the writes are in
 //! [`super::write`]).
 
+use crate::bounds::{Bound, DAY, secs};
 use std::{fmt, str::FromStr, time::Duration};
 
 use clap::{Args, ValueEnum};
@@ -47,6 +48,10 @@ pub struct StartupTaintFlag {
 /// The taint `tree` points out when none is given: the chart's.
 pub(crate) const CHART_TAINT: &str = "ec2-topology-labeler.io/topology-pending:NoSchedule";
 
+/// `--startup-taint-timeout`'s range.
+pub(crate) const STARTUP_TAINT_TIMEOUT_RANGE: Bound =
+    Bound::duration("startup-taint-timeout", secs(1), secs(30 * DAY));
+
 /// Holding new nodes back until their topology is known.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -67,7 +72,7 @@ pub struct GateArgs {
     pub(crate) startup_taint_when_unsupported: WhenUnsupported,
     /// Release the startup taint anyway this long after the node was created, with a Warning
     /// Event, so that an EC2 outage never strands capacity. No timeout when unset.
-    #[arg(long, value_parser = crate::bounds::duration_flag("startup-taint-timeout"), env = "LABELER_STARTUP_TAINT_TIMEOUT")]
+    #[arg(long, value_parser = STARTUP_TAINT_TIMEOUT_RANGE.durations(), env = "LABELER_STARTUP_TAINT_TIMEOUT")]
     pub(crate) startup_taint_timeout: Option<HumanDuration>,
     /// Keep a `TopologyLabeled` condition on every node (status subresource; needs RBAC for
     /// `nodes/status` patch, which the chart always grants: without this flag the condition is

@@ -29,6 +29,7 @@ pub(crate) mod view;
 pub mod warm;
 pub(crate) mod write;
 
+use crate::bounds::{Bound, DAY, secs};
 use std::{
     sync::{
         Arc,
@@ -65,30 +66,44 @@ use crate::{
     state::NodeState,
 };
 
+/// `--resync-period`'s range.
+pub(crate) const RESYNC_PERIOD_RANGE: Bound =
+    Bound::duration("resync-period", secs(1), secs(30 * DAY));
+/// `--concurrency`'s range.
+pub(crate) const CONCURRENCY_RANGE: Bound = Bound::count("concurrency", 1, 4096);
+/// `--write-concurrency`'s range.
+pub(crate) const WRITE_CONCURRENCY_RANGE: Bound = Bound::count("write-concurrency", 1, 1024);
+/// `--conflict-backoff`'s range.
+pub(crate) const CONFLICT_BACKOFF_RANGE: Bound =
+    Bound::duration("conflict-backoff", secs(1), secs(3600));
+/// `--conflict-window`'s range.
+pub(crate) const CONFLICT_WINDOW_RANGE: Bound =
+    Bound::duration("conflict-window", secs(1), secs(30 * DAY));
+
 /// The controller's own behaviour.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerArgs {
     /// Every node is re-checked against the cached topology this often, spread evenly over the
     /// period.
-    #[arg(long, value_parser = crate::bounds::duration_flag("resync-period"), env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
+    #[arg(long, value_parser = RESYNC_PERIOD_RANGE.durations(), env = "LABELER_RESYNC_PERIOD", default_value = "1h")]
     pub(crate) resync_period: HumanDuration,
     /// Most reconciles in flight at once (they mostly wait for a shared EC2 batch).
-    #[arg(long, value_parser = crate::bounds::count_flag::<u16>("concurrency"), env = "LABELER_CONCURRENCY", default_value_t = 512)]
+    #[arg(long, value_parser = CONCURRENCY_RANGE.counts::<u16>(), env = "LABELER_CONCURRENCY", default_value_t = 512)]
     pub concurrency: u16,
     /// Most label writes (PATCH requests) in flight at once: bounds connections, memory and
     /// the load on the API server during a burst.
-    #[arg(long, value_parser = crate::bounds::count_flag::<u16>("write-concurrency"), env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
+    #[arg(long, value_parser = WRITE_CONCURRENCY_RANGE.counts::<u16>(), env = "LABELER_WRITE_CONCURRENCY", default_value_t = 32)]
     pub(crate) write_concurrency: u16,
     /// When another writer keeps changing our labels on a node (more than 3 corrections within
     /// `--conflict-window`), pause correcting it for this long (doubling per pause, up to 10
     /// times this), then correct it again; each pause is reported.
-    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-backoff"), env = "LABELER_CONFLICT_BACKOFF", default_value = "30s")]
+    #[arg(long, value_parser = CONFLICT_BACKOFF_RANGE.durations(), env = "LABELER_CONFLICT_BACKOFF", default_value = "30s")]
     pub(crate) conflict_backoff: HumanDuration,
     /// The window in which more than 3 corrections of our labels on one node count as a
     /// conflict. Long enough to catch a writer that reverts them every few minutes (a cloud
     /// controller re-applying its labels at its node status period).
-    #[arg(long, value_parser = crate::bounds::duration_flag("conflict-window"), env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
+    #[arg(long, value_parser = CONFLICT_WINDOW_RANGE.durations(), env = "LABELER_CONFLICT_WINDOW", default_value = "1h")]
     pub(crate) conflict_window: HumanDuration,
 }
 

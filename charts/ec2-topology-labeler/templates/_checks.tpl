@@ -1,5 +1,5 @@
 {{- /*
-What the binary refuses when it starts (each flag's range, crates/kit/src/bounds.rs; the checks across flags,
+What the binary refuses when it starts (each flag's range, declared beside it and listed in src/cmd/mod.rs BOUNDS; the checks across flags,
 `RunArgs::check` in src/flags/mod.rs), refused here when the chart renders: a value that would
 crash-loop the controller fails `helm install`, `helm upgrade` and `helm template` instead, with
 the binary's reason. The schema (values.schema.json) already checks each value's form and the

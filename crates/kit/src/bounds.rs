@@ -1,9 +1,11 @@
-//! The accepted range of every duration and count flag, checked when the command line (or the
+//! What a bounded flag accepts, and its value parsers: each duration, count and number flag
+//! declares its range beside itself (`const CACHE_TTL_RANGE: Bound = Bound::duration(...)`,
+//! `value_parser = CACHE_TTL_RANGE.durations()`), checked when the command line (or the
 //! environment) is parsed: an absurd value is refused at start with a message naming the flag
-//! and its range, never met at run time as an overflow. The same table writes the ranges into
-//! docs/configuration.md and the chart's values.schema.json.
+//! and its range, never met at run time as an overflow. The command line lists every range
+//! (`cmd::BOUNDS`) for docs/configuration.md and the chart's values.schema.json.
 //!
-//! Owns: the ranges and their value parsers. Never does I/O.
+//! Owns: the range type and its value parsers. Never does I/O.
 
 use std::time::Duration;
 
@@ -35,79 +37,111 @@ pub struct Bound {
     pub range: Range,
 }
 
-const fn secs(s: u64) -> Duration {
+/// `s` seconds, for a range.
+pub const fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-const fn millis(ms: u64) -> Duration {
+/// `ms` milliseconds, for a range.
+pub const fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-const DAY: u64 = 24 * 3600;
-
-const fn duration(flag: &'static str, min: Duration, max: Duration) -> Bound {
-    Bound {
-        flag,
-        range: Range::Duration { min, max },
-    }
-}
-
-const fn count(flag: &'static str, min: u64, max: u64) -> Bound {
-    Bound {
-        flag,
-        range: Range::Count { min, max },
-    }
-}
-
-const fn number(flag: &'static str, min: f64, max: f64) -> Bound {
-    Bound {
-        flag,
-        range: Range::Number { min, max },
-    }
-}
-
-/// Every bounded flag. The longest durations are 30 days: far beyond any sensible setting, far
+/// A day in seconds. The longest durations are 30 days: far beyond any sensible setting, far
 /// below where `Instant` arithmetic could overflow.
-pub const BOUNDS: &[Bound] = &[
-    duration("publish-interval", millis(100), secs(3600)),
-    duration("leader-election-lease-duration", secs(1), secs(3600)),
-    duration("leader-election-renew-grace", secs(1), secs(3600)),
-    duration("batch-window", millis(1), secs(60)),
-    duration("batch-max-wait", millis(1), secs(600)),
-    duration("cache-ttl", secs(1), secs(30 * DAY)),
-    duration("not-described-retry", millis(100), secs(DAY)),
-    duration("not-described-ttl", secs(1), secs(30 * DAY)),
-    duration("ec2-timeout", millis(100), secs(600)),
-    duration("ec2-throttle-backoff-max", millis(100), secs(3600)),
-    duration("wait-for-lease", secs(0), secs(3600)),
-    duration("rollout-timeout", secs(0), secs(3600)),
-    duration("startup-taint-timeout", secs(1), secs(30 * DAY)),
-    duration("resync-period", secs(1), secs(30 * DAY)),
-    duration("reservations-interval", secs(10), secs(DAY)),
-    duration("ultraserver-health-interval", secs(10), secs(3600)),
-    duration("ultraserver-shape-interval", secs(10), secs(DAY)),
-    duration("reservation-idle-after", secs(10), secs(30 * DAY)),
-    duration("conflict-backoff", secs(1), secs(3600)),
-    duration("conflict-window", secs(1), secs(30 * DAY)),
-    duration("kube-connect-timeout", secs(1), secs(300)),
-    duration("kube-request-timeout", secs(1), secs(600)),
-    duration("watch-unhealthy-after", secs(10), secs(3600)),
-    duration("watch-timeout", secs(5), secs(3600)),
-    count("concurrency", 1, 4096),
-    count("write-concurrency", 1, 1024),
-    count("min-labelled", 0, 10_000_000),
-    count("pods", 1, 1_000_000),
-    count("misses", 0, 100_000),
-    count("uniform-depth", 1, 16),
-    number("ec2-rate", 0.01, 1000.0),
-    number("ec2-burst", 1.0, 10_000.0),
-    number("kube-qps", 1.0, 100_000.0),
-    number("kube-burst", 1.0, 100_000.0),
-];
+pub const DAY: u64 = 24 * 3600;
 
-/// The range of `flag` (a long name in [`BOUNDS`]).
-pub fn of(flag: &str) -> Option<Range> {
-    BOUNDS.iter().find(|b| b.flag == flag).map(|b| b.range)
+impl Bound {
+    /// A duration flag's range.
+    pub const fn duration(flag: &'static str, min: Duration, max: Duration) -> Bound {
+        Bound {
+            flag,
+            range: Range::Duration { min, max },
+        }
+    }
+
+    /// A whole-number flag's range.
+    pub const fn count(flag: &'static str, min: u64, max: u64) -> Bound {
+        Bound {
+            flag,
+            range: Range::Count { min, max },
+        }
+    }
+
+    /// A number flag's range (a fraction allowed).
+    pub const fn number(flag: &'static str, min: f64, max: f64) -> Bound {
+        Bound {
+            flag,
+            range: Range::Number { min, max },
+        }
+    }
+
+    fn outside(&self, value: &str) -> String {
+        format!(
+            "{value:?} is out of range for --{}: {}",
+            self.flag,
+            self.range.describe()
+        )
+    }
+
+    /// The value parser of a duration flag with this range.
+    pub fn durations(
+        self,
+    ) -> impl Fn(&str) -> Result<HumanDuration, String> + Clone + Send + Sync + 'static {
+        move |s: &str| {
+            let d: HumanDuration = s.parse()?;
+            match self.range {
+                Range::Duration { min, max } if d.0 < min || d.0 > max => Err(self.outside(s)),
+                _ => Ok(d),
+            }
+        }
+    }
+
+    /// The value parser of a whole-number flag with this range (of any integer type the range
+    /// fits).
+    pub fn counts<T>(self) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+    where
+        T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    {
+        move |s: &str| {
+            let n: u64 = s
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a whole number"))?;
+            if let Range::Count { min, max } = self.range
+                && (n < min || n > max)
+            {
+                return Err(self.outside(s));
+            }
+            T::try_from(n).map_err(|_| self.outside(s))
+        }
+    }
+
+    /// The value parser of a number flag with this range (never NaN or infinite).
+    pub fn numbers(self) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+        move |s: &str| {
+            let n: f64 = s
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a number"))?;
+            if !n.is_finite() {
+                return Err(self.outside(s));
+            }
+            match self.range {
+                Range::Number { min, max } if n < min || n > max => Err(self.outside(s)),
+                _ => Ok(n),
+            }
+        }
+    }
+
+    /// Whether the range is ordered (min at most max, numbers finite).
+    pub fn is_ordered(&self) -> bool {
+        match self.range {
+            Range::Duration { min, max } => min <= max,
+            Range::Count { min, max } => min <= max,
+            Range::Number { min, max } => min <= max && min.is_finite() && max.is_finite(),
+        }
+    }
 }
 
 impl Range {
@@ -123,71 +157,17 @@ impl Range {
     }
 }
 
-fn outside(flag: &str, value: &str) -> String {
-    let range = of(flag).map(|r| r.describe()).unwrap_or_default();
-    format!("{value:?} is out of range for --{flag}: {range}")
-}
-
-/// The value parser of a duration flag in [`BOUNDS`] (an unlisted flag takes any duration).
-pub fn duration_flag(
-    flag: &'static str,
-) -> impl Fn(&str) -> Result<HumanDuration, String> + Clone + Send + Sync + 'static {
-    move |s: &str| {
-        let d: HumanDuration = s.parse()?;
-        match of(flag) {
-            Some(Range::Duration { min, max }) if d.0 < min || d.0 > max => Err(outside(flag, s)),
-            _ => Ok(d),
-        }
-    }
-}
-
-/// The value parser of a whole-number flag in [`BOUNDS`] (of any integer type its range fits).
-pub fn count_flag<T>(
-    flag: &'static str,
-) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
-where
-    T: TryFrom<u64> + Clone + Send + Sync + 'static,
-{
-    move |s: &str| {
-        let n: u64 = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a whole number"))?;
-        if let Some(Range::Count { min, max }) = of(flag)
-            && (n < min || n > max)
-        {
-            return Err(outside(flag, s));
-        }
-        T::try_from(n).map_err(|_| outside(flag, s))
-    }
-}
-
-/// The value parser of a number flag in [`BOUNDS`] (a fraction allowed; never NaN or infinite).
-pub fn number_flag(
-    flag: &'static str,
-) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
-    move |s: &str| {
-        let n: f64 = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a number"))?;
-        if !n.is_finite() {
-            return Err(outside(flag, s));
-        }
-        match of(flag) {
-            Some(Range::Number { min, max }) if n < min || n > max => Err(outside(flag, s)),
-            _ => Ok(n),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const TTL: Bound = Bound::duration("cache-ttl", secs(1), secs(30 * DAY));
+    const CONCURRENCY: Bound = Bound::count("concurrency", 1, 4096);
+    const RATE: Bound = Bound::number("ec2-rate", 0.01, 1000.0);
+
     #[test]
     fn durations_inside_the_range_are_taken_and_outside_refused_with_the_range() {
-        let p = duration_flag("cache-ttl");
+        let p = TTL.durations();
         assert_eq!(p("6h"), Ok(HumanDuration(secs(6 * 3600))));
         assert_eq!(p("1s"), Ok(HumanDuration(secs(1))));
         assert_eq!(p("30days"), Ok(HumanDuration(secs(30 * DAY))));
@@ -204,13 +184,19 @@ mod tests {
 
     #[test]
     fn counts_and_numbers_are_checked_and_never_nan() {
-        let c = count_flag::<u16>("concurrency");
+        let c = CONCURRENCY.counts::<u16>();
         assert_eq!(c("512"), Ok(512));
         assert!(c("0").is_err());
         assert!(c("4097").is_err());
         assert!(c("-1").is_err());
         assert!(c("70000").is_err(), "over u16 and over the range");
-        let r = number_flag("ec2-rate");
+        let narrow = Bound::count("narrow", 0, 100_000).counts::<u8>();
+        assert!(
+            narrow("300")
+                .unwrap_err()
+                .contains("out of range for --narrow")
+        );
+        let r = RATE.numbers();
         assert_eq!(r("5"), Ok(5.0));
         assert_eq!(r("0.5"), Ok(0.5));
         for bad in ["0", "-1", "NaN", "inf", "1e9", "five"] {
@@ -219,67 +205,9 @@ mod tests {
     }
 
     #[test]
-    fn every_range_is_ordered_and_every_flag_listed_once() {
-        let mut seen = std::collections::HashSet::new();
-        for b in BOUNDS {
-            assert!(seen.insert(b.flag), "{} twice", b.flag);
-            let ordered = match b.range {
-                Range::Duration { min, max } => min <= max,
-                Range::Count { min, max } => min <= max,
-                Range::Number { min, max } => min <= max && min.is_finite() && max.is_finite(),
-            };
-            assert!(ordered, "{}", b.flag);
-        }
-    }
-
-    /// Random strings never panic a parser, and whatever one takes is inside its range.
-    #[test]
-    fn parsers_take_only_values_in_range_for_any_input() {
-        let mut rng = fastrand::Rng::with_seed(42);
-        let pieces = [
-            "0",
-            "1",
-            "9",
-            "99999999999999999999",
-            ".",
-            "5",
-            "ms",
-            "s",
-            "h",
-            "d",
-            "days",
-            "y",
-            "-",
-            " ",
-            "e",
-            "NaN",
-            "inf",
-            "m",
-            "w",
-        ];
-        for _ in 0..20_000 {
-            let s: String = (0..rng.usize(1..6))
-                .map(|_| pieces[rng.usize(..pieces.len())])
-                .collect();
-            for b in BOUNDS {
-                match b.range {
-                    Range::Duration { min, max } => {
-                        if let Ok(d) = duration_flag(b.flag)(&s) {
-                            assert!(d.0 >= min && d.0 <= max, "{} {s:?}", b.flag);
-                        }
-                    }
-                    Range::Count { min, max } => {
-                        if let Ok(n) = count_flag::<u64>(b.flag)(&s) {
-                            assert!(n >= min && n <= max, "{} {s:?}", b.flag);
-                        }
-                    }
-                    Range::Number { min, max } => {
-                        if let Ok(n) = number_flag(b.flag)(&s) {
-                            assert!(n >= min && n <= max, "{} {s:?}", b.flag);
-                        }
-                    }
-                }
-            }
-        }
+    fn an_unordered_range_is_told() {
+        assert!(TTL.is_ordered() && CONCURRENCY.is_ordered() && RATE.is_ordered());
+        assert!(!Bound::count("backwards", 2, 1).is_ordered());
+        assert!(!Bound::number("endless", 1.0, f64::INFINITY).is_ordered());
     }
 }

@@ -9,6 +9,7 @@
 //! Owns: the regions called (at most [`MAX_REGIONS`]) and how their answers are read and
 //! refused. Never caches or retries: the cache, the batcher and the limiter do.
 
+use crate::bounds::{Bound, millis, secs};
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use aws_config::{BehaviorVersion, retry::RetryConfig, timeout::TimeoutConfig};
@@ -53,6 +54,16 @@ pub fn parse_region(s: &str) -> Result<String, String> {
     }
 }
 
+/// `--ec2-rate`'s range.
+pub const EC2_RATE_RANGE: Bound = Bound::number("ec2-rate", 0.01, 1000.0);
+/// `--ec2-burst`'s range.
+pub const EC2_BURST_RANGE: Bound = Bound::number("ec2-burst", 1.0, 10_000.0);
+/// `--ec2-timeout`'s range.
+pub const EC2_TIMEOUT_RANGE: Bound = Bound::duration("ec2-timeout", millis(100), secs(600));
+/// `--ec2-throttle-backoff-max`'s range.
+pub const EC2_THROTTLE_BACKOFF_MAX_RANGE: Bound =
+    Bound::duration("ec2-throttle-backoff-max", millis(100), secs(3600));
+
 /// How we talk to EC2.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -64,16 +75,16 @@ pub struct Ec2Args {
     pub region: Option<String>,
     /// Sustained DescribeInstanceTopology calls per second (EC2's account-wide bucket refills at
     /// about 20/s and is shared with every other tool).
-    #[arg(long, value_parser = crate::bounds::number_flag("ec2-rate"), env = "LABELER_EC2_RATE", default_value_t = 5.0)]
+    #[arg(long, value_parser = EC2_RATE_RANGE.numbers(), env = "LABELER_EC2_RATE", default_value_t = 5.0)]
     pub ec2_rate: f64,
     /// Calls allowed back to back.
-    #[arg(long, value_parser = crate::bounds::number_flag("ec2-burst"), env = "LABELER_EC2_BURST", default_value_t = 20.0)]
+    #[arg(long, value_parser = EC2_BURST_RANGE.numbers(), env = "LABELER_EC2_BURST", default_value_t = 20.0)]
     pub ec2_burst: f64,
     /// Timeout of one call.
-    #[arg(long, value_parser = crate::bounds::duration_flag("ec2-timeout"), env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
+    #[arg(long, value_parser = EC2_TIMEOUT_RANGE.durations(), env = "LABELER_EC2_TIMEOUT", default_value = "10s")]
     pub ec2_timeout: HumanDuration,
     /// Longest pause every caller takes after EC2 throttles (RequestLimitExceeded).
-    #[arg(long, value_parser = crate::bounds::duration_flag("ec2-throttle-backoff-max"), env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
+    #[arg(long, value_parser = EC2_THROTTLE_BACKOFF_MAX_RANGE.durations(), env = "LABELER_EC2_THROTTLE_BACKOFF_MAX", default_value = "30s")]
     pub ec2_throttle_backoff_max: HumanDuration,
 }
 

@@ -20,6 +20,7 @@ mod reservations;
 #[cfg(test)]
 mod tests;
 
+use crate::bounds::{Bound, DAY, millis, secs};
 use std::{
     collections::HashSet,
     sync::{
@@ -152,29 +153,42 @@ struct Request {
     reply: oneshot::Sender<Answer>,
 }
 
+/// `--batch-window`'s range.
+pub const BATCH_WINDOW_RANGE: Bound = Bound::duration("batch-window", millis(1), secs(60));
+/// `--batch-max-wait`'s range.
+pub const BATCH_MAX_WAIT_RANGE: Bound = Bound::duration("batch-max-wait", millis(1), secs(600));
+/// `--cache-ttl`'s range.
+pub const CACHE_TTL_RANGE: Bound = Bound::duration("cache-ttl", secs(1), secs(30 * DAY));
+/// `--not-described-retry`'s range.
+pub const NOT_DESCRIBED_RETRY_RANGE: Bound =
+    Bound::duration("not-described-retry", millis(100), secs(DAY));
+/// `--not-described-ttl`'s range.
+pub const NOT_DESCRIBED_TTL_RANGE: Bound =
+    Bound::duration("not-described-ttl", secs(1), secs(30 * DAY));
+
 /// Batching and caching of topology answers.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LookupArgs {
     /// A DescribeInstanceTopology call goes out once no new instance has joined the waiting
     /// ones for this long (a burst of new nodes keeps filling one call), or as soon as 100 wait.
-    #[arg(long, value_parser = crate::bounds::duration_flag("batch-window"), env = "LABELER_BATCH_WINDOW", default_value_t = HumanDuration(BATCH_WINDOW))]
+    #[arg(long, value_parser = BATCH_WINDOW_RANGE.durations(), env = "LABELER_BATCH_WINDOW", default_value_t = HumanDuration(BATCH_WINDOW))]
     pub batch_window: HumanDuration,
     /// Longest an instance waits for its call to fill while others keep arriving (an instance
     /// whose node is joining or carries the startup taint: two batch windows at most, three
     /// while only joining nodes wait and their burst is about to fill the call).
-    #[arg(long, value_parser = crate::bounds::duration_flag("batch-max-wait"), env = "LABELER_BATCH_MAX_WAIT", default_value_t = HumanDuration(BATCH_MAX_WAIT))]
+    #[arg(long, value_parser = BATCH_MAX_WAIT_RANGE.durations(), env = "LABELER_BATCH_MAX_WAIT", default_value_t = HumanDuration(BATCH_MAX_WAIT))]
     pub batch_max_wait: HumanDuration,
     /// How often each instance's answer is asked again (re-verified), in full calls: when one
     /// comes due at its node's next reconcile, the answers due soonest ride its call.
-    #[arg(long, value_parser = crate::bounds::duration_flag("cache-ttl"), env = "LABELER_CACHE_TTL", default_value_t = HumanDuration(CACHE_TTL))]
+    #[arg(long, value_parser = CACHE_TTL_RANGE.durations(), env = "LABELER_CACHE_TTL", default_value_t = HumanDuration(CACHE_TTL))]
     pub cache_ttl: HumanDuration,
     /// First retry after EC2 did not describe an instance (doubles per attempt).
-    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-retry"), env = "LABELER_NOT_DESCRIBED_RETRY", default_value_t = HumanDuration(NOT_DESCRIBED_RETRY))]
+    #[arg(long, value_parser = NOT_DESCRIBED_RETRY_RANGE.durations(), env = "LABELER_NOT_DESCRIBED_RETRY", default_value_t = HumanDuration(NOT_DESCRIBED_RETRY))]
     pub not_described_retry: HumanDuration,
     /// Longest wait before asking again about an instance EC2 does not describe (an unsupported
     /// instance type).
-    #[arg(long, value_parser = crate::bounds::duration_flag("not-described-ttl"), env = "LABELER_NOT_DESCRIBED_TTL", default_value_t = HumanDuration(NOT_DESCRIBED_TTL))]
+    #[arg(long, value_parser = NOT_DESCRIBED_TTL_RANGE.durations(), env = "LABELER_NOT_DESCRIBED_TTL", default_value_t = HumanDuration(NOT_DESCRIBED_TTL))]
     pub not_described_ttl: HumanDuration,
     /// A file holding the key verification records are sealed with (an HMAC key of at least 32
     /// bytes; the chart mounts one from a Secret it creates). A record is trusted only if sealed

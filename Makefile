@@ -237,13 +237,15 @@ bench: build build-release controlplane
 ## node), e.g. `make bench-scale SCALE_SIZES=20000 SCALE_BUILD=musl`: replaces that row of
 ## docs/benchmarks-scale.{md,png,csv} (which docs/benchmarks.md links) and keeps the others.
 ## SCALE_BUILD: musl (what the image ships) or glibc (the release build). SCALE_EVERYTHING=1: every
-## feature on, as the chart turns them on (docs/benchmarks-scale-everything.csv). Not in CI.
+## feature on, as the chart turns them on (docs/benchmarks-scale-everything.csv). SCALE_EKS=1: the
+## nodes already carry EKS's topology labels (rows of their own; writes should be 0). Not in CI.
 SCALE_SIZES ?= 20000
 SCALE_BUILD ?= musl
 SCALE_LIGHT_FROM ?= 100000
 SCALE_EVERYTHING ?=
+SCALE_EKS ?=
 SCALE_BIN_musl = $$(hack/shipped-binary.sh)
 SCALE_BIN_glibc = $(CARGO_TARGET_DIR)/release/ec2-topology-labeler
 bench-scale: build controlplane $(if $(filter glibc,$(SCALE_BUILD)),build-release) $(if $(SCALE_EVERYTHING),schedulers tools)
 	@[[ -n "$(SCALE_BIN_$(SCALE_BUILD))" ]] || { echo "SCALE_BUILD=$(SCALE_BUILD): musl or glibc"; exit 1; }
-	$(BIN)/bench --build $(SCALE_BUILD)=$(SCALE_BIN_$(SCALE_BUILD)) --scale $(SCALE_SIZES) --light-from $(SCALE_LIGHT_FROM) $(if $(SCALE_EVERYTHING),--everything) --out docs
+	$(BIN)/bench --build $(SCALE_BUILD)=$(SCALE_BIN_$(SCALE_BUILD)) --scale $(SCALE_SIZES) --light-from $(SCALE_LIGHT_FROM) $(if $(SCALE_EVERYTHING),--everything) $(if $(SCALE_EKS),--eks-labelled) --out docs

@@ -84,10 +84,15 @@ struct ScaleRow {
     /// The plain floor again, measured right before the install (0: not measured, in rows of
     /// the formats before).
     floor_last_s: f64,
+    /// The least time the controller's EC2 pacing allows for the install's calls (0 in rows
+    /// of the formats before).
+    ec2_bound_s: f64,
 }
 
 /// The CSV's columns, in order.
-const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s";
+const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s,ec2_bound_s";
+/// The format before the EC2 bound: its rows are read with it at 0.
+const CSV_HEADER_BEFORE_BOUND: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s";
 /// The format before the floor measured again: its rows are read with it at 0.
 const CSV_HEADER_BEFORE_LAST: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s";
 /// The format before the floors like ours: its rows are read with those at 0.
@@ -96,7 +101,7 @@ const CSV_HEADER_BEFORE: &str = "date,commit,build,nodes,shape,install_s,floor_s
 impl ScaleRow {
     fn to_csv(&self) -> String {
         format!(
-            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2}",
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2},{:.2}",
             self.date,
             self.commit,
             self.build,
@@ -131,18 +136,20 @@ impl ScaleRow {
             self.floor_ours_s,
             self.floor_watched_s,
             self.floor_last_s,
+            self.ec2_bound_s,
         )
     }
 
     fn from_csv(line: &str) -> anyhow::Result<Self> {
         let f: Vec<&str> = line.split(',').collect();
-        let (now, before_last, before) = (
+        let (now, before_bound, before_last, before) = (
             CSV_HEADER.split(',').count(),
+            CSV_HEADER_BEFORE_BOUND.split(',').count(),
             CSV_HEADER_BEFORE_LAST.split(',').count(),
             CSV_HEADER_BEFORE.split(',').count(),
         );
         anyhow::ensure!(
-            f.len() == now || f.len() == before_last || f.len() == before,
+            [now, before_bound, before_last, before].contains(&f.len()),
             "{} fields, not {now}: {line}",
             f.len(),
         );
@@ -161,6 +168,8 @@ impl ScaleRow {
             nodes: u32::try_from(int(3)?)?,
             shape: match f[4] {
                 "Light" => Shape::Light,
+                "EksRealistic" => Shape::EksRealistic,
+                "EksLight" => Shape::EksLight,
                 _ => Shape::Realistic,
             },
             install_s: num(5)?,
@@ -195,6 +204,7 @@ impl ScaleRow {
             floor_ours_s: if f.len() > 27 { num(27)? } else { 0.0 },
             floor_watched_s: if f.len() > 28 { num(28)? } else { 0.0 },
             floor_last_s: if f.len() > 29 { num(29)? } else { 0.0 },
+            ec2_bound_s: if f.len() > 30 { num(30)? } else { 0.0 },
         })
     }
 }
@@ -207,7 +217,7 @@ fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
     let mut lines = text.lines();
     if !matches!(
         lines.next(),
-        Some(CSV_HEADER | CSV_HEADER_BEFORE_LAST | CSV_HEADER_BEFORE)
+        Some(CSV_HEADER | CSV_HEADER_BEFORE_BOUND | CSV_HEADER_BEFORE_LAST | CSV_HEADER_BEFORE)
     ) {
         eprintln!("{}: another format; its rows are not kept", csv.display());
         return Ok(Vec::new());
@@ -223,7 +233,13 @@ fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
 fn merge_rows(kept: Vec<ScaleRow>, new: &[ScaleRow]) -> Vec<ScaleRow> {
     let mut rows: Vec<ScaleRow> = kept
         .into_iter()
-        .filter(|k| !new.iter().any(|n| n.nodes == k.nodes && n.build == k.build))
+        .filter(|k| {
+            !new.iter().any(|n| {
+                n.nodes == k.nodes
+                    && n.build == k.build
+                    && n.shape.eks_labelled() == k.shape.eks_labelled()
+            })
+        })
         .chain(new.iter().cloned())
         .collect();
     let rank = |b: &str| match b {
@@ -232,7 +248,12 @@ fn merge_rows(kept: Vec<ScaleRow>, new: &[ScaleRow]) -> Vec<ScaleRow> {
         _ => 2,
     };
     rows.sort_by(|a, b| {
-        (a.nodes, rank(&a.build), &a.build).cmp(&(b.nodes, rank(&b.build), &b.build))
+        (a.shape.eks_labelled(), a.nodes, rank(&a.build), &a.build).cmp(&(
+            b.shape.eks_labelled(),
+            b.nodes,
+            rank(&b.build),
+            &b.build,
+        ))
     });
     rows
 }
@@ -339,6 +360,7 @@ async fn one_size(
         floor_ours_s: facts.floor_ours.as_secs_f64(),
         floor_watched_s: facts.floor_watched.as_secs_f64(),
         floor_last_s: facts.floor_last.as_secs_f64(),
+        ec2_bound_s: facts.ec2_bound.as_secs_f64(),
         calls: row.ec2_calls,
         throttled: row.throttled,
         unfiltered: facts.unfiltered,
@@ -421,6 +443,7 @@ async fn one_call_per_node(window: Duration, root: &Path) -> anyhow::Result<(u64
 pub async fn run(
     sizes: &[u32],
     light_from: Option<u32>,
+    eks_labelled: bool,
     builds: &[Build],
     root: &Path,
     out: &Path,
@@ -449,6 +472,11 @@ pub async fn run(
             Shape::Light
         } else {
             Shape::Realistic
+        };
+        let shape = if eks_labelled {
+            shape.with_eks_labels()
+        } else {
+            shape
         };
         for (b, &idle_mib) in builds.iter().zip(&idle) {
             eprintln!("{n} nodes, build {}: {}", b.name, bin_name(b));
@@ -551,18 +579,18 @@ fn write_report(
     )?;
     writeln!(
         md,
-        "| nodes | build | measured | node shape | install (s) | write floor (s) | ratio | floor with our body; watched; plain again, just before the install (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | measured | node shape | install (s) | write floor (s) | EC2 bound (s) | ratio to the larger | floor with our body; watched; plain again, just before the install (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
-        "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
     )?;
     let mut csv = format!("{CSV_HEADER}\n");
     for r in rows {
         let per_node_kib = (r.peak_rss_mib - r.idle_mib).max(0.0) * 1024.0 / f64::from(r.nodes);
         writeln!(
             md,
-            "| {} | {} | {} {} | {} | {:.1} | {:.1} | {:.2}× | {} | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
+            "| {} | {} | {} {} | {} | {:.1} | {} | {} | {:.2}× | {} | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
             r.nodes,
             r.build,
             r.date,
@@ -570,10 +598,21 @@ fn write_report(
             match r.shape {
                 Shape::Realistic => "realistic",
                 Shape::Light => "light (no images)",
+                Shape::EksRealistic => "realistic, EKS-labelled",
+                Shape::EksLight => "light, EKS-labelled",
             },
             r.install_s,
-            r.floor_s,
-            r.install_s / r.floor_s.max(0.001),
+            if r.floor_s > 0.0 {
+                format!("{:.1}", r.floor_s)
+            } else {
+                "-".into()
+            },
+            if r.ec2_bound_s > 0.0 || r.shape.eks_labelled() {
+                format!("{:.1}", r.ec2_bound_s)
+            } else {
+                "-".into()
+            },
+            r.install_s / r.floor_s.max(r.ec2_bound_s).max(0.001),
             if r.floor_ours_s > 0.0 {
                 let last = if r.floor_last_s > 0.0 {
                     format!(
@@ -711,17 +750,55 @@ mod tests {
             floor_ours_s: 21.5,
             floor_watched_s: 24.0,
             floor_last_s: 20.5,
+            ec2_bound_s: 36.0,
         }
+    }
+
+    /// `line` without its last `k` fields: a row of an older format.
+    fn without_last(line: &str, k: usize) -> &str {
+        let mut end = line.len();
+        for _ in 0..k {
+            end = line[..end].rfind(',').expect("a comma");
+        }
+        &line[..end]
     }
 
     #[test]
     fn a_row_of_the_format_before_the_last_floor_reads_with_it_at_zero() {
         let r = row("musl", 10_000, 73.0);
-        let line = r.to_csv();
-        let before = &line[..line.rfind(',').expect("a comma")];
-        let back = ScaleRow::from_csv(before).expect("a row");
+        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 2)).expect("a row");
         assert_eq!(back.floor_last_s, 0.0);
+        assert_eq!(back.ec2_bound_s, 0.0);
         assert_eq!(back.floor_watched_s, r.floor_watched_s);
+    }
+
+    #[test]
+    fn a_row_of_the_format_before_the_ec2_bound_reads_with_it_at_zero() {
+        let r = row("musl", 10_000, 73.0);
+        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 1)).expect("a row");
+        assert_eq!(back.ec2_bound_s, 0.0);
+        assert_eq!(back.floor_last_s, r.floor_last_s);
+    }
+
+    /// The least time the bench's pacing allows: ceil(n/100) calls, the burst at once, the
+    /// rest at the rate (the issue's figure: 200 calls at 20,000 nodes need 36 s).
+    #[test]
+    fn the_ec2_bound_is_the_calls_beyond_the_burst_at_the_rate() {
+        assert_eq!(ec2_bound(20_000), Duration::from_secs(36));
+        assert_eq!(ec2_bound(100_000), Duration::from_secs(196));
+        assert_eq!(ec2_bound(10_001), Duration::from_secs_f64(81.0 / 5.0));
+        assert_eq!(ec2_bound(2_000), Duration::ZERO, "within the burst");
+    }
+
+    /// An EKS-labelled run keeps the unlabelled row of the same size and build.
+    #[test]
+    fn an_eks_labelled_row_is_kept_beside_the_unlabelled_one() {
+        let mut eks = row("musl", 10_000, 40.0);
+        eks.shape = Shape::EksLight;
+        let rows = merge_rows(vec![row("musl", 10_000, 73.0)], &[eks]);
+        assert_eq!(rows.len(), 2);
+        let back = ScaleRow::from_csv(&rows[1].to_csv()).expect("a row");
+        assert!(matches!(back.shape, Shape::EksLight));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::{
 
 mod cached;
 pub mod store;
-pub(crate) mod watch;
+pub mod watch;
 pub(crate) use cached::CachedNode;
 
 /// The condition type we own on Nodes.

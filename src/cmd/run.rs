@@ -436,13 +436,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             concurrency: usize::from(args.controller.concurrency),
         },
         move |name| get_from.get(name),
-        move || {
-            names_of
-                .state()
-                .iter()
-                .map(|n| Key::from(n.name()))
-                .collect()
-        },
+        move || names_of.names_where(|_| true),
         move |node: Arc<LiteNode>| {
             let ctx = ctx.clone();
             async move {

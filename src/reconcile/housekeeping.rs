@@ -29,14 +29,14 @@ pub(crate) async fn housekeeping(
         }
         // The one place a deleted node is forgotten: its record (failures, our last write,
         // conflicts, state), and the cached answers of instances no node runs on any more.
-        let live: HashSet<String> = reader.state().iter().map(|n| n.name_any()).collect();
+        let (mut live, mut instances) = (HashSet::new(), HashSet::new());
+        reader.each(|n| {
+            live.insert(n.name_any());
+            if let Ok(i) = provider_id::parse(n.provider_id()) {
+                instances.insert(i.instance_id);
+            }
+        });
         ctx.records.retain(&live);
-        let instances: HashSet<String> = reader
-            .state()
-            .iter()
-            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
-            .map(|i| i.instance_id)
-            .collect();
         let evicted = lookup.retain_instances(&instances);
         if evicted > 0 {
             debug!(

@@ -42,12 +42,7 @@ pub(crate) fn due(
         async move {
             tick.tick().await;
             let now = k % SLOTS;
-            let refs: Vec<Key> = store
-                .state()
-                .iter()
-                .filter(|n| slot(n.name()) == now)
-                .map(|n| Key::from(n.name()))
-                .collect();
+            let refs: Vec<Key> = store.names_where(|n| slot(n.name()) == now);
             Some((futures::stream::iter(refs), (tick, k + 1)))
         }
     })

@@ -436,7 +436,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             concurrency: usize::from(args.controller.concurrency),
         },
         move |name| get_from.get(name),
-        move || names_of.names_where(|_| true),
+        move || names_of.names(),
         move |node: Arc<LiteNode>| {
             let ctx = ctx.clone();
             async move {

@@ -1,31 +1,27 @@
-//! The periodic re-check: every node once per resync period, spread evenly over it, by one walk
-//! of the node cache.
+//! The periodic re-check: every node once per resync period, spread evenly over it, one shard of
+//! the node cache a tick.
 //!
 //! A requeue per node (`Action::requeue(resync)`) would do the same with one timer per node in
 //! kube-runtime's scheduler: about 600 bytes a node, held all the time (60 MiB at 100,000
 //! nodes) for an event that happens once an hour. Instead the period is cut into [`SLOTS`]
-//! ticks; a node's slot is a hash of its name, so each node comes up once per period, the load
-//! is even (a hundredth of the fleet per tick at 100,000 nodes: cache hits, no EC2 call), and
-//! nothing is kept per node.
+//! ticks; a node's slot is its shard of the node cache (a hash of its name), so each node comes
+//! up once per period, the load is even (a hundredth of the fleet per tick at 100,000 nodes:
+//! cache hits, no EC2 call), a tick visits only its shard, and nothing is kept per node.
 //!
 //! Owns: when a settled node is looked at again. Never reconciles (the controller does).
 
-use std::{
-    hash::{DefaultHasher, Hash, Hasher},
-    time::Duration,
-};
+use std::time::Duration;
 
 use super::queue::Key;
 use futures::{Stream, StreamExt};
 
-/// Ticks per resync period.
-pub(crate) const SLOTS: u64 = 100;
+/// Ticks per resync period: one per shard of the node cache, a node's slot being its shard.
+pub(crate) const SLOTS: u64 = crate::node::store::SHARDS;
 
 /// The slot (`0..SLOTS`) of the node called `name`.
-pub(crate) fn slot(name: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish() % SLOTS
+#[cfg(test)]
+fn slot(name: &str) -> u64 {
+    crate::node::store::shard(name)
 }
 
 /// The nodes due at each tick, forever: at tick `k` (every `period / SLOTS`) those whose slot
@@ -42,7 +38,7 @@ pub(crate) fn due(
         async move {
             tick.tick().await;
             let now = k % SLOTS;
-            let refs: Vec<Key> = store.names_where(|n| slot(n.name()) == now);
+            let refs: Vec<Key> = store.names_in_shard(now);
             Some((futures::stream::iter(refs), (tick, k + 1)))
         }
     })

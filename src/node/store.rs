@@ -177,16 +177,6 @@ impl NodeCache {
         self.read().iter().map(|n| n.0.clone()).collect()
     }
 
-    /// `f` on every cached node, under the cache's read lock (keep `f` short: the watch waits
-    /// for it to write). Nothing is cloned: where [`NodeCache::state`] takes a reference to
-    /// every node and a list of them all, which the resync's 100 ticks a period did (38 % of
-    /// the controller's CPU in steady state at 10,000 nodes, profiled).
-    pub(crate) fn each(&self, mut f: impl FnMut(&CachedNode)) {
-        for n in self.read().iter() {
-            f(&n.0);
-        }
-    }
-
     /// The names of every cached node.
     pub(crate) fn names(&self) -> Vec<Arc<str>> {
         self.read().iter().map(|n| Arc::from(n.0.name())).collect()

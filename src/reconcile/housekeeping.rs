@@ -29,13 +29,16 @@ pub(crate) async fn housekeeping(
         }
         // The one place a deleted node is forgotten: its record (failures, our last write,
         // conflicts, state), and the cached answers of instances no node runs on any more.
-        let (mut live, mut instances) = (HashSet::new(), HashSet::new());
-        reader.each(|n| {
-            live.insert(n.name_any());
-            if let Ok(i) = provider_id::parse(n.provider_id()) {
-                instances.insert(i.instance_id);
-            }
-        });
+        // One copy of the cache's references, then the work outside its lock (the watch's
+        // writer waits while it is held).
+        let nodes = reader.state();
+        let live: HashSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+        let instances: HashSet<String> = nodes
+            .iter()
+            .filter_map(|n| provider_id::parse(n.provider_id()).ok())
+            .map(|i| i.instance_id)
+            .collect();
+        drop(nodes);
         ctx.records.retain(&live);
         let evicted = lookup.retain_instances(&instances);
         if evicted > 0 {

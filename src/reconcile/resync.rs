@@ -18,12 +18,6 @@ use futures::{Stream, StreamExt};
 /// Ticks per resync period: one per shard of the node cache, a node's slot being its shard.
 pub(crate) const SLOTS: u64 = crate::node::store::SHARDS;
 
-/// The slot (`0..SLOTS`) of the node called `name`.
-#[cfg(test)]
-fn slot(name: &str) -> u64 {
-    crate::node::store::shard(name)
-}
-
 /// The nodes due at each tick, forever: at tick `k` (every `period / SLOTS`) those whose slot
 /// is `k % SLOTS`, as the cache has them then.
 pub(crate) fn due(
@@ -56,8 +50,9 @@ mod tests {
             .collect();
         let mut per_slot = vec![0u32; SLOTS as usize];
         for n in &names {
-            assert_eq!(slot(n), slot(n), "stable");
-            per_slot[slot(n) as usize] += 1;
+            let slot = crate::node::store::shard(n);
+            assert_eq!(slot, crate::node::store::shard(n), "stable");
+            per_slot[slot as usize] += 1;
         }
         let (min, max) = (
             per_slot.iter().min().copied().unwrap_or_default(),

@@ -5,7 +5,7 @@
 //! kept apart from the controller. The rooms here: [`cmd`] (every command; [`cmd::run`] wires
 //! the controller), [`flags`] (the command line), [`node`] (the node model, its watch and cache),
 //! [`reconcile`] (decide and write a node's labels), [`publish`] (scheduler objects),
-//! [`cleanup`] (what we remove), [`leader`], [`client`], [`tasks`], [`metrics`] and [`admin`]
+//! [`cleanup`] (what we remove), [`leader`], [`ledger`] (the verification records), [`client`], [`tasks`], [`metrics`] and [`admin`]
 //! (the HTTP endpoints and Events). docs/architecture.md draws them and their order.
 
 // An item is `pub(crate)` unless the binary, the tests or the e2e suite use it from outside:
@@ -18,6 +18,7 @@ pub(crate) mod client;
 pub mod cmd;
 pub mod flags;
 pub mod leader;
+pub mod ledger;
 pub mod metrics;
 pub mod node;
 pub mod publish;

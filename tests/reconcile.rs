@@ -270,20 +270,20 @@ async fn a_new_node_gets_one_server_side_apply_of_the_full_set() {
         "/api/v1/nodes/ip-10-0-0-1.us-west-2.compute.internal?&force=true&fieldManager=ec2-topology-labeler"
     );
     assert_eq!(seen.content_type, "application/apply-patch+yaml");
-    // The verification record rides in the same apply: EC2's answer, for this boot, just now.
-    let mut body = seen.body.clone();
-    let record = body["metadata"]["annotations"][VERIFIED_KEY]
-        .as_str()
-        .expect("the verification record")
-        .to_string();
-    let record = Verified::open(&record, &record_key()).expect("a record we can read back");
+    // The verification record is not on the node: the ledger keeps it (EC2's answer, for this
+    // boot, just now), once the write went through.
+    let body = seen.body.clone();
+    assert!(
+        body["metadata"].get("annotations").is_none(),
+        "nothing of ours but labels: {body}"
+    );
+    let record = ctx
+        .ledger
+        .get("ip-10-0-0-1.us-west-2.compute.internal")
+        .expect("the ledger's record");
     assert_eq!(record.topology, shared_answer(ID));
     assert_eq!(record.boot_id.as_deref(), Some("boot-1"));
     assert!(unix_now().abs_diff(record.at) <= 5, "verified now");
-    body["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("annotations");
     assert_eq!(
         body,
         json!({
@@ -321,23 +321,28 @@ async fn a_node_already_right_costs_no_request() {
 }
 
 /// Labelled right by someone else (EKS's cloud controller at registration, an earlier version
-/// of ours): one apply adds the verification record; the labels stay as they are.
+/// of ours): nothing is written to the node (issue 60); the ledger records what EC2 said.
 #[tokio::test]
-async fn a_node_labelled_right_without_a_record_gets_only_the_record() {
+async fn a_node_labelled_right_without_a_record_costs_no_write_and_is_recorded() {
     let fake = Fake::default();
     fake.set(&["nn-a", "nn-b", "nn-c"]);
     let (ctx, mut handle) = setup(&fake);
     let n = Arc::new(node(&FULL));
-    let reply = node_json(full_labels());
-    let (result, seen) = tokio::join!(
-        reconcile(n.clone(), ctx.clone()),
-        answer(&mut handle, reply)
-    );
-    result.expect("reconciled");
-    assert_eq!(seen.method, Method::PATCH);
-    assert_eq!(seen.body["metadata"]["labels"], full_labels());
-    assert!(seen.body["metadata"]["annotations"][VERIFIED_KEY].is_string());
+    without_requests(&mut handle, reconcile(n.clone(), ctx.clone()))
+        .await
+        .expect("reconciled");
+    assert_eq!(*fake.0.calls.lock().unwrap(), vec![1], "EC2 asked once");
+    let record = ctx.ledger.get(n.name()).expect("recorded in the ledger");
+    assert_eq!(record.topology, shared_answer(ID));
+    // Asked again, the ledger's record answers: no EC2 call, no write.
+    let (again, mut handle2) = setup(&fake);
+    again.ledger.put(n.name(), &record);
+    without_requests(&mut handle2, reconcile(n, again.clone()))
+        .await
+        .expect("nothing to do");
+    assert_eq!(*fake.0.calls.lock().unwrap(), vec![1], "no second call");
     assert_no_more_requests(ctx, handle).await;
+    assert_no_more_requests(again, handle2).await;
 }
 
 /// The node as the cache holds it at `rv`.

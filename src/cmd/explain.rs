@@ -381,16 +381,25 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
         .collect();
     let key = args.decide.lookup.record_key().map_err(Error::Config)?;
     let record = match crate::reconcile::target(&lite, &scheme, args.decide.ec2.region.as_deref()) {
-        Ok(Ok(t)) => match crate::reconcile::trusted(&lite, &scheme, &t, key.as_ref()) {
-            Ok(v) => format!(
-                "trusted (EC2 has given this answer for {}s): a new leader takes it, no EC2 call, and asks again within --cache-ttl",
-                crate::lookup::cache::unix_now().saturating_sub(v.at)
-            ),
-            Err(why) => format!(
-                "not trusted: {}; a new leader asks EC2 at once",
-                why.explain()
-            ),
-        },
+        Ok(Ok(t)) => {
+            match crate::ledger::keep::record_of(&client, &args.leader, &args.node, key.as_ref())
+                .await
+            {
+                Err(why) => format!("{why}; a new leader asks EC2 at once"),
+                Ok(recorded) => {
+                    match crate::reconcile::trusted(&lite, &scheme, &t, key.as_ref(), recorded) {
+                        Ok(v) => format!(
+                            "trusted (EC2 has given this answer for {}s): a new leader takes it, no EC2 call, and asks again within --cache-ttl",
+                            crate::lookup::cache::unix_now().saturating_sub(v.at)
+                        ),
+                        Err(why) => format!(
+                            "not trusted: {}; a new leader asks EC2 at once",
+                            why.explain()
+                        ),
+                    }
+                }
+            }
+        }
         _ => "-".into(),
     };
     let mut e = Explanation {

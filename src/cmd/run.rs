@@ -180,6 +180,32 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (kicks_tx, kicks_rx) = futures::channel::mpsc::unbounded::<()>();
     ctx.kicks = Some(kicks_tx);
     ctx.leader = leadership;
+    // The verification records live in the ledger's shards in our namespace: read when this
+    // replica starts leading, written in batches while it leads.
+    ctx.ledger = Arc::new(crate::ledger::Ledger::new(lookup.record_key().cloned()));
+    {
+        let shards = crate::ledger::keep::Shards {
+            api: Api::namespaced(
+                client.clone(),
+                &crate::leader::lease_namespace(&args.leader, &client),
+            ),
+            lease: args.leader.leader_election_lease_name.clone(),
+        };
+        let (ledger, leader, metrics_) = (ctx.ledger.clone(), ctx.leader.clone(), metrics.clone());
+        supervise(
+            "verification ledger",
+            Lifetime::Forever,
+            metrics.clone(),
+            move || {
+                crate::ledger::keep::keep(
+                    shards.clone(),
+                    ledger.clone(),
+                    leader.clone(),
+                    metrics_.clone(),
+                )
+            },
+        );
+    }
     let (reader, feeder) = NodeCache::new();
     ctx.cache = Some(reader.clone());
     let ctx = Arc::new(ctx);

@@ -139,6 +139,7 @@ pub struct Metrics {
     events: Family<OutcomeLabels, Counter>,
     taint_releases: Family<ReasonLabels, Counter>,
     verification_records: Family<OutcomeLabels, Counter>,
+    ledger_shards: Family<OutcomeLabels, Counter>,
     first_label_latency: Histogram,
     taint_release_latency: Histogram,
     takeover: Histogram,
@@ -203,6 +204,15 @@ fn ec2_outcome(error: Option<&Ec2Error>) -> String {
 }
 
 impl Metrics {
+    /// A verification ledger shard read, refused, written, not written.
+    pub(crate) fn ledger_shard(&self, outcome: &str) {
+        self.ledger_shards
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
     /// What became of a node's verification record at its instance's first lookup: `trusted`,
     /// or why not.
     pub(crate) fn verification_record(&self, outcome: &str) {

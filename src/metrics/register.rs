@@ -225,6 +225,12 @@ impl Metrics {
             "Nodes' verification records at their instance's first lookup in this process: trusted (no EC2 call), or why not (missing, unreadable, other_version, tampered, other_key, no_key, other_instance, other_boot, labels_changed, incomplete)",
             verification_records.clone(),
         );
+        let ledger_shards = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "ledger_shards",
+            "Verification ledger shards (ConfigMaps in the controller's namespace) by outcome: read, refused (its seal did not open: its nodes are asked about), written, write_failed (written at the next flush), too_large (not written)",
+            ledger_shards.clone(),
+        );
         let first_label_latency = Histogram::new(JOIN_BUCKETS);
         registry.register(
             "node_first_label_seconds",
@@ -313,6 +319,13 @@ impl Metrics {
             std::iter::once("trusted").chain(crate::state::Distrust::ALL.iter().map(|d| d.as_str()))
         {
             verification_records
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_string(),
+                })
+                .get();
+        }
+        for outcome in ["read", "refused", "written", "write_failed", "too_large"] {
+            ledger_shards
                 .get_or_create(&OutcomeLabels {
                     outcome: outcome.to_string(),
                 })
@@ -419,6 +432,7 @@ impl Metrics {
             events,
             taint_releases,
             verification_records,
+            ledger_shards,
             first_label_latency,
             taint_release_latency,
             takeover,

@@ -51,6 +51,9 @@ pub(crate) enum Assessment {
         refresh_error: Option<Ec2Error>,
         /// EC2's answer may still be settling (a late field missing): check again this soon.
         recheck_in: Option<Duration>,
+        /// The verification record of this answer: kept in the ledger once the node carries
+        /// `desired`.
+        record: Verified,
     },
 }
 
@@ -189,13 +192,14 @@ pub(crate) async fn assess(
                 boot_id: boot_id(node).map(str::to_owned),
                 at: verified_at,
             };
-            match derive(node, scheme, &verified, lookup.record_key()) {
+            match derive(node, scheme, &verified) {
                 Ok((desired, diff)) => Ok(Assessment::Ready {
                     instance_id,
                     desired,
                     diff,
                     refresh_error,
                     recheck_in,
+                    record: verified,
                 }),
                 Err(error) => Ok(Assessment::Invalid { instance_id, error }),
             }
@@ -203,47 +207,28 @@ pub(crate) async fn assess(
     }
 }
 
-/// What `node` should carry for the answer `verified` holds — its labels, annotations and the
-/// verification record itself, sealed with `key` — and what must change to get there.
+/// What `node` should carry for the answer `verified` holds, and what must change to get
+/// there. The verification record is not among it: it is kept in the ledger (`crate::ledger`),
+/// and one an earlier version left on the node is dropped by our next apply, never written
+/// for alone (see `labels::diff`).
 fn derive(
     node: &LiteNode,
     scheme: &LabelScheme,
     verified: &Verified,
-    key: Option<&RecordKey>,
 ) -> Result<(Desired, NodeDiff), DeriveError> {
     let mut desired = labels::desired(scheme, &verified.topology)?;
     let labels = labels_of(node);
     labels::settle(scheme, &labels, &mut desired);
-    // A record without the boot ID is never trusted (a reboot could not be told): none is
-    // written until the kubelet reports it (a write saved per joining node), and one there
-    // already stays. Without a key none is written either (and one there stays, untrusted).
-    match key {
-        // A record sealed with an earlier key (a rotation) that says just this stays as it
-        // is: a rotation rewrites no node; the record is sealed anew when the answer changes.
-        Some(key)
-            if key.has_previous()
-                && node
-                    .annotation(VERIFIED_KEY)
-                    .is_some_and(|v| Verified::open(&v, key).is_ok_and(|r| r == *verified)) =>
-        {
-            desired.keep.insert(VERIFIED_KEY.to_string());
-        }
-        Some(key) if verified.boot_id.is_some() => {
-            desired
-                .annotations
-                .insert(VERIFIED_KEY.to_string(), verified.encode(key));
-        }
-        _ => {
-            desired.keep.insert(VERIFIED_KEY.to_string());
-        }
-    }
     let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
     Ok((desired, diff))
 }
 
 /// The answer `node`'s verification record holds, if it can be taken as this process's own: a
-/// whole record of this format, about the instance `target` names and the boot the node runs
-/// now, of a complete answer, and the node carries exactly what that answer makes of it.
+/// whole record, sealed with the record key, about the instance `target` names and the boot the
+/// node runs now, of a complete answer, and the node carries exactly what that answer makes of
+/// it. The record is the ledger's (`recorded`, its shard's seal checked when it was read); a
+/// node the ledger holds none for is judged by the annotation an earlier version wrote on it
+/// (read for one release, so that an upgrade asks EC2 nothing either).
 ///
 /// Its age plays no part: an instance keeps its place in the network while it runs in one boot
 /// (only a stop and start, a new boot ID, can move it), and the taker re-verifies every answer
@@ -253,15 +238,24 @@ pub fn trusted(
     scheme: &LabelScheme,
     target: &Target,
     key: Option<&RecordKey>,
+    recorded: Option<Verified>,
 ) -> Result<Verified, Distrust> {
-    let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
-    let key = key.ok_or(Distrust::NoKey)?;
-    let verified = Verified::open(&value, key).map_err(|e| match e {
-        RecordError::Unreadable(_) => Distrust::Unreadable,
-        RecordError::OtherVersion(_) => Distrust::OtherVersion,
-        RecordError::Tampered => Distrust::Tampered,
-        RecordError::OtherKey(_) => Distrust::OtherKey,
-    })?;
+    let verified = match recorded {
+        Some(v) => {
+            key.ok_or(Distrust::NoKey)?;
+            v
+        }
+        None => {
+            let value = node.annotation(VERIFIED_KEY).ok_or(Distrust::Missing)?;
+            let key = key.ok_or(Distrust::NoKey)?;
+            Verified::open(&value, key).map_err(|e| match e {
+                RecordError::Unreadable(_) => Distrust::Unreadable,
+                RecordError::OtherVersion(_) => Distrust::OtherVersion,
+                RecordError::Tampered => Distrust::Tampered,
+                RecordError::OtherKey(_) => Distrust::OtherKey,
+            })?
+        }
+    };
     if verified.topology.instance_id != target.instance_id {
         return Err(Distrust::OtherInstance);
     }
@@ -274,7 +268,7 @@ pub fn trusted(
     if verified.topology.settling(target.capacity_block_expected) {
         return Err(Distrust::Incomplete);
     }
-    match derive(node, scheme, &verified, Some(key)) {
+    match derive(node, scheme, &verified) {
         Ok((_, diff)) if diff.is_empty() => Ok(verified),
         _ => Err(Distrust::LabelsChanged),
     }
@@ -288,12 +282,19 @@ pub(super) fn adopt(
     scheme: &LabelScheme,
     target: &Target,
     lookup: &Lookup,
+    ledger: &crate::ledger::Ledger,
     metrics: &Metrics,
 ) {
     if lookup.knows(&target.instance_id) {
         return;
     }
-    match trusted(node, scheme, target, lookup.record_key()) {
+    match trusted(
+        node,
+        scheme,
+        target,
+        lookup.record_key(),
+        ledger.get(node.name()),
+    ) {
         Ok(verified) => {
             // Taken unless another reconcile's answer got there first (then that one stands).
             if lookup.adopt(verified) {
@@ -386,9 +387,12 @@ mod trust {
             boot_id: Some(boot.into()),
             at: NOW - age_s,
         };
-        let (desired, _) =
-            derive(&n, scheme, &verified, Some(&key())).expect("labels for the answer");
+        let (mut desired, _) = derive(&n, scheme, &verified).expect("labels for the answer");
         n.metadata.labels = Some(desired.labels);
+        // As an earlier version left it: the record on the node.
+        desired
+            .annotations
+            .insert(VERIFIED_KEY.into(), verified.encode(&key()));
         n.metadata.annotations = Some(desired.annotations);
         n
     }
@@ -402,7 +406,7 @@ mod trust {
     }
 
     fn judge(n: &LiteNode) -> Result<Verified, Distrust> {
-        trusted(n, &LabelScheme::default(), &target(), Some(&key()))
+        trusted(n, &LabelScheme::default(), &target(), Some(&key()), None)
     }
 
     #[test]
@@ -413,14 +417,13 @@ mod trust {
         crate::node::watch::prune(&mut n, &scheme);
         assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
-        let (_, diff) = derive(&n, &scheme, &v, Some(&key())).expect("labels for the answer");
+        let (_, diff) = derive(&n, &scheme, &v).expect("labels for the answer");
         assert!(diff.is_empty(), "nothing to write: {diff:?}");
     }
 
     /// Issue 55.5: a rotation. The new key, holding the old one as previous, trusts records
     /// the old one sealed (no EC2 call) and writes nothing (packed as the watch keeps the node,
-    /// and not): the record is sealed anew only when the answer changes. Without the old key,
-    /// the same record is another key's.
+    /// and not). Without the old key, the same record is another key's.
     #[test]
     fn a_rotation_trusts_old_records_and_rewrites_none() {
         let scheme = LabelScheme::default();
@@ -431,26 +434,72 @@ mod trust {
             if packed {
                 crate::node::watch::prune(&mut n, &scheme);
             }
-            let v = trusted(&n, &scheme, &target(), Some(&rotated)).expect("trusted");
-            let (_, diff) = derive(&n, &scheme, &v, Some(&rotated)).expect("labels");
+            let v = trusted(&n, &scheme, &target(), Some(&rotated), None).expect("trusted");
+            let (_, diff) = derive(&n, &scheme, &v).expect("labels");
             assert!(diff.is_empty(), "a rotation rewrites nothing: {diff:?}");
             assert_eq!(
-                trusted(&n, &scheme, &target(), Some(&new)),
+                trusted(&n, &scheme, &target(), Some(&new), None),
                 Err(Distrust::OtherKey)
             );
-            // The answer changes (a stop and start moved it): sealed with the new key.
-            let moved = Verified {
-                topology: InstanceTopology {
-                    network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-9".into()],
-                    ..answer()
-                },
-                boot_id: Some("boot-1".into()),
-                at: NOW,
-            };
-            let (desired, _) = derive(&n, &scheme, &moved, Some(&rotated)).expect("labels");
-            let record = desired.annotations.get(VERIFIED_KEY).expect("a new record");
-            assert_eq!(Verified::open(record, &new), Ok(moved));
         }
+    }
+
+    /// Issue 60: the ledger's record is the one judged (its shard's seal was checked when read);
+    /// the node's annotation only when the ledger holds none.
+    #[test]
+    fn the_ledgers_record_is_judged_before_the_nodes_annotation() {
+        let scheme = LabelScheme::default();
+        let mut bare = verified_node(&scheme, 60, "boot-1");
+        bare.metadata.annotations = None;
+        let recorded = Verified {
+            topology: answer(),
+            boot_id: Some("boot-1".into()),
+            at: NOW - 60,
+        };
+        assert_eq!(
+            trusted(
+                &bare,
+                &scheme,
+                &target(),
+                Some(&key()),
+                Some(recorded.clone())
+            ),
+            Ok(recorded.clone())
+        );
+        assert_eq!(judge(&bare), Err(Distrust::Missing));
+        // A ledger record of an earlier boot is not saved by a valid annotation.
+        let with_annotation = verified_node(&scheme, 60, "boot-1");
+        let earlier = Verified {
+            boot_id: Some("boot-0".into()),
+            ..recorded.clone()
+        };
+        assert_eq!(
+            trusted(
+                &with_annotation,
+                &scheme,
+                &target(),
+                Some(&key()),
+                Some(earlier)
+            ),
+            Err(Distrust::OtherBoot)
+        );
+        // Nor is one whose answer the labels no longer say.
+        let moved = Verified {
+            topology: InstanceTopology {
+                network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-9".into()],
+                ..answer()
+            },
+            ..recorded.clone()
+        };
+        assert_eq!(
+            trusted(&bare, &scheme, &target(), Some(&key()), Some(moved)),
+            Err(Distrust::LabelsChanged)
+        );
+        // Without a key nothing is trusted, the ledger's records neither.
+        assert_eq!(
+            trusted(&bare, &scheme, &target(), None, Some(recorded)),
+            Err(Distrust::NoKey)
+        );
     }
 
     #[test]
@@ -460,7 +509,7 @@ mod trust {
         assert_eq!(v.topology, answer());
         assert_eq!(v.at, NOW - 3600);
         // Taken as the answer, it makes the reconcile write nothing.
-        let (_, diff) = derive(&n, &LabelScheme::default(), &v, Some(&key())).expect("labels");
+        let (_, diff) = derive(&n, &LabelScheme::default(), &v).expect("labels");
         assert!(diff.is_empty(), "{diff:?}");
     }
 
@@ -508,21 +557,39 @@ mod trust {
         let n = verified_node(&LabelScheme::default(), 60, "boot-1");
         assert!(judge(&n).is_ok());
         assert_eq!(
-            trusted(&n, &LabelScheme::default(), &target(), None),
+            trusted(&n, &LabelScheme::default(), &target(), None, None),
             Err(Distrust::NoKey)
         );
     }
 
-    /// Without a key no record is written, and one the node carries is left as it is (no write
-    /// for it alone).
+    /// Issue 60: a record an earlier version left on the node is never written for alone (no
+    /// write storm at an upgrade), and is not part of what our next apply carries (so that apply
+    /// removes it).
     #[test]
-    fn without_a_key_no_record_is_written_and_none_removed() {
-        let n = verified_node(&LabelScheme::default(), 60, "boot-1");
-        let v = judge(&n).expect("trusted with the key");
-        let (desired, diff) = derive(&n, &LabelScheme::default(), &v, None).expect("labels");
-        assert!(!desired.annotations.contains_key(VERIFIED_KEY));
-        assert!(desired.keep.contains(VERIFIED_KEY));
+    fn a_record_left_on_the_node_costs_no_write_and_goes_with_the_next() {
+        let scheme = LabelScheme::default();
+        let n = verified_node(&scheme, 60, "boot-1");
+        let v = judge(&n).expect("trusted");
+        let (desired, diff) = derive(&n, &scheme, &v).expect("labels");
         assert!(diff.is_empty(), "{diff:?}");
+        let moved = Verified {
+            topology: InstanceTopology {
+                network_nodes: vec!["nn-1".into(), "nn-2".into(), "nn-9".into()],
+                ..answer()
+            },
+            ..v
+        };
+        let (desired_moved, diff) = derive(&n, &scheme, &moved).expect("labels");
+        assert!(!diff.is_empty());
+        for d in [&desired, &desired_moved] {
+            assert!(!d.annotations.contains_key(VERIFIED_KEY));
+            assert!(!d.keep.contains(VERIFIED_KEY));
+        }
+        let body = crate::reconcile::write::apply_body(&n, &desired_moved);
+        assert!(
+            body["metadata"]["annotations"].get(VERIFIED_KEY).is_none(),
+            "{body}"
+        );
     }
 
     #[test]
@@ -559,7 +626,7 @@ mod trust {
             ..LabelScheme::default()
         };
         assert_eq!(
-            trusted(&n, &padded, &target(), Some(&key())),
+            trusted(&n, &padded, &target(), Some(&key()), None),
             Err(Distrust::LabelsChanged)
         );
     }
@@ -573,7 +640,7 @@ mod trust {
             ..target()
         };
         assert_eq!(
-            trusted(&n, &LabelScheme::default(), &other, Some(&key())),
+            trusted(&n, &LabelScheme::default(), &other, Some(&key()), None),
             Err(Distrust::OtherInstance)
         );
     }

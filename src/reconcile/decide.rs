@@ -81,11 +81,6 @@ impl<'a> Facts<'a> {
         }
     }
 
-    /// The write due changes only the verification record.
-    pub(super) fn record_only(&self) -> bool {
-        matches!(&self.answer, Answer::Assessed(Assessment::Ready { diff, .. }) if diff.only_record())
-    }
-
     /// The labels the answer says the node lacks, if any: a write is due unless the record
     /// says ours is awaited or the guard holds it.
     pub(super) fn write_due(&self) -> Option<&Desired> {
@@ -441,9 +436,7 @@ pub(super) fn decide(facts: Facts<'_>) -> Decision {
                     diff: diff.clone(),
                     first: !desired.labels.keys().any(|k| node.has_label(k)),
                 });
-                // The verification record renewed alone (EC2 asked again after the cache TTL,
-                // nothing else changed) is no news: written without an Event or a log line.
-                d.say = (!diff.only_record()).then(|| Say::Updated {
+                d.say = Some(Say::Updated {
                     summary: diff.summary(),
                 });
                 d.gate = Some(labelled);
@@ -528,6 +521,15 @@ mod tests {
             diff,
             refresh_error: None,
             recheck_in,
+            record: crate::verified::Verified {
+                topology: crate::topology::InstanceTopology {
+                    instance_id: "i-0123456789abcdef0".into(),
+                    network_nodes: vec![leaf.into()],
+                    ..Default::default()
+                },
+                boot_id: Some("boot-1".into()),
+                at: 1_796_300_000,
+            },
         }
     }
 

@@ -1,4 +1,5 @@
-//! Forgetting what is gone: a deleted node's record and the cached answers of instances no node
+//! Forgetting what is gone: a deleted node's record (and its verification record, in the
+//! ledger) and the cached answers of instances no node
 //! runs on any more, every quarter resync period (10 s to 15 min).
 //!
 //! Owns: that forgetting. Never writes to the cluster.
@@ -40,6 +41,7 @@ pub(crate) async fn housekeeping(
             .collect();
         drop(nodes);
         ctx.records.retain(&live);
+        ctx.ledger.retain(&live);
         let evicted = lookup.retain_instances(&instances);
         if evicted > 0 {
             debug!(

@@ -127,6 +127,9 @@ pub struct Context {
     /// Every node's record (failures, our last write, conflicts, state, what EC2's answer
     /// makes of it); the publishers read it too.
     pub records: Arc<Nodes>,
+    /// The verification records: which node's labels EC2's answer vouches for, kept in the
+    /// controller's namespace (in memory only unless `run` wires its shards).
+    pub ledger: Arc<crate::ledger::Ledger>,
     /// The startup taint and the `TopologyLabeled` condition (off by default).
     pub gate: Gate,
     /// Bounds the label writes in flight.
@@ -157,8 +160,12 @@ impl Context {
         resync: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let ledger = Arc::new(crate::ledger::Ledger::in_memory(
+            lookup.record_key().cloned(),
+        ));
         Self {
             api: nodes,
+            ledger,
             lookup,
             scheme,
             region,
@@ -196,6 +203,10 @@ impl Context {
         }
     }
 }
+
+/// How long a reconcile waits, at most, for the ledger's shards to be read when this replica
+/// starts leading (a node whose record is not read by then is asked about).
+pub(crate) const LEDGER_WAIT: Duration = Duration::from_secs(30);
 
 /// How often a node skipped as a duplicate is looked at again (the older node may be gone).
 const DUPLICATE_RECHECK: Duration = Duration::from_secs(60);
@@ -299,7 +310,15 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         // The first lookup of this node's instance in this process: its verification record
         // may answer it (a new leader asks EC2 nothing about what was verified).
         if let Ok(Ok(t)) = target(node, &ctx.scheme, ctx.region.as_deref()) {
-            assess::adopt(node, &ctx.scheme, &t, &ctx.lookup, &ctx.metrics);
+            ctx.ledger.ready(LEDGER_WAIT).await;
+            assess::adopt(
+                node,
+                &ctx.scheme,
+                &t,
+                &ctx.lookup,
+                &ctx.ledger,
+                &ctx.metrics,
+            );
         }
         let lookup = assess(
             node,
@@ -352,6 +371,14 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         Answer::Assessed(Assessment::Skipped(_) | Assessment::Rejected { .. }) => Some(None),
         _ => None,
     };
+    // The record of the answer, for the ledger once the node carries what it makes of it: now
+    // (nothing to write) or after our write.
+    let record = match &answer {
+        Answer::Assessed(Assessment::Ready { record, diff, .. }) => {
+            Some((record.clone(), diff.is_empty()))
+        }
+        _ => None,
+    };
     let now = Instant::now();
     let mut facts = Facts::new(node, answer, now);
     facts.unusable_retry_in = unusable_retry_in;
@@ -367,20 +394,22 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
                 // Leadership was lost while we looked EC2 up.
                 return Ok(None);
             }
-            // The verification record renewed alone changes no label: no one fights over
-            // it, so it is not a correction for the conflict guard to count.
-            if !facts.record_only() {
-                facts.verdict = ctx.records.with(node, |r| {
-                    r.conflict.before_write(&ctx.conflict, boot_id(node), now)
-                });
-            }
+            facts.verdict = ctx.records.with(node, |r| {
+                r.conflict.before_write(&ctx.conflict, boot_id(node), now)
+            });
         }
         facts.awaiting = awaiting;
     }
     let decision = decide(facts);
     first_decision(ctx, node);
     ctx.records.set_verified(node, verified);
+    let writes = decision.write.is_some();
     let next = carry_out(ctx, node, decision).await?;
+    if let Some((record, carried)) = record
+        && (carried || writes)
+    {
+        ctx.ledger.put(node.name(), &record);
+    }
     // A duplicate is looked at again every minute: once the older node is gone, it is labelled.
     Ok(if duplicate {
         Some(next.map_or(DUPLICATE_RECHECK, |n| n.min(DUPLICATE_RECHECK)))

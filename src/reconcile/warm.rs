@@ -83,6 +83,8 @@ enum Stop {
 async fn walk(store: &crate::node::store::NodeCache, ctx: &Context) -> (usize, Option<Stop>) {
     let mut in_flight = FuturesUnordered::new();
     let mut done = 0usize;
+    // The ledger's records first: a node one vouches for is asked nothing.
+    ctx.ledger.ready(super::LEDGER_WAIT).await;
     // In the order the reconciles come (the initial list's: by name), not the store's hash
     // order: the first reconciles then ask for what the walk's first calls carry.
     let mut nodes = store.state();
@@ -151,7 +153,14 @@ fn ask(
     ctx: &Context,
 ) -> impl std::future::Future<Output = Result<(), Ec2Error>> + use<> {
     // A node whose verification record holds is answered from it: no EC2 call.
-    assess::adopt(node, &ctx.scheme, target, &ctx.lookup, &ctx.metrics);
+    assess::adopt(
+        node,
+        &ctx.scheme,
+        target,
+        &ctx.lookup,
+        &ctx.ledger,
+        &ctx.metrics,
+    );
     let asked = ctx.lookup.ask(
         &target.region,
         &target.instance_id,
@@ -200,6 +209,10 @@ pub async fn ahead_of_first_list(mut arrivals: Arrivals, ctx: &Context) -> usize
                     continue;
                 }
                 if let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) {
+                    // The ledger's records first: a node one vouches for is asked nothing.
+                    if !ctx.ledger.is_ready() {
+                        ctx.ledger.ready(super::LEDGER_WAIT).await;
+                    }
                     in_flight.push(ask(&node, &target, ctx));
                 }
             }

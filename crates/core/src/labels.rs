@@ -436,18 +436,6 @@ impl NodeDiff {
         self.labels.is_empty() && self.annotations.is_empty()
     }
 
-    /// Whether the verification record ([`crate::verified::VERIFIED_KEY`]) is all that changes.
-    pub fn only_record(&self) -> bool {
-        let a = &self.annotations;
-        self.labels.is_empty()
-            && !a.is_empty()
-            && a.add
-                .keys()
-                .chain(a.change.keys())
-                .chain(a.remove.keys())
-                .all(|k| k == crate::verified::VERIFIED_KEY)
-    }
-
     /// Label keys to remove (stale family keys).
     pub fn stale_label_keys(&self) -> impl Iterator<Item = &String> {
         self.labels.remove.keys()
@@ -487,10 +475,13 @@ pub fn diff(
             &desired.labels,
             &desired.keep,
         ),
+        // The verification record an earlier version kept on the node is no reason to write:
+        // it lives in the controller's ledger now, and goes with the next apply that happens
+        // anyway (an apply carries only what `desired` holds).
         annotations: MapDiff::compute(
-            annotations
-                .iter()
-                .filter(|(k, _)| scheme.is_family_annotation(k)),
+            annotations.iter().filter(|(k, _)| {
+                scheme.is_family_annotation(k) && *k != crate::verified::VERIFIED_KEY
+            }),
             &desired.annotations,
             &desired.keep,
         ),

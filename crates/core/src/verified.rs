@@ -34,6 +34,9 @@ pub const VERIFIED_KEY: &str = "ec2-topology-labeler.io/verified";
 /// The record format this build writes and trusts.
 pub const VERSION: u32 = 2;
 
+/// What a text seal's MAC is taken of before the text (see [`RecordKey::seal_text`]).
+const TEXT_DOMAIN: &[u8] = b"ec2-topology-labeler ledger shard\n";
+
 /// The shortest key a record is sealed with (bytes).
 pub const MIN_KEY_LEN: usize = 32;
 
@@ -116,6 +119,37 @@ impl RecordKey {
     /// Its public name, as records carry it (8 hex digits).
     pub fn id(&self) -> String {
         hex(&self.id)
+    }
+
+    /// A seal of `text` (a ledger shard's records, see the controller's `ledger`): the key's
+    /// name and the first 16 bytes of the HMAC-SHA-256, `<name>:<sum>` in hex. The MAC is taken
+    /// of `text` behind a prefix of its own, so no seal of one kind opens the other.
+    pub fn seal_text(&self, text: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(TEXT_DOMAIN);
+        mac.update(text.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        let sum: Vec<u8> = tag.iter().take(16).copied().collect();
+        format!("{}:{}", hex(&self.id), hex(&sum))
+    }
+
+    /// Whether `seal` (as [`RecordKey::seal_text`] makes it) seals `text` under this key or
+    /// one of the earlier keys it holds (compared in constant time). `Ok(true)` when sealed
+    /// with this key, `Ok(false)` with an earlier one.
+    pub fn open_text(&self, text: &str, seal: &str) -> Result<bool, RecordError> {
+        let (id, sum) = seal.split_once(':').ok_or(RecordError::Tampered)?;
+        let (Some(id), Some(sum)) = (unhex::<4>(id), unhex::<16>(sum)) else {
+            return Err(RecordError::Tampered);
+        };
+        let Some(mac) = self.mac_of(&id) else {
+            return Err(RecordError::OtherKey(hex(&id)));
+        };
+        let mut mac = mac.clone();
+        mac.update(TEXT_DOMAIN);
+        mac.update(text.as_bytes());
+        mac.verify_truncated_left(&sum)
+            .map_err(|_| RecordError::Tampered)?;
+        Ok(id == self.id)
     }
 
     fn sum(&self, line: &str) -> [u8; 16] {
@@ -328,6 +362,36 @@ mod tests {
 
     fn key() -> RecordKey {
         RecordKey::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    #[test]
+    fn a_text_seal_opens_only_its_text_under_its_key() {
+        let k = key();
+        let seal = k.seal_text("the records");
+        assert_eq!(k.open_text("the records", &seal), Ok(true));
+        assert_eq!(
+            k.open_text("the records!", &seal),
+            Err(RecordError::Tampered)
+        );
+        let other = RecordKey::new(b"another key of thirty-two bytes or so").unwrap();
+        assert!(matches!(
+            other.open_text("the records", &seal),
+            Err(RecordError::OtherKey(_))
+        ));
+        let rotated = other.clone().with_previous([k.clone()]);
+        assert_eq!(rotated.open_text("the records", &seal), Ok(false));
+        assert_eq!(
+            k.open_text("the records", "nonsense"),
+            Err(RecordError::Tampered)
+        );
+        // A record's own sum is no seal of its line as text.
+        let r = record();
+        let line = r.wire(&r.seal(&k)).unsealed();
+        let sum = hex(&r.seal(&k).sum);
+        assert_eq!(
+            k.open_text(&line, &format!("{}:{sum}", k.id())),
+            Err(RecordError::Tampered)
+        );
     }
 
     /// A rotation: the new key opens what the old one sealed, when it holds it as previous,

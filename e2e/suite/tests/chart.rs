@@ -486,7 +486,35 @@ fn rbac_is_exactly_what_the_code_uses() {
     // scheduler object's kind while its feature is off (the retire hook holds those).
     assert_eq!(seen["/nodes/status"], ["patch"]);
     assert_eq!(seen.len(), 3, "nothing else cluster-wide: {seen:?}");
-    let lease_rules = &kind(&docs, "Role")[0]["rules"];
+    let role = |name: &str| -> Value {
+        kind(&docs, "Role")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("the Role {name}"))
+    };
+    // The verification ledger: its 64 shards by name; `create` (which RBAC cannot limit by
+    // name) is limited by the ConfigMap admission policy.
+    let shards: Vec<String> = (0..64)
+        .map(|k| format!("ec2-topology-labeler-records-{k:02}"))
+        .collect();
+    assert_eq!(
+        role("ec2-topology-labeler-ledger")["rules"],
+        json!([
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"] },
+            { "apiGroups": [""], "resources": ["configmaps"], "resourceNames": shards,
+              "verbs": ["get", "patch"] }
+        ])
+    );
+    for k in [0, 63] {
+        assert_eq!(
+            ec2_topology_labeler::ledger::shard_name("ec2-topology-labeler", k),
+            shards[k],
+            "the names the binary writes"
+        );
+    }
+    assert_eq!(ec2_topology_labeler::ledger::SHARDS, shards.len());
+    let lease_rules = &role("ec2-topology-labeler-leader-election")["rules"];
     let verbs: Vec<&str> = lease_rules
         .as_array()
         .unwrap()
@@ -593,7 +621,15 @@ fn rbac_is_exactly_what_the_code_uses() {
         "replicaCount=1".into(),
     ]);
     let docs = standing(&docs);
-    assert!(kind(&docs, "Role").is_empty());
+    let roles: Vec<&Value> = kind(&docs, "Role")
+        .into_iter()
+        .map(|r| &r["metadata"]["name"])
+        .collect();
+    assert_eq!(
+        roles,
+        ["ec2-topology-labeler-ledger"],
+        "the ledger's only: it is kept without an election too"
+    );
     assert!(kind(&docs, "PodDisruptionBudget").is_empty());
     assert_eq!(
         kind(&docs, "ClusterRole")[0]["rules"]
@@ -1659,9 +1695,16 @@ fn admission_policy_follows_the_api_and_the_configuration() {
     assert!(text.contains("may only remove ec2-topology-labeler.io/interconnect-impaired:NoSchedule from a Node's taints (config.startupTaint is not set, config.ultraserverHealthTaint is off)"));
     // Slinky's annotation and UltraServer shape off: they may only be removed.
     let end = "ec2-topology-labeler.io/capacity-block-end";
+    // The verification record an earlier version kept on Nodes: only ever removed (issue 60).
     assert!(
-        text.contains(&format!("k in [\"{SLINKY_SPEC_KEY}\",\"{end}\"])")),
+        text.contains(&format!(
+            "k in [\"ec2-topology-labeler.io/verified\",\"{SLINKY_SPEC_KEY}\",\"{end}\"])"
+        )),
         "{text}"
+    );
+    assert!(
+        text.contains(".all(k, k in [\"ec2-topology-labeler.io/placement-group\"])"),
+        "nothing of ours but the placement group's annotation is added: {text}"
     );
     let shape_labels = "\"ec2-topology-labeler.io/ultraserver-type\",\"ec2-topology-labeler.io/capacity-block-size\"]";
     let retired_line = |text: &str| {
@@ -1883,7 +1926,10 @@ fn exclusive_keys_policy_is_opt_in_and_exempts_the_controller() {
         !cel.contains("network-node-layer-"),
         "the default family is not this configuration's: {cel}"
     );
-    assert!(cel.contains("ec2-topology-labeler.io/verified"), "{cel}");
+    assert!(
+        !cel.contains("ec2-topology-labeler.io/verified"),
+        "the record lives in the ledger, not on Nodes: {cel}"
+    );
 }
 
 /// `helm test`: the pod runs `tree --min-labelled=1` with the configuration's label flags (all
@@ -2273,19 +2319,33 @@ fn configmap_policy_names_the_configured_slurm_configmap() {
             .unwrap()
             .ends_with(r#":labeler""#)
     );
-    // None configured: every ConfigMap write by the controller is refused.
+    // None configured: every ConfigMap write by the controller is refused but its ledger's
+    // shards (created and updated, never deleted), in its own namespace, by name.
     let p = policy(&[]);
+    let check = p["spec"]["validations"][0]["expression"].as_str().unwrap();
+    assert!(check.starts_with(r#"("" != ''"#), "{check}");
     assert!(
-        p["spec"]["validations"][0]["expression"]
-            .as_str()
-            .unwrap()
-            .starts_with(r#""" != ''"#)
+        check.ends_with(
+            r#"("^ec2-topology-labeler-records-[0-5][0-9]$|^ec2-topology-labeler-records-6[0-3]$" != '' && request.operation != 'DELETE' && request.namespace == "ec2-topology-labeler" && object.metadata.name.matches("^ec2-topology-labeler-records-[0-5][0-9]$|^ec2-topology-labeler-records-6[0-3]$"))"#
+        ),
+        "{check}"
     );
+    let message = p["spec"]["validations"][0]["messageExpression"]
+        .as_str()
+        .unwrap();
     assert!(
-        p["spec"]["validations"][0]["messageExpression"]
-            .as_str()
-            .unwrap()
-            .contains("config.slurmTopologyConfigmap is not set")
+        message.contains("config.slurmTopologyConfigmap is not set")
+            && message.contains(
+                "its verification ledger (ec2-topology-labeler/ec2-topology-labeler-records-NN)"
+            ),
+        "{message}"
+    );
+    // Without a record key there is no ledger: no ConfigMap at all.
+    let p = policy(&["recordKey.enabled=false".into()]);
+    let check = p["spec"]["validations"][0]["expression"].as_str().unwrap();
+    assert!(
+        check.contains(r#"("" != '' && request.operation"#),
+        "{check}"
     );
 }
 

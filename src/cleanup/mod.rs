@@ -313,6 +313,14 @@ async fn remove(
                     .await,
             )
         }
+        "ledger" => {
+            let (ns, name) = item.name.split_once('/').unwrap_or(("default", &item.name));
+            Removed::of(
+                Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+                    .delete(name, &DeleteParams::default())
+                    .await,
+            )
+        }
         "labels" => give_up_keys(client, &item.name, FIELD_MANAGER)
             .await
             .map(|()| Removed::Gone),

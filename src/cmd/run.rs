@@ -183,14 +183,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // The verification records live in the ledger's shards in our namespace: read when this
     // replica starts leading, written in batches while it leads.
     ctx.ledger = Arc::new(crate::ledger::Ledger::new(lookup.record_key().cloned()));
+    let shards = crate::ledger::keep::Shards {
+        api: Api::namespaced(
+            client.clone(),
+            &crate::leader::lease_namespace(&args.leader, &client),
+        ),
+        lease: args.leader.leader_election_lease_name.clone(),
+    };
     {
-        let shards = crate::ledger::keep::Shards {
-            api: Api::namespaced(
-                client.clone(),
-                &crate::leader::lease_namespace(&args.leader, &client),
-            ),
-            lease: args.leader.leader_election_lease_name.clone(),
-        };
+        let shards = shards.clone();
         let (ledger, leader, metrics_) = (ctx.ledger.clone(), ctx.leader.clone(), metrics.clone());
         supervise(
             "verification ledger",
@@ -209,6 +210,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (reader, feeder) = NodeCache::new();
     ctx.cache = Some(reader.clone());
     let ctx = Arc::new(ctx);
+    let ledger = ctx.ledger.clone();
 
     let _ = wired.set((reader.clone(), ctx.clone(), identity));
     // The first list's nodes, for the lookups ahead of their reconciles (dropped once it is in).
@@ -474,6 +476,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         },
     )
     .await;
+    // Before the lease goes: what the ledger learnt since its last write.
+    crate::ledger::keep::last_write(&shards, &ledger, &metrics, Duration::from_secs(5)).await;
     if let Some(election) = election {
         election.stop().await;
     }

@@ -65,6 +65,10 @@ pub struct TreeArgs {
     /// `topology.kubernetes.io/region` labels name.
     #[arg(long, env = "AWS_REGION", value_parser = crate::lookup::ec2::parse_region)]
     pub region: Option<String>,
+    /// Where the Lease is: the verification ledger's shards are beside it (read, when this
+    /// identity may, to tell which labels a record vouches for).
+    #[command(flatten)]
+    pub leader: crate::leader::LeaderArgs,
     #[command(flatten)]
     pub own: OwnFlags,
 }
@@ -107,6 +111,7 @@ pub fn adopt(args: TreeArgs, run: crate::flags::RunArgs) -> TreeArgs {
     TreeArgs {
         labels: run.labels,
         taint: run.gate.taint,
+        leader: run.leader,
         ..args
     }
 }
@@ -122,27 +127,39 @@ fn taint_to_point_out(given: Option<StartupTaint>, adopted: bool) -> Option<Star
 }
 
 /// Whether a verification record vouches for `node`'s topology labels (see
-/// [`crate::vouch`]); a node without any is not asked.
-fn vouch(scheme: &crate::labels::LabelScheme, node: &Node) -> Result<(), Unvouched> {
+/// [`crate::vouch`]): the ledger's (`ledger`), or else the one an earlier version left on the
+/// node; a node without any topology label is not asked.
+fn vouch(
+    scheme: &crate::labels::LabelScheme,
+    node: &Node,
+    ledger: &std::collections::HashMap<String, crate::verified::Verified>,
+) -> Result<(), Unvouched> {
     let labels = node.labels();
     if !labels.keys().any(|k| scheme.layer_index(k).is_some()) {
         return Ok(());
     }
-    crate::vouch::vouched(
-        scheme,
-        labels,
-        node.annotations()
-            .get(crate::verified::VERIFIED_KEY)
-            .map(String::as_str),
-        node.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .unwrap_or_default(),
-        node.status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map(|i| i.boot_id.as_str()),
-    )
+    let provider_id = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .unwrap_or_default();
+    let boot_id = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str());
+    match ledger.get(&node.name_any()) {
+        Some(v) => crate::vouch::vouched_by(scheme, labels, v, provider_id, boot_id),
+        None => crate::vouch::vouched(
+            scheme,
+            labels,
+            node.annotations()
+                .get(crate::verified::VERIFIED_KEY)
+                .map(String::as_str),
+            provider_id,
+            boot_id,
+        ),
+    }
 }
 
 /// Draw the nodes no record vouches for without topology, each saying why, as the controller
@@ -180,7 +197,24 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     };
     let taint = taint_to_point_out(args.taint.startup_taint.clone(), adopted);
     let scheme = args.labels.scheme().map_err(Error::Config)?;
-    let api: Api<Node> = Api::all(crate::client::connect_default().await?);
+    let client = crate::client::connect_default().await?;
+    let api: Api<Node> = Api::all(client.clone());
+    // The ledger's records, when this identity may read them (the controller's may; `helm
+    // test`'s may not): without them, only records an earlier version left on nodes are seen.
+    let ledger = if args.include_unverified || args.reservations {
+        Default::default()
+    } else {
+        match crate::ledger::keep::every_record(&client, &args.leader).await {
+            Ok(records) => records,
+            Err(e) => {
+                eprintln!(
+                    "cannot read the verification ledger ({e}): every node's topology labels are drawn as found"
+                );
+                Default::default()
+            }
+        }
+    };
+    let ledger = &ledger;
     let mut views = Vec::new();
     let api = &api;
     // Per node: whether a verification record vouches for its labels (read without the key),
@@ -194,7 +228,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         |items| {
             views.extend(items.iter().map(|n| {
                 let (note, tainted) = note(taint.as_ref(), n);
-                vouching.push(vouch(&scheme, n));
+                vouching.push(vouch(&scheme, n, ledger));
                 any_record |= n.annotations().contains_key(crate::verified::VERIFIED_KEY);
                 NodeView {
                     name: n.name_any(),
@@ -207,7 +241,7 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         },
     )
     .await?;
-    if !args.include_unverified && !args.reservations && any_record {
+    if !args.include_unverified && !args.reservations && (any_record || !ledger.is_empty()) {
         leave_out_unvouched(&scheme, &mut views, &vouching);
     }
     if args.reservations {

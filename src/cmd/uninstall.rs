@@ -2,7 +2,7 @@
 //! (unless `--labels`): our `TopologyLabeled` and `UltraServerInterconnectImpaired` conditions
 //! and our interconnect taint on Nodes, our HyperNodes, our Kueue and KAI
 //! Topologies (not a Kueue Topology a ResourceFlavor still names, unless `--force`), our Slurm
-//! ConfigMaps, the Lease. Run after the controller is gone (the chart's post-delete hook does),
+//! ConfigMaps, the Lease and the verification ledger's shards beside it. Run after the controller is gone (the chart's post-delete hook does),
 //! since a running controller would write them again; it refuses while the Lease is held.
 //!
 //! Owns: the command. The removals themselves are [`crate::cleanup`]'s.
@@ -147,6 +147,19 @@ pub async fn run(args: UninstallArgs) -> Result<()> {
             name: format!("{ns}/{}", l.name_any()),
             kept: None,
         });
+    }
+    // The verification ledger's shards, beside the Lease.
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    for k in 0..crate::ledger::SHARDS {
+        let name = crate::ledger::shard_name(&args.leader.leader_election_lease_name, k);
+        if configmaps.get_metadata_opt(&name).await?.is_some() {
+            items.push(Item {
+                kind: "ledger",
+                name: format!("{ns}/{name}"),
+                kept: None,
+            });
+        }
     }
     if args.labels {
         items.extend(cleanup::nodes_with_our_keys(&client).await?);

@@ -49,6 +49,7 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
                 match read(&shards, &ledger, &metrics).await {
                     Ok((records, found)) => {
                         read_yet = true;
+                        ledger.set_writable();
                         info!(
                             records,
                             shards = found,
@@ -84,6 +85,22 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
         ledger.set_loaded(false);
         ledger.clear();
         debug!("no longer leading: the ledger's records are dropped until the next term");
+    }
+}
+
+/// At shutdown: the shards with news written once more while this replica still leads (a
+/// rollout then costs the next leader no re-verification), within `at_most`.
+pub async fn last_write(shards: &Shards, ledger: &Ledger, metrics: &Metrics, at_most: Duration) {
+    if !ledger.is_writable() {
+        return;
+    }
+    if tokio::time::timeout(at_most, write(shards, ledger, metrics))
+        .await
+        .is_err()
+    {
+        warn!(
+            "the verification ledger's last write did not finish before shutdown: the next leader re-verifies what it did not hold"
+        );
     }
 }
 

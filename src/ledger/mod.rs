@@ -139,6 +139,9 @@ pub struct Ledger {
     /// Whether the shards were read in this term as leader (or need not be: kept in memory
     /// only, or no key).
     loaded: tokio::sync::watch::Sender<bool>,
+    /// Whether its shards were read in this term: only then is one written (a write would drop
+    /// the records not read).
+    writable: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -155,6 +158,7 @@ impl Ledger {
             shards: std::array::from_fn(|_| Mutex::default()),
             answers: Mutex::default(),
             loaded: tokio::sync::watch::Sender::new(loaded),
+            writable: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -189,6 +193,16 @@ impl Ledger {
 
     pub(crate) fn set_loaded(&self, loaded: bool) {
         self.loaded.send_replace(loaded);
+    }
+
+    /// Its shards were read in this term: they may be written.
+    pub(crate) fn set_writable(&self) {
+        self.writable
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Shard `k` (`0..SHARDS`, as [`shard_of`] gives), locked.
@@ -263,6 +277,8 @@ impl Ledger {
 
     /// Forget everything (this replica stopped leading: the next leader writes the shards).
     pub(crate) fn clear(&self) {
+        self.writable
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         for shard in self.shards.iter() {
             *lock(shard) = Shard::default();
         }

@@ -53,6 +53,19 @@ pub fn vouched(
 ) -> Result<(), Unvouched> {
     let record = record.ok_or(Unvouched::NoRecord)?;
     let (verified, _) = Verified::parse(record).map_err(|_| Unvouched::Unreadable)?;
+    vouched_by(scheme, labels, &verified, provider_id, boot_id)
+}
+
+/// Whether `verified` (a node's record, read from the controller's ledger or the node), about
+/// the instance `provider_id` names in boot `boot_id`, vouches for the family labels among
+/// `labels`.
+pub fn vouched_by(
+    scheme: &LabelScheme,
+    labels: &BTreeMap<String, String>,
+    verified: &Verified,
+    provider_id: &str,
+    boot_id: Option<&str>,
+) -> Result<(), Unvouched> {
     let instance = provider_id::parse(provider_id).map_err(|_| Unvouched::OtherInstance)?;
     if instance.instance_id != verified.topology.instance_id {
         return Err(Unvouched::OtherInstance);

@@ -1222,11 +1222,17 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
             })
             .collect()
     };
-    assert!(
-        configmap_rules(&docs).is_empty(),
-        "{:?}",
-        configmap_rules(&docs)
-    );
+    // The verification ledger's shards (beside the Lease, by name): the only ConfigMaps
+    // without a Slurm one configured.
+    let ledger = |lease: &str| -> Value {
+        let shards: Vec<String> = (0..ec2_topology_labeler::ledger::SHARDS)
+            .map(|k| ec2_topology_labeler::ledger::shard_name(lease, k))
+            .collect();
+        serde_json::json!({"namespace": "ec2-topology-labeler", "rule": {
+            "apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": shards, "verbs": ["get", "delete"]}})
+    };
+    assert_eq!(configmap_rules(&docs), vec![ledger("my-lease")]);
     // Nodes: listed; read and patched only where it has something to remove there beyond our
     // conditions (nodes/status): our label keys (uninstallHook.labels), the interconnect taint
     // (config.ultraserverHealthTaint).
@@ -1264,9 +1270,12 @@ fn uninstall_hook_runs_the_uninstall_command_as_configured() {
     ]);
     assert_eq!(
         configmap_rules(&docs),
-        vec![serde_json::json!({"namespace": "slurm", "rule": {
+        vec![
+            ledger("ec2-topology-labeler"),
+            serde_json::json!({"namespace": "slurm", "rule": {
             "apiGroups": [""], "resources": ["configmaps"],
-            "resourceNames": ["slurm-topology"], "verbs": ["get", "delete"]}})]
+            "resourceNames": ["slurm-topology"], "verbs": ["get", "delete"]}})
+        ]
     );
     let job = uninstall_job(&docs);
     let args = job["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -399,12 +399,17 @@ async fn steady_state_is_silent(env: &Env) -> anyhow::Result<()> {
 }
 
 /// Whoever may patch a Node (a compromised kubelet patches its own) may write its labels and a
-/// verification record to match. While no controller runs, two nodes are moved to a leaf EC2
-/// never named, each with a record claiming it: one sealed with a key of the forger's own, one in
-/// format 1 (whose unkeyed sum anyone can recompute). The next leader takes neither as its
-/// answer (`other_key`, `other_version`), asks EC2, and puts the labels back as EC2 answers.
+/// verification record to match; whoever may edit ConfigMaps in the controller's namespace may
+/// edit its ledger. While no controller runs, two nodes are moved to a leaf EC2 never named: one
+/// with a record on the node sealed with a key of the forger's own, the other with a record on
+/// the node in format 1 (whose unkeyed sum anyone can recompute) and its ledger shard edited to
+/// match (the shard's seal no longer opens). The next leader trusts neither (the ledger's
+/// record, which the first node's labels no longer match, or the annotation, sealed with another
+/// key; the edited shard refused, and format 1), asks EC2, and puts the labels back as EC2
+/// answers.
 async fn a_forged_record_is_re_verified(env: &Env) -> anyhow::Result<()> {
     use ec2_topology_labeler::{
+        ledger,
         topology::InstanceTopology,
         verified::{RecordKey, VERIFIED_KEY, Verified},
     };
@@ -423,6 +428,8 @@ async fn a_forged_record_is_re_verified(env: &Env) -> anyhow::Result<()> {
         ],
     )
     .await?;
+    let ns = e2e::cluster::NAMESPACE;
+    wait_for_ledger(&c, ns, &[&a.name, &b.name], Duration::from_secs(30)).await?;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
     let forged = ["nn-fr-s", "nn-fr-a", "nn-fr-forged"];
     // The forger's labels: ours, moved to the forged leaf.
@@ -480,6 +487,28 @@ async fn a_forged_record_is_re_verified(env: &Env) -> anyhow::Result<()> {
             .patch(&s.name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
     }
+    // The second node's shard, edited to say the forged leaf (its seal left as it was).
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.clone(), ns);
+    let shard = ledger::shard_name("ec2-topology-labeler", ledger::shard_of(&b.name));
+    let cm = configmaps.get(&shard).await?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(ledger::RECORDS_KEY))
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        text.contains("nn-fr-l"),
+        "the shard holds the truth: {text}"
+    );
+    let edited = text.replace("nn-fr-l", "nn-fr-forged");
+    configmaps
+        .patch(
+            &shard,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {ledger::RECORDS_KEY: edited}})),
+        )
+        .await?;
     e2e::env::restart_labeler_with(env, &[]).await?;
     for s in [&a, &b] {
         wait_for_topology(&c, &s.name, &expected(&truth, &[]), WAIT)
@@ -497,16 +526,37 @@ async fn a_forged_record_is_re_verified(env: &Env) -> anyhow::Result<()> {
             &[&format!("outcome=\"{o}\"")],
         )
     };
-    ensure!(
-        outcome("other_key") >= 1.0 && outcome("other_version") >= 1.0,
-        "the forged records were not judged as such: other_key {}, other_version {}",
-        outcome("other_key"),
-        outcome("other_version")
+    let refused = metric_sum(
+        &m,
+        "ec2_topology_labeler_ledger_shards_total",
+        &[r#"outcome="refused""#],
     );
-    eprintln!(
-        "    forged records: other_key {}, other_version {}, trusted {}; labels put back as EC2 answers",
-        outcome("other_key"),
+    // The first node is judged by the ledger's record (labels_changed), or, when both nodes
+    // share the refused shard, by its annotation (other_key).
+    ensure!(
+        refused >= 1.0
+            && outcome("other_version") >= 1.0
+            && outcome("labels_changed") + outcome("other_key") >= 1.0,
+        "the forgeries were not judged as such: shards refused {refused}, other_version {}, labels_changed {}, other_key {}",
         outcome("other_version"),
+        outcome("labels_changed"),
+        outcome("other_key")
+    );
+    // The refused shard is written anew, sealed: the truth again.
+    wait_for_ledger(&c, ns, &[&a.name, &b.name], Duration::from_secs(30)).await?;
+    let records = ledger_records(&c, ns).await?;
+    for s in [&a, &b] {
+        let nn = records
+            .get(&s.name)
+            .map(|r| r.topology.network_nodes.clone())
+            .unwrap_or_default();
+        ensure!(nn == truth, "{}'s record says {nn:?}", s.name);
+    }
+    eprintln!(
+        "    forged: shards refused {refused}, records other_version {}, labels_changed {}, other_key {}, trusted {}; labels put back as EC2 answers, the ledger written anew",
+        outcome("other_version"),
+        outcome("labels_changed"),
+        outcome("other_key"),
         outcome("trusted")
     );
     Ok(())
@@ -523,16 +573,16 @@ async fn quiet_over_three_ttls(env: &Env) -> anyhow::Result<()> {
     e2e::env::restart_labeler_with(env, &[&ttl_flag]).await?;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
     let all = nodes.list(&Default::default()).await?.items;
-    let verified = all
-        .iter()
-        .filter(|n| {
-            n.metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key("ec2-topology-labeler.io/verified"))
-        })
-        .count();
-    ensure!(verified > 0, "no node carries a verification record");
+    let verified = ledger_records(&c, e2e::cluster::NAMESPACE).await?.len();
+    ensure!(verified > 0, "the ledger holds no verification record");
+    ensure!(
+        !all.iter().any(|n| n
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("ec2-topology-labeler.io/verified"))),
+        "a node carries a verification record: they live in the ledger"
+    );
     // Every EC2 node is looked up (those without a record too): N for the bound.
     let ec2_nodes = all.iter().filter(|n| kube_util::is_ec2(n)).count();
     // The start's own lookups (nodes without a record) settle first.
@@ -1827,5 +1877,57 @@ fn main() {
         e2e::env::run("ec2tl-e2e", scenarios_at_the_oldest)
     } else {
         e2e::env::run_in_lanes("ec2tl-e2e", scenarios, LANE_STARTS)
+    }
+}
+
+/// The verification ledger's records in `namespace` (every shard the controller wrote, by its
+/// label), read without the key: node name → record.
+async fn ledger_records(
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<BTreeMap<String, ec2_topology_labeler::verified::Verified>> {
+    use ec2_topology_labeler::ledger;
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), namespace);
+    let shards = api
+        .list(&kube::api::ListParams::default().labels(ledger::LEDGER_LABEL))
+        .await?;
+    let mut all = BTreeMap::new();
+    for cm in shards.items {
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(ledger::RECORDS_KEY))
+            .cloned()
+            .unwrap_or_default();
+        let records = ledger::decode(&text)
+            .map_err(|e| anyhow::anyhow!("shard {}: {e}", kube::ResourceExt::name_any(&cm)))?;
+        all.extend(records);
+    }
+    Ok(all)
+}
+
+/// Waits until the ledger in `namespace` holds a record for each of `nodes` (it is written
+/// every 10 s while there is news).
+async fn wait_for_ledger(
+    client: &Client,
+    namespace: &str,
+    nodes: &[&str],
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let records = ledger_records(client, namespace).await?;
+        let missing: Vec<&&str> = nodes
+            .iter()
+            .filter(|n| !records.contains_key(**n))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the ledger holds no record of {missing:?} after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

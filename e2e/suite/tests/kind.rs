@@ -705,17 +705,30 @@ async fn explain_in_the_leaders_pod(env: &Env) -> anyhow::Result<()> {
     let holder = incluster::lease_holder(&c).await?.context("nobody leads")?;
     let (_, worker) = kind_nodes(&c).await?;
     let worker = worker.metadata.name.clone().unwrap_or_default();
-    let (ok, out) = kind.kubectl(&[
-        "exec", "-n", NAMESPACE, &holder, "--", "/app", "explain", &worker, "-o", "json",
-    ])?;
-    ensure!(ok, "kubectl exec ... explain failed:\n{out}");
-    let start = out.find('{').context("no JSON in explain's output")?;
-    // stdout (the JSON), then stderr (the note that the controller's flags are used).
-    let e: serde_json::Value = serde_json::Deserializer::from_str(&out[start..])
-        .into_iter()
-        .next()
-        .context("no JSON value")?
-        .with_context(|| format!("explain's JSON: {out}"))?;
+    // The leader writes the ledger's shards every 10 s while there is news: the worker's
+    // record may take that long to be there after its labels.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        let (ok, out) = kind.kubectl(&[
+            "exec", "-n", NAMESPACE, &holder, "--", "/app", "explain", &worker, "-o", "json",
+        ])?;
+        ensure!(ok, "kubectl exec ... explain failed:\n{out}");
+        let start = out.find('{').context("no JSON in explain's output")?;
+        // stdout (the JSON), then stderr (the note that the controller's flags are used).
+        let e: serde_json::Value = serde_json::Deserializer::from_str(&out[start..])
+            .into_iter()
+            .next()
+            .context("no JSON value")?
+            .with_context(|| format!("explain's JSON: {out}"))?;
+        let trusted = e["record"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("trusted");
+        if trusted || std::time::Instant::now() > deadline {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
     let verdict = e["verdict"].as_str().unwrap_or_default();
     ensure!(verdict.starts_with("Labelled"), "verdict: {verdict}");
     ensure!(
@@ -729,7 +742,8 @@ async fn explain_in_the_leaders_pod(env: &Env) -> anyhow::Result<()> {
         e["controller"]
     );
     // The record key the chart mounts reaches `explain` too (LABELER_RECORD_KEY_FILE): the
-    // record the leader sealed with it is one a new leader would trust.
+    // record the leader sealed with it (its ledger shard, which the controller's ServiceAccount
+    // may read) is one a new leader would trust.
     let record = e["record"].as_str().unwrap_or_default();
     ensure!(
         record.starts_with("trusted"),

@@ -1,6 +1,6 @@
 //! Reading and writing the ledger's shards: read whole each time this replica starts leading,
-//! then each shard with news written every [`super::FLUSH_EVERY`] until the lease is lost
-//! (then the records held are dropped: the next leader reads what was written).
+//! then each shard with news written when due (see [`Ledger::take_dirty`]) until the lease is
+//! lost (then the records held are dropped: the next leader reads what was written).
 //!
 //! Owns: when the shards are read and written. Never decides what a record says.
 
@@ -49,6 +49,7 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
                 match read(&shards, &ledger, &metrics).await {
                     Ok((records, found)) => {
                         read_yet = true;
+                        attempt = 0;
                         ledger.set_writable();
                         info!(
                             records,
@@ -65,8 +66,9 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
                 // Either way the reconciles go on.
                 ledger.set_loaded(true);
             }
-            let wait = if read_yet {
-                super::FLUSH_EVERY
+            // Shards are looked at every `QUIET`; after a failed read or write, later.
+            let wait = if attempt == 0 {
+                super::QUIET
             } else {
                 crate::backoff::equal_jitter(crate::backoff::capped(
                     Duration::from_secs(1),
@@ -79,7 +81,11 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
                 _ = tokio::time::sleep(wait) => {}
             }
             if read_yet {
-                write(&shards, &ledger, &metrics).await;
+                if write(&shards, &ledger, &metrics, false).await > 0 {
+                    attempt += 1;
+                } else {
+                    attempt = 0;
+                }
             }
         }
         ledger.set_loaded(false);
@@ -94,7 +100,7 @@ pub async fn last_write(shards: &Shards, ledger: &Ledger, metrics: &Metrics, at_
     if !ledger.is_writable() {
         return;
     }
-    if tokio::time::timeout(at_most, write(shards, ledger, metrics))
+    if tokio::time::timeout(at_most, write(shards, ledger, metrics, true))
         .await
         .is_err()
     {
@@ -148,9 +154,9 @@ async fn read(
 
 /// Write every shard with news (one server-side apply each); a shard whose write fails is
 /// written at the next flush.
-async fn write(shards: &Shards, ledger: &Ledger, metrics: &Metrics) {
+async fn write(shards: &Shards, ledger: &Ledger, metrics: &Metrics, all: bool) -> usize {
     let mut failed = 0;
-    for (k, text, seal) in ledger.take_dirty() {
+    for (k, text, seal) in ledger.take_dirty(all) {
         let name = shard_name(&shards.lease, k);
         if text.len() > MAX_SHARD_BYTES {
             metrics.ledger_shard("too_large");
@@ -199,9 +205,10 @@ async fn write(shards: &Shards, ledger: &Ledger, metrics: &Metrics) {
     if failed > 0 {
         warn!(
             failed,
-            "verification ledger shards not written: tried again at the next flush"
+            "verification ledger shards not written: tried again shortly"
         );
     }
+    failed
 }
 
 /// The ledger's record of node `node`, as the operator's commands read it: its shard in the

@@ -9,9 +9,10 @@
 //! of its name), each sealed whole with the record key (see [`RecordKey::seal_text`]):
 //!
 //! - **written by the leader only**, through the fenced client (no write lands after the lease
-//!   is lost), and **in batches**: a shard with news is written at most once every
-//!   [`FLUSH_EVERY`], whole, by server-side apply. A record not yet written when the leader
-//!   goes costs its node one re-verification by the next leader, never false trust.
+//!   is lost), and **in batches**: a shard with news is written whole, by server-side apply,
+//!   once no news came for [`QUIET`], and at most about every [`FLUSH_EVERY`] while news keeps
+//!   coming (an install); once more at shutdown. A record not yet written when the leader
+//!   dies costs its node one re-verification by the next leader, never false trust.
 //! - **read whole** when a replica starts leading, before its first reconcile looks at a
 //!   record ([`Ledger::ready`]). A shard whose seal does not open (edited, forged, sealed with a
 //!   key no longer held) is not trusted: its nodes are asked about.
@@ -37,6 +38,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::{
     compact::{BootId, InstanceId},
@@ -50,7 +52,12 @@ pub mod keep;
 /// How many shards the records are kept in: a key rotation rewrites at most this many objects.
 pub const SHARDS: usize = 64;
 
-/// How often a shard with news is written, at most.
+/// A shard with news is written once no news came for this long (a node joined, a reboot: its
+/// record is in the shard about a second later)…
+pub const QUIET: Duration = Duration::from_secs(1);
+
+/// …or, while news keeps coming (an install), once its oldest news is this old: each shard is
+/// written at most about this often.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
 
 /// The largest shard written (bytes of its records): the API server refuses objects past 1 MiB.
@@ -126,8 +133,15 @@ fn answer_matches(shared: &InstanceTopology, full: &InstanceTopology) -> bool {
 #[derive(Debug, Default)]
 struct Shard {
     entries: HashMap<Box<str>, Entry>,
-    /// Changed since it was last written (or read).
-    dirty: bool,
+    /// Changed since it was last written (or read): since when, and when last.
+    dirty: Option<(Instant, Instant)>,
+}
+
+impl Shard {
+    fn touch(&mut self) {
+        let now = Instant::now();
+        self.dirty = Some((self.dirty.map_or(now, |(since, _)| since), now));
+    }
 }
 
 /// The records of every node this replica verified or read, in their shards.
@@ -242,7 +256,7 @@ impl Ledger {
         };
         let mut shard = self.shard(k);
         shard.entries.insert(name.into(), entry);
-        shard.dirty = true;
+        shard.touch();
         true
     }
 
@@ -250,7 +264,7 @@ impl Ledger {
     pub fn forget(&self, name: &str) {
         let mut shard = self.shard(shard_of(name));
         if shard.entries.remove(name).is_some() {
-            shard.dirty = true;
+            shard.touch();
         }
     }
 
@@ -261,7 +275,7 @@ impl Ledger {
             let before = shard.entries.len();
             shard.entries.retain(|name, _| live.contains(&**name));
             if shard.entries.len() != before {
-                shard.dirty = true;
+                shard.touch();
             }
         }
     }
@@ -310,7 +324,7 @@ impl Ledger {
                 },
             );
             if here != k {
-                shard.dirty = true;
+                shard.touch();
             }
             taken += 1;
         }
@@ -319,22 +333,29 @@ impl Ledger {
 
     /// Mark shard `k` as to be written.
     pub(crate) fn mark_dirty(&self, k: usize) {
-        self.shard(k).dirty = true;
+        self.shard(k).touch();
     }
 
-    /// The shards with news: each one's records (encoded) and seal, marked clean. Put back
-    /// with [`Ledger::mark_dirty`] when the write fails.
-    pub(crate) fn take_dirty(&self) -> Vec<(usize, String, String)> {
+    /// The shards with news that are due: quiet for [`QUIET`] (no news since), or with news
+    /// older than [`FLUSH_EVERY`] (news still coming: an install); every shard with news when
+    /// `all`. Each one's records (encoded) and seal, marked clean; put back with
+    /// [`Ledger::mark_dirty`] when the write fails.
+    pub(crate) fn take_dirty(&self, all: bool) -> Vec<(usize, String, String)> {
         let Some(key) = &self.key else {
             return Vec::new();
         };
+        let now = Instant::now();
         let mut out = Vec::new();
         for (k, shard) in self.shards.iter().enumerate() {
             let mut shard = lock(shard);
-            if !shard.dirty {
+            let Some((since, last)) = shard.dirty else {
+                continue;
+            };
+            let due = all || now - last >= QUIET || now - since >= FLUSH_EVERY;
+            if !due {
                 continue;
             }
-            shard.dirty = false;
+            shard.dirty = None;
             let text = encode(&shard.entries);
             drop(shard);
             let seal = key.seal_text(&text);
@@ -496,7 +517,7 @@ mod tests {
 
     fn written(ledger: &Ledger) -> BTreeMap<usize, BTreeMap<String, String>> {
         ledger
-            .take_dirty()
+            .take_dirty(true)
             .into_iter()
             .map(|(k, text, seal)| {
                 (
@@ -631,6 +652,36 @@ mod tests {
         assert!(ledger.get("node-b").is_some());
     }
 
+    /// A shard is written a second after its last news, or, while news keeps coming, once its
+    /// oldest is ten seconds old: a joiner's record is in its shard at once, an install's shards
+    /// are written about every ten seconds each.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_is_written_when_quiet_or_when_its_news_is_old() {
+        let ledger = Ledger::in_memory(Some(key()));
+        let second = Duration::from_secs(1);
+        ledger.put("node-a", &verified("i-0000000000000000a", "b", "nn-c"));
+        assert!(ledger.take_dirty(false).is_empty(), "news just now");
+        tokio::time::advance(second).await;
+        assert_eq!(ledger.take_dirty(false).len(), 1, "quiet for a second");
+        // News every half second into one shard: written once its oldest is 10 s old.
+        let names: Vec<String> = (0..10_000)
+            .map(|n| format!("node-{n}"))
+            .filter(|n| shard_of(n) == shard_of("node-a"))
+            .take(30)
+            .collect();
+        let mut written_at = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let id = format!("i-{i:017x}");
+            ledger.put(name, &verified(&id, "b", "nn-c"));
+            tokio::time::advance(second / 2).await;
+            if !ledger.take_dirty(false).is_empty() {
+                written_at.push(i);
+            }
+        }
+        assert_eq!(written_at, vec![19], "once, 10 s after the first news");
+        assert!(!ledger.take_dirty(true).is_empty(), "all: the rest at once");
+    }
+
     #[test]
     fn the_shard_of_a_name_is_stable() {
         // Fixed values: shards written by one build are read by the next.
@@ -662,7 +713,7 @@ mod tests {
             ledger.put(&name, &v);
         }
         let biggest = ledger
-            .take_dirty()
+            .take_dirty(true)
             .into_iter()
             .map(|(_, text, _)| text.len())
             .max()

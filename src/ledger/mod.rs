@@ -201,6 +201,9 @@ impl Ledger {
     /// Completes once its shards have been read in this term, or after `at_most` (then records
     /// not read yet are simply not known: their nodes are asked about).
     pub async fn ready(&self, at_most: Duration) {
+        if self.is_ready() {
+            return;
+        }
         let mut rx = self.loaded.subscribe();
         let _ = tokio::time::timeout(at_most, rx.wait_for(|l| *l)).await;
     }

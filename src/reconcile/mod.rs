@@ -302,7 +302,7 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
             node.metadata.creation_timestamp.as_ref(),
         )
     });
-    let answer = if duplicate {
+    let mut answer = if duplicate {
         Answer::Assessed(Assessment::Skipped(
             crate::provider_id::SkipReason::Duplicate,
         ))
@@ -373,9 +373,10 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
     };
     // The record of the answer, for the ledger once the node carries what it makes of it: now
     // (nothing to write) or after our write.
-    let record = match &answer {
+    // (Taken out of the answer, which `decide` does not read it from: no copy.)
+    let record = match &mut answer {
         Answer::Assessed(Assessment::Ready { record, diff, .. }) => {
-            Some((record.clone(), diff.is_empty()))
+            Some((std::mem::take(record), diff.is_empty()))
         }
         _ => None,
     };

@@ -189,7 +189,7 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 /// What a node's labels were verified against: EC2's answer about its instance in one boot, and
 /// since when EC2 has given it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Verified {
     /// The answer (its `instance_id` is the instance's).
     pub topology: InstanceTopology,

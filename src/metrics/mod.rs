@@ -20,8 +20,9 @@ mod register;
 
 /// The supervised tasks' names ([`crate::tasks`]): their `task_restarts_total` series exist
 /// from the start, at 0.
-pub(crate) const TASKS: [&str; 9] = [
+pub(crate) const TASKS: [&str; 10] = [
     "retire at start",
+    "verification ledger",
     "retire condition at start",
     "warm-up",
     "coverage",

@@ -113,9 +113,19 @@ fn main() {
     reconcile_noop();
 }
 
-fn node_event() {
-    let node: serde_json::Value =
+/// The captured Node as it is now: the verification record it carried then lives in the
+/// controller's ledger (issue 60), so it is taken off.
+fn fixture() -> serde_json::Value {
+    let mut node: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/node.json")).expect("the fixture is a Node");
+    if let Some(annotations) = node["metadata"]["annotations"].as_object_mut() {
+        annotations.remove(VERIFIED_KEY);
+    }
+    node
+}
+
+fn node_event() {
+    let node = fixture();
     let scheme = LabelScheme::default();
     let (_cache, mut feeder) = NodeCache::new();
     let events: Vec<Vec<u8>> = (0..=EVENTS).map(|k| heartbeat(&node, k)).collect();
@@ -228,10 +238,9 @@ fn reconcile_noop() {
             Duration::from_secs(3600),
             metrics,
         ));
-        // The captured Node, its record sealed a minute ago, in the node cache as the watch puts
-        // it there (pruned, packed).
-        let mut node: serde_json::Value = serde_json::from_str(include_str!("fixtures/node.json"))
-            .expect("the fixture is a Node");
+        // The captured Node in the node cache as the watch puts it there (pruned, packed), its
+        // record, sealed a minute ago, in the ledger.
+        let mut node = fixture();
         node["spec"]["providerID"] = format!("aws:///us-west-2a/{ID}").into();
         let boot_id = node["status"]["nodeInfo"]["bootID"]
             .as_str()
@@ -245,11 +254,11 @@ fn reconcile_noop() {
                 .as_secs()
                 - 60,
         };
-        node["metadata"]["annotations"][VERIFIED_KEY] = record.encode(&key).into();
         let name = node["metadata"]["name"]
             .as_str()
             .expect("a name")
             .to_owned();
+        ctx.ledger.put(&name, &record);
         let wire: WireNode = serde_json::from_value(node).expect("a Node");
         let (cache, mut feeder) = NodeCache::new();
         watch::ingest(&mut feeder, &LabelScheme::default(), watcher::Event::Apply(wire));

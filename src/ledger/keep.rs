@@ -37,8 +37,9 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
         return std::future::pending().await;
     }
     loop {
+        // Looked at often: a new leader's first reconciles wait for the shards.
         while !leader.is_leader() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Until the shards are read, nothing is written (a write would drop the records not
         // read); the reconciles go on meanwhile, asking EC2 about what no record vouches for.

@@ -385,7 +385,9 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
             match crate::ledger::keep::record_of(&client, &args.leader, &args.node, key.as_ref())
                 .await
             {
-                Err(why) => format!("{why}; a new leader asks EC2 at once"),
+                Err(why) => format!(
+                    "{why}; a new leader judges the record an earlier version left on the node, if any, or asks EC2 at once"
+                ),
                 Ok(recorded) => {
                     match crate::reconcile::trusted(&lite, &scheme, &t, key.as_ref(), recorded) {
                         Ok(v) => format!(

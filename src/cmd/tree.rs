@@ -46,8 +46,9 @@ pub struct TreeArgs {
     /// topology labels: the chart's `helm test` runs `tree --min-labelled=1` in the cluster.
     #[arg(long, value_parser = MIN_LABELLED_RANGE.counts::<usize>(), env = "LABELER_MIN_LABELLED", default_value_t = 0)]
     pub(crate) min_labelled: usize,
-    /// Draw every node's topology labels as found. By default, when the cluster's nodes carry
-    /// verification records, a node whose labels no record vouches for (labelled by hand or by
+    /// Draw every node's topology labels as found. By default, when the controller's ledger
+    /// (beside its Lease) can be read and holds verification records, a node whose labels no
+    /// record vouches for (labelled by hand or by
     /// another tool, or rewritten since the controller verified them) is listed without
     /// topology and says why, as the controller leaves it out of what it publishes. (Read
     /// without the record key: only the controller can tell a forged record.)
@@ -163,9 +164,9 @@ fn vouch(
 }
 
 /// Draw the nodes no record vouches for without topology, each saying why, as the controller
-/// leaves them out of what it publishes; said once on stderr. Only when some node carries a
-/// verification record (the controller writes them): without any (records off, or no
-/// controller yet) the labels are drawn as found.
+/// leaves them out of what it publishes; said once on stderr. Only when the controller's ledger
+/// was read and holds records: without them (records off, no controller yet, no access) the
+/// labels are drawn as found.
 fn leave_out_unvouched(
     scheme: &crate::labels::LabelScheme,
     views: &mut [NodeView],
@@ -217,10 +218,8 @@ pub async fn run(args: TreeArgs) -> Result<()> {
     let ledger = &ledger;
     let mut views = Vec::new();
     let api = &api;
-    // Per node: whether a verification record vouches for its labels (read without the key),
-    // and whether any node carries a record at all.
+    // Per node: whether a verification record vouches for its labels (read without the key).
     let mut vouching: Vec<Result<(), Unvouched>> = Vec::new();
-    let mut any_record = false;
     crate::client::pages::each_page(
         ListParams::default(),
         crate::client::pages::PAGE,
@@ -229,7 +228,6 @@ pub async fn run(args: TreeArgs) -> Result<()> {
             views.extend(items.iter().map(|n| {
                 let (note, tainted) = note(taint.as_ref(), n);
                 vouching.push(vouch(&scheme, n, ledger));
-                any_record |= n.annotations().contains_key(crate::verified::VERIFIED_KEY);
                 NodeView {
                     name: n.name_any(),
                     ready: ready(n),
@@ -241,7 +239,9 @@ pub async fn run(args: TreeArgs) -> Result<()> {
         },
     )
     .await?;
-    if !args.include_unverified && !args.reservations && (any_record || !ledger.is_empty()) {
+    // Only against a ledger read whole and not empty: without it (no read access, another
+    // namespace, records off) a node's missing record says nothing.
+    if !args.include_unverified && !args.reservations && !ledger.is_empty() {
         leave_out_unvouched(&scheme, &mut views, &vouching);
     }
     if args.reservations {

@@ -23,6 +23,10 @@ use crate::{FIELD_MANAGER, leader::Leadership, metrics::Metrics};
 /// Shards read at once.
 const READ_CONCURRENCY: usize = 8;
 
+/// The longest a new leader's read of its shards may take: after it, the reconciles go on
+/// without the records not read (asking EC2 about their nodes), and the read is tried again.
+const READ_WITHIN: Duration = Duration::from_secs(20);
+
 /// Where the shards are: their namespace's API and the installation's Lease name.
 #[derive(Clone)]
 pub struct Shards {
@@ -47,7 +51,11 @@ pub async fn keep(shards: Shards, ledger: Arc<Ledger>, leader: Leadership, metri
         let mut attempt = 0;
         loop {
             if !read_yet {
-                match read(&shards, &ledger, &metrics).await {
+                // Bounded as a whole: the reconciles wait for it (at most 30 s each).
+                let read = tokio::time::timeout(READ_WITHIN, read(&shards, &ledger, &metrics))
+                    .await
+                    .unwrap_or_else(|_| Err(format!("not read within {}s", READ_WITHIN.as_secs())));
+                match read {
                     Ok((records, found)) => {
                         read_yet = true;
                         attempt = 0;
@@ -116,7 +124,7 @@ async fn read(
     shards: &Shards,
     ledger: &Ledger,
     metrics: &Metrics,
-) -> Result<(usize, usize), kube::Error> {
+) -> Result<(usize, usize), String> {
     let Some(key) = ledger.key() else {
         return Ok((0, 0));
     };
@@ -129,7 +137,9 @@ async fn read(
     }))
     .buffer_unordered(READ_CONCURRENCY);
     while let Some((k, name, got)) = reads.next().await {
-        let Some(cm) = got? else { continue };
+        let Some(cm) = got.map_err(|e| e.to_string())? else {
+            continue;
+        };
         found += 1;
         metrics.ledger_shard("read");
         let data = cm.data.unwrap_or_default();
@@ -156,6 +166,7 @@ async fn read(
 /// Write every shard with news (one server-side apply each); a shard whose write fails is
 /// written at the next flush.
 async fn write(shards: &Shards, ledger: &Ledger, metrics: &Metrics, all: bool) -> usize {
+    let _one_writer = ledger.writing.lock().await;
     let mut failed = 0;
     for (k, text, seal) in ledger.take_dirty(all) {
         let name = shard_name(&shards.lease, k);

@@ -10,8 +10,9 @@
 //!
 //! - **written by the leader only**, through the fenced client (no write lands after the lease
 //!   is lost), and **in batches**: a shard with news is written whole, by server-side apply,
-//!   once no news came for [`QUIET`], and at most about every [`FLUSH_EVERY`] while news keeps
-//!   coming (an install); once more at shutdown. A record not yet written when the leader
+//!   once no news came for [`QUIET`], or once its oldest news is [`FLUSH_EVERY`] old while news
+//!   keeps coming (an install), and never sooner after its last write than its size allows at
+//!   [`WRITE_PACE`]; once more at shutdown. A record not yet written when the leader
 //!   dies costs its node one re-verification by the next leader, never false trust.
 //! - **read whole** when a replica starts leading, before its first reconcile looks at a
 //!   record ([`Ledger::ready`]). A shard whose seal does not open (edited, forged, sealed with a
@@ -59,6 +60,13 @@ pub const QUIET: Duration = Duration::from_secs(1);
 /// …or, while news keeps coming (an install), once its oldest news is this old: each shard is
 /// written at most about this often.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
+
+/// The pace a shard is written at, at most, in bytes a second: a shard of `b` bytes is written
+/// again no sooner than `b / WRITE_PACE` after it was last (between [`QUIET`] and
+/// [`FLUSH_EVERY`]), so that news trickling into every shard (a join wave over a large fleet)
+/// costs etcd at most ~2 MiB a second over the 64 shards, and a small ledger's records are
+/// written within about a second.
+pub const WRITE_PACE: usize = 32 * 1024;
 
 /// The largest shard written (bytes of its records): the API server refuses objects past 1 MiB.
 pub const MAX_SHARD_BYTES: usize = 900 * 1024;
@@ -135,6 +143,8 @@ struct Shard {
     entries: HashMap<Box<str>, Entry>,
     /// Changed since it was last written (or read): since when, and when last.
     dirty: Option<(Instant, Instant)>,
+    /// When it was last taken to be written, and how many bytes it was.
+    written: Option<(Instant, usize)>,
 }
 
 impl Shard {
@@ -153,6 +163,9 @@ pub struct Ledger {
     /// Whether the shards were read in this term as leader (or need not be: kept in memory
     /// only, or no key).
     loaded: tokio::sync::watch::Sender<bool>,
+    /// Held while shards are written: one writer at a time (the keeper and the last write at
+    /// shutdown), so that an older copy of a shard never lands after a newer one.
+    pub(crate) writing: tokio::sync::Mutex<()>,
     /// Whether its shards were read in this term: only then is one written (a write would drop
     /// the records not read).
     writable: std::sync::atomic::AtomicBool,
@@ -172,6 +185,7 @@ impl Ledger {
             shards: std::array::from_fn(|_| Mutex::default()),
             answers: Mutex::default(),
             loaded: tokio::sync::watch::Sender::new(loaded),
+            writing: tokio::sync::Mutex::new(()),
             writable: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -240,7 +254,8 @@ impl Ledger {
     /// boot ID (a record that cannot tell a reboot is never trusted, so never kept), or when it
     /// holds just that already. Returns whether it changed.
     pub fn put(&self, name: &str, v: &Verified) -> bool {
-        if self.key.is_none() {
+        // Not leading (or not yet read): the next leader reads what was written.
+        if self.key.is_none() || !self.is_ready() {
             return false;
         }
         let Some(boot_id) = v.boot_id.as_deref() else {
@@ -354,12 +369,18 @@ impl Ledger {
             let Some((since, last)) = shard.dirty else {
                 continue;
             };
-            let due = all || now - last >= QUIET || now - since >= FLUSH_EVERY;
+            let paced = shard.written.is_none_or(|(at, bytes)| {
+                let gap = Duration::from_secs_f64(bytes as f64 / WRITE_PACE as f64)
+                    .clamp(QUIET, FLUSH_EVERY);
+                now - at >= gap
+            });
+            let due = all || (paced && (now - last >= QUIET || now - since >= FLUSH_EVERY));
             if !due {
                 continue;
             }
             shard.dirty = None;
             let text = encode(&shard.entries);
+            shard.written = Some((now, text.len()));
             drop(shard);
             let seal = key.seal_text(&text);
             out.push((k, text, seal));
@@ -683,6 +704,42 @@ mod tests {
         }
         assert_eq!(written_at, vec![19], "once, 10 s after the first news");
         assert!(!ledger.take_dirty(true).is_empty(), "all: the rest at once");
+    }
+
+    /// News trickling in a little slower than once a second (a join wave spread over a large
+    /// fleet) does not rewrite a large shard every second: it waits its size's worth of pace.
+    #[tokio::test(start_paused = true)]
+    async fn a_large_shard_is_written_no_faster_than_its_pace() {
+        let ledger = Ledger::in_memory(Some(key()));
+        let names: Vec<String> = (0..200_000)
+            .map(|n| format!("ip-10-0-{}-{}.us-west-2.compute.internal", n / 250, n % 250))
+            .filter(|n| shard_of(n) == 7)
+            .take(900)
+            .collect();
+        for (i, name) in names.iter().enumerate().take(800) {
+            ledger.put(
+                name,
+                &verified(&format!("i-{i:017x}"), "boot-1", &format!("nn-{i}")),
+            );
+        }
+        let bytes = ledger.take_dirty(true)[0].1.len();
+        let gap = Duration::from_secs_f64(bytes as f64 / WRITE_PACE as f64);
+        assert!(gap > Duration::from_secs(2), "{bytes} bytes");
+        let mut written_at = Vec::new();
+        let started = Instant::now();
+        for (i, name) in names.iter().enumerate().skip(800).take(20) {
+            ledger.put(name, &verified(&format!("i-{i:017x}"), "boot-1", "nn-x"));
+            for _ in 0..12 {
+                tokio::time::advance(Duration::from_millis(100)).await;
+                if !ledger.take_dirty(false).is_empty() {
+                    written_at.push(started.elapsed());
+                }
+            }
+        }
+        assert!(written_at.len() >= 2, "{written_at:?}");
+        for pair in written_at.windows(2) {
+            assert!(pair[1] - pair[0] >= gap, "{written_at:?} (gap {gap:?})");
+        }
     }
 
     #[test]

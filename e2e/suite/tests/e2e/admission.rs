@@ -680,7 +680,22 @@ pub async fn admission_policy_holds_the_controller_to_its_slurm_configmap(
     refused(
         "ConfigMap slurm/other created as the controller",
         configmaps.create(&Default::default(), &other),
-        "may write only the ConfigMap slurm/slurm-topology (config.slurmTopologyConfigmap); refused: slurm/other",
+        "may write only the ConfigMap slurm/slurm-topology (config.slurmTopologyConfigmap) and its verification ledger (ec2-topology-labeler/ec2-topology-labeler-records-NN); refused: slurm/other",
+    )
+    .await?;
+    // In its own namespace, the ledger's 64 shards only (RBAC lets it create any ConfigMap
+    // there: `create` cannot be limited by name).
+    let own: Api<ConfigMap> = Api::namespaced(clients(env).await?.1, e2e::cluster::NAMESPACE);
+    let beyond: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "ec2-topology-labeler-records-64",
+                      "namespace": e2e::cluster::NAMESPACE },
+        "data": { "records": "{}" }
+    }))?;
+    refused(
+        "ConfigMap ec2-topology-labeler-records-64 created as the controller",
+        own.create(&Default::default(), &beyond),
+        "refused: ec2-topology-labeler/ec2-topology-labeler-records-64",
     )
     .await
 }

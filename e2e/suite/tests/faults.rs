@@ -1257,6 +1257,12 @@ kind: RoleBinding
 metadata: {{ name: e2e-replica-b, namespace: {ns} }}
 roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: ec2-topology-labeler-leader-election }}
 subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{ name: e2e-replica-b-ledger, namespace: {ns} }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: ec2-topology-labeler-ledger }}
+subjects: [{{ kind: ServiceAccount, name: {b_sa}, namespace: {ns} }}]
 "#
     );
     kube_util::apply_yaml(c, &bindings, "e2e").await?;

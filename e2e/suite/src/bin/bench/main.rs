@@ -360,6 +360,31 @@ impl Env {
                 std::fs::read_to_string(e2e::repo_root().join("deploy/ec2-topology-labeler.yaml"))?;
             kube_util::apply_kinds(&client, &manifests, Some(kube_util::RBAC_KINDS), "bench")
                 .await?;
+            // The controller runs with a record key here (the plain manifests have none): its
+            // verification ledger's Role, as the chart renders it with its default record key.
+            let chart = e2e::helm::chart();
+            let ledger = e2e::helm::helm(
+                None,
+                &[
+                    "template",
+                    "ec2-topology-labeler",
+                    chart.to_str().unwrap_or_default(),
+                    "--namespace",
+                    NAMESPACE,
+                    "--show-only",
+                    "templates/rbac.yaml",
+                ],
+            )?;
+            let ledger: String = ledger
+                .split("\n---")
+                .filter(|d| d.contains("name: ec2-topology-labeler-ledger"))
+                .map(|d| format!("---\n{d}\n"))
+                .collect();
+            anyhow::ensure!(
+                ledger.matches("---\n").count() == 2,
+                "the chart's ledger Role and RoleBinding: {ledger}"
+            );
+            kube_util::apply_kinds(&client, &ledger, Some(kube_util::RBAC_KINDS), "bench").await?;
         } else {
             // The Slurm ConfigMap's namespace, where the chart puts a Role.
             kube_util::ensure_namespace(&client, "slurm").await?;

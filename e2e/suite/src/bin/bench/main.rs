@@ -445,6 +445,10 @@ impl Env {
                 format!("--resync-period={}s", self.resync.as_secs()),
                 format!("--ec2-rate={EC2_RATE}"),
                 format!("--ec2-burst={EC2_BURST}"),
+                // Where its Lease, and beside it its verification ledger, are: the namespace
+                // it runs in (a Pod's own; this kubeconfig names none, which would be
+                // `default`, where its RBAC gives it nothing).
+                format!("--leader-election-namespace={NAMESPACE}"),
             ]
             .into_iter()
             .chain(

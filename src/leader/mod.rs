@@ -57,10 +57,12 @@ pub struct LeaderArgs {
     /// one replica.
     #[arg(long, env = "LABELER_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
     pub(crate) leader_election: bool,
-    /// Namespace of the Lease (default: the namespace the controller runs in).
+    /// Namespace of the Lease, and of the verification ledger beside it (default: the namespace
+    /// the controller runs in; outside a Pod, the kubeconfig's).
     #[arg(long, env = "LABELER_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
-    /// Name of the Lease.
+    /// Name of the Lease; the verification ledger's shards are named after it
+    /// (`NAME-records-00` … `-63`).
     #[arg(
         long,
         env = "LABELER_LEADER_ELECTION_LEASE_NAME",

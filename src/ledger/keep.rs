@@ -130,12 +130,7 @@ async fn read(
     };
     let mut found = 0;
     let mut records = 0;
-    let mut reads = futures::stream::iter((0..SHARDS).map(|k| {
-        let api = shards.api.clone();
-        let name = shard_name(&shards.lease, k);
-        async move { (k, name.clone(), api.get_opt(&name).await) }
-    }))
-    .buffer_unordered(READ_CONCURRENCY);
+    let mut reads = fetch(&shards.api, &shards.lease);
     while let Some((k, name, got)) = reads.next().await {
         let Some(cm) = got.map_err(|e| e.to_string())? else {
             continue;
@@ -247,7 +242,7 @@ pub async fn record_of(
         Some(key) => open(&data, key)
             .map(|(r, _)| r)
             .map_err(|e| format!("the ledger shard {ns}/{name} is not trusted: {e}"))?,
-        None => super::decode(data.get(RECORDS_KEY).map_or("", String::as_str))
+        None => super::read_unchecked(&data)
             .map_err(|e| format!("the ledger shard {ns}/{name} cannot be read: {e}"))?,
     };
     Ok(records
@@ -263,20 +258,31 @@ pub async fn every_record(
 ) -> Result<std::collections::HashMap<String, crate::verified::Verified>, kube::Error> {
     let ns = crate::leader::lease_namespace(leader, client);
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let lease = &leader.leader_election_lease_name;
-    let mut reads = futures::stream::iter((0..SHARDS).map(|k| {
-        let api = api.clone();
-        let name = shard_name(lease, k);
-        async move { api.get_opt(&name).await }
-    }))
-    .buffer_unordered(READ_CONCURRENCY);
+    let mut reads = fetch(&api, &leader.leader_election_lease_name);
     let mut all = std::collections::HashMap::new();
-    while let Some(got) = reads.next().await {
+    while let Some((_, _, got)) = reads.next().await {
         let Some(cm) = got? else { continue };
-        let data = cm.data.unwrap_or_default();
-        if let Ok(records) = super::decode(data.get(RECORDS_KEY).map_or("", String::as_str)) {
+        if let Ok(records) = super::read_unchecked(&cm.data.unwrap_or_default()) {
             all.extend(records);
         }
     }
     Ok(all)
+}
+
+/// Every shard of the installation whose Lease is `lease`, [`READ_CONCURRENCY`] at a time:
+/// its index, its name and what the API server answered (`None`: not written yet).
+fn fetch(
+    api: &Api<ConfigMap>,
+    lease: &str,
+) -> impl futures::Stream<Item = (usize, String, Result<Option<ConfigMap>, kube::Error>)> + use<> {
+    let (api, lease) = (api.clone(), lease.to_owned());
+    futures::stream::iter((0..SHARDS).map(move |k| {
+        let api = api.clone();
+        let name = shard_name(&lease, k);
+        async move {
+            let got = api.get_opt(&name).await;
+            (k, name, got)
+        }
+    }))
+    .buffer_unordered(READ_CONCURRENCY)
 }

@@ -503,6 +503,13 @@ pub fn decode(text: &str) -> Result<Vec<(String, Verified)>, RecordError> {
         .collect()
 }
 
+/// The records of a shard's data, read without the key (see [`decode`]).
+pub fn read_unchecked(
+    data: &BTreeMap<String, String>,
+) -> Result<Vec<(String, Verified)>, RecordError> {
+    decode(data.get(RECORDS_KEY).map_or("", String::as_str))
+}
+
 /// A shard's records, when its seal opens with `key` (or an earlier key it holds); and
 /// whether it was sealed with an earlier key (then it is written again, sealed with this one).
 pub fn open(

@@ -210,9 +210,7 @@ pub async fn ahead_of_first_list(mut arrivals: Arrivals, ctx: &Context) -> usize
                 }
                 if let Ok(Ok(target)) = assess::target(&node, &ctx.scheme, ctx.region.as_deref()) {
                     // The ledger's records first: a node one vouches for is asked nothing.
-                    if !ctx.ledger.is_ready() {
-                        ctx.ledger.ready(super::LEDGER_WAIT).await;
-                    }
+                    ctx.ledger.ready(super::LEDGER_WAIT).await;
                     in_flight.push(ask(&node, &target, ctx));
                 }
             }

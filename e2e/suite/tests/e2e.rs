@@ -1906,13 +1906,7 @@ async fn ledger_records(
         .await?;
     let mut all = BTreeMap::new();
     for cm in shards.items {
-        let text = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(ledger::RECORDS_KEY))
-            .cloned()
-            .unwrap_or_default();
-        let records = ledger::decode(&text)
+        let records = ledger::read_unchecked(&cm.data.clone().unwrap_or_default())
             .map_err(|e| anyhow::anyhow!("shard {}: {e}", kube::ResourceExt::name_any(&cm)))?;
         all.extend(records);
     }

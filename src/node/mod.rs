@@ -71,8 +71,9 @@ pub struct LiteNode {
     /// [`LiteNode::annotation`].
     packed_annotations: Option<PackedMap>,
     /// The verification record of a node in the cache, kept as its parts (a third of its
-    /// text, the answer shared).
-    record: Option<KeptRecord>,
+    /// text, the answer shared). Boxed: only nodes an earlier build recorded on carry one (the
+    /// ledger keeps records now), and every cached node would pay for its ~80 bytes.
+    record: Option<Box<KeptRecord>>,
 }
 
 /// The metadata fields we read, under `ObjectMeta`'s names.
@@ -550,7 +551,7 @@ impl LiteNode {
         if let Some(map) = self.metadata.annotations.as_mut() {
             if let Some(record) = map.get(VERIFIED_KEY).and_then(|t| KeptRecord::keep(t)) {
                 map.remove(VERIFIED_KEY);
-                self.record = Some(record);
+                self.record = Some(Box::new(record));
             }
             if map.is_empty() {
                 self.metadata.annotations = None;
@@ -561,7 +562,7 @@ impl LiteNode {
 
     /// The verification record as kept, for hashing what changed.
     pub(crate) fn kept_record(&self) -> Option<&KeptRecord> {
-        self.record.as_ref()
+        self.record.as_deref()
     }
 
     /// The packed annotations, for hashing what changed.

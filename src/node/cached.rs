@@ -2,21 +2,25 @@
 //! it can be, read back whole as a [`LiteNode`].
 
 use super::*;
+use crate::compact::{canonical_uuid, uuid_text};
 
 /// A node as the cache keeps it: what a [`LiteNode`] holds, in as few and as small allocations
 /// as we can (a cache holds every node of the cluster, a `LiteNode` lives for a reconcile). Its
-/// five strings (name, UID, resourceVersion, providerID, bootID) are one allocation, the labels
+/// five strings (name, UID, resourceVersion, providerID, bootID) are one allocation (the UID
+/// and the boot ID as their 16 bytes when they are UUIDs in canonical text, as the API server
+/// and the kernel write them: 160 bytes of text become 120, musl's 192-byte class 128), the labels
 /// and the record's answer are shared with the nodes that have the same (see [`Sharing`]), and
 /// lists that are nearly always empty (taints, our condition) cost no allocation when empty.
 /// Read as a whole through [`CachedNode::expand`]; the few fields every-node scans read
 /// (name, labels, providerID, our condition) are read in place.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedNode {
-    /// The strings, one after another.
-    text: Box<str>,
+    /// The strings, one after another: UTF-8 text, or a UUID's 16 bytes (see `present`).
+    text: Box<[u8]>,
     /// Where each ends in `text`.
     ends: [u32; TEXTS],
-    /// Which strings the node has (bit `i` for string `i`): absent is not empty.
+    /// Which strings the node has (bit `i` for string `i`): absent is not empty; and which are
+    /// kept as a UUID's bytes (`uuid_bit`).
     present: u8,
     /// `creationTimestamp` in 12 bytes (a `Time` takes 24 as an `Option`): the few bytes that
     /// keep a cached node in the allocator's smaller size class (see the `sizes` test).
@@ -69,6 +73,15 @@ pub(super) const UID: usize = 1;
 pub(super) const RESOURCE_VERSION: usize = 2;
 pub(super) const PROVIDER_ID: usize = 3;
 pub(super) const BOOT_ID: usize = 4;
+/// The bit of `present` saying string `i` is kept as a UUID's bytes (only the UID and the boot
+/// ID may be).
+fn uuid_bit(i: usize) -> u8 {
+    match i {
+        UID => 1 << TEXTS,
+        BOOT_ID => 1 << (TEXTS + 1),
+        _ => 0,
+    }
+}
 
 impl From<&LiteNode> for CachedNode {
     fn from(n: &LiteNode) -> Self {
@@ -79,12 +92,18 @@ impl From<&LiteNode> for CachedNode {
             n.spec.provider_id.as_deref(),
             n.status.node_info.boot_id.as_deref(),
         ];
-        let mut text = String::with_capacity(texts.iter().flatten().map(|t| t.len()).sum());
+        let mut text = Vec::with_capacity(texts.iter().flatten().map(|t| t.len()).sum());
         let mut ends = [0u32; TEXTS];
         let mut present = 0u8;
         for (i, (t, end)) in texts.iter().zip(ends.iter_mut()).enumerate() {
             if let Some(t) = t {
-                text.push_str(t);
+                match canonical_uuid(t).filter(|_| uuid_bit(i) != 0) {
+                    Some(bytes) => {
+                        text.extend_from_slice(&bytes);
+                        present |= uuid_bit(i);
+                    }
+                    None => text.extend_from_slice(t.as_bytes()),
+                }
                 present |= 1 << i;
             }
             // An object's strings are far below 4 GiB (the API server stores objects of
@@ -94,7 +113,7 @@ impl From<&LiteNode> for CachedNode {
         let plain = (n.metadata.labels.is_some() || n.metadata.annotations.is_some())
             .then(|| Box::new((n.metadata.labels.clone(), n.metadata.annotations.clone())));
         CachedNode {
-            text: text.into_boxed_str(),
+            text: text.into_boxed_slice(),
             ends,
             present,
             created: Created::from(n.metadata.creation_timestamp.as_ref()),
@@ -109,7 +128,7 @@ impl From<&LiteNode> for CachedNode {
 }
 
 impl CachedNode {
-    pub(super) fn text(&self, i: usize) -> Option<&str> {
+    fn bytes(&self, i: usize) -> Option<&[u8]> {
         if self.present & (1 << i) == 0 {
             return None;
         }
@@ -121,8 +140,27 @@ impl CachedNode {
         self.text.get(start..end)
     }
 
+    /// String `i`, as it was on the node.
+    pub(super) fn text(&self, i: usize) -> Option<Cow<'_, str>> {
+        let bytes = self.bytes(i)?;
+        if self.present & uuid_bit(i) != 0 {
+            return Some(Cow::Owned(uuid_text(bytes.try_into().ok()?)));
+        }
+        // Written from a `&str` above.
+        std::str::from_utf8(bytes).ok().map(Cow::Borrowed)
+    }
+
+    /// String `i`, which is never kept as a UUID's bytes (the name, the resourceVersion, the
+    /// providerID), in place.
+    fn str(&self, i: usize) -> Option<&str> {
+        match self.text(i)? {
+            Cow::Borrowed(s) => Some(s),
+            Cow::Owned(_) => None,
+        }
+    }
+
     fn owned(&self, i: usize) -> Option<String> {
-        self.text(i).map(str::to_owned)
+        self.text(i).map(Cow::into_owned)
     }
 
     fn plain_labels(&self) -> &Plain {
@@ -159,7 +197,7 @@ impl CachedNode {
 
     /// The node's name (empty if it has none).
     pub fn name(&self) -> &str {
-        self.text(NAME).unwrap_or_default()
+        self.str(NAME).unwrap_or_default()
     }
 
     pub fn name_any(&self) -> String {
@@ -172,7 +210,7 @@ impl CachedNode {
     }
 
     pub fn provider_id(&self) -> &str {
-        self.text(PROVIDER_ID).unwrap_or_default()
+        self.str(PROVIDER_ID).unwrap_or_default()
     }
 
     pub fn labels(&self) -> Cow<'_, BTreeMap<String, String>> {
@@ -192,7 +230,7 @@ impl CachedNode {
     }
 
     /// The node's UID, if it has one.
-    pub fn uid(&self) -> Option<&str> {
+    pub fn uid(&self) -> Option<Cow<'_, str>> {
         self.text(UID)
     }
 

@@ -850,8 +850,29 @@ mod tests {
             assert_eq!(cached.object_ref(), n.object_ref());
         }
         let cached = CachedNode::from(&packed);
-        assert_eq!(cached.text(UID), Some(""), "empty, not absent");
+        assert_eq!(cached.text(UID).as_deref(), Some(""), "empty, not absent");
         assert_eq!(CachedNode::from(&bare).text(UID), None);
+        // A UID and a boot ID are kept as a UUID's 16 bytes only when they read back exactly.
+        for (uid, boot) in [
+            (
+                "0d6f3c1e-4b2a-4f8e-9c7d-1a2b3c4d5e6f",
+                "5d3a1c2e-8f4b-4a6c-9e7d-0b1f2a3c4d5e",
+            ),
+            (
+                "0D6F3C1E-4B2A-4F8E-9C7D-1A2B3C4D5E6F",
+                "5d3a1c2e8f4b4a6c9e7d0b1f2a3c4d5e",
+            ),
+            ("uid-1", ""),
+        ] {
+            let mut n = packed.clone();
+            n.metadata.uid = Some(uid.into());
+            n.status.node_info.boot_id = Some(boot.into());
+            let cached = CachedNode::from(&n);
+            assert_eq!(cached.expand(), n);
+            assert_eq!(cached.uid().as_deref(), Some(uid));
+            assert_eq!(cached.name(), n.name());
+            assert_eq!(cached.provider_id(), n.provider_id());
+        }
         assert_eq!(
             cached
                 .label("topology.k8s.aws/network-node-layer-1")

@@ -314,7 +314,7 @@ pub async fn run(
                 let node = by_name.get(m.name.as_str())?;
                 Some(Member {
                     name: m.name.clone(),
-                    uid: node.uid().map(str::to_owned),
+                    uid: node.uid().map(std::borrow::Cow::into_owned),
                     block: m.block.clone(),
                     current: Wanted::of(node),
                 })

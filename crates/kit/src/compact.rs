@@ -43,6 +43,21 @@ impl BootId {
     }
 }
 
+/// The 16 bytes of `text` when it is a UUID in its canonical text (lowercase, hyphenated: a
+/// Kubernetes UID, a kernel boot ID), which [`uuid_text`] reads back exactly; `None` for any
+/// other text.
+pub fn canonical_uuid(text: &str) -> Option<[u8; 16]> {
+    match BootId::new(text) {
+        BootId::Uuid(u) => Some(u.into_bytes()),
+        BootId::Text(_) => None,
+    }
+}
+
+/// The canonical text of the UUID `bytes` (see [`canonical_uuid`]).
+pub fn uuid_text(bytes: [u8; 16]) -> String {
+    uuid::Uuid::from_bytes(bytes).hyphenated().to_string()
+}
+
 impl From<&str> for BootId {
     fn from(text: &str) -> Self {
         Self::new(text)
@@ -67,6 +82,22 @@ impl fmt::Debug for BootId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_canonical_uuid_is_kept_as_bytes_and_it_reads_back_exactly() {
+        let text = "5d3c2b1a-0f9e-4d8c-b7a6-123456789abc";
+        let bytes = canonical_uuid(text).expect("a canonical UUID");
+        assert_eq!(uuid_text(bytes), text);
+        for other in [
+            "5D3C2B1A-0F9E-4D8C-B7A6-123456789ABC",
+            "5d3c2b1a0f9e4d8cb7a6123456789abc",
+            "{5d3c2b1a-0f9e-4d8c-b7a6-123456789abc}",
+            "not-a-uuid",
+            "",
+        ] {
+            assert_eq!(canonical_uuid(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn a_kernel_boot_id_is_kept_as_16_bytes_and_reads_back_as_written() {

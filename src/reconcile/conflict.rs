@@ -62,12 +62,13 @@ pub(crate) enum Verdict {
 }
 
 /// One node's history of corrections, kept in its record (see `super::nodes`).
-/// 32 bytes for a node nobody fights over (nearly all of them; a record is kept for every node):
+/// 24 bytes for a node nobody fights over (nearly all of them; a record is kept for every node):
 /// what a fight needs is boxed.
 #[derive(Debug, Default, Clone)]
 pub struct History {
-    /// Hash of the boot ID the history is about (a hash, not the 36-byte ID: one per node).
-    boot: Option<u64>,
+    /// Hash of the boot ID the history is about (a hash, not the 36-byte ID: one per node; its
+    /// lowest bit set, so never 0 and kept in 8 bytes).
+    boot: Option<std::num::NonZeroU64>,
     wrote: bool,
     /// Made at the first correction in a boot.
     fight: Option<Box<Fight>>,
@@ -101,7 +102,7 @@ impl History {
             use std::hash::{DefaultHasher, Hash, Hasher};
             let mut h = DefaultHasher::new();
             b.hash(&mut h);
-            h.finish()
+            std::num::NonZeroU64::MIN | h.finish()
         });
         if boot.is_some() && self.boot != boot {
             // A new boot: the node may legitimately need new labels.

@@ -49,7 +49,7 @@ enum State {
         /// or EC2 lags), and how many times in a row: the answer stands (labels are never
         /// stripped on EC2's word alone) and the ID is asked about with the refused ones, on the
         /// not-described backoff, from `refresh_at`.
-        refused: Option<(Box<Ec2Error>, u32)>,
+        refused: Option<Box<(Ec2Error, u32)>>,
         /// When EC2 gave `topology` (seconds since the Unix epoch): what the node's
         /// verification record says (see [`crate::verified`]).
         verified_at: u64,
@@ -94,9 +94,8 @@ impl Entry {
     fn refusals(&self) -> u32 {
         match &self.state {
             State::Known {
-                refused: Some((_, n)),
-                ..
-            } => *n,
+                refused: Some(r), ..
+            } => r.1,
             State::NotDescribed {
                 refused: Some(_),
                 attempts,
@@ -327,7 +326,7 @@ impl Cache {
                             topology: topology.clone(),
                             refresh_at,
                             settling: 0,
-                            refused: Some((Box::new(e.clone()), attempts)),
+                            refused: Some(Box::new((e.clone(), attempts))),
                             verified_at: previous_verified_at,
                         },
                         Resolved::Topology {

@@ -62,8 +62,8 @@ impl Cache {
                     )
                 }),
                 ask_again_in_s: secs(refresh_at.saturating_duration_since(now)),
-                attempts: refused.as_ref().map_or(*settling, |(_, n)| *n),
-                refused: refused.as_ref().map(|(e, _)| e.to_string()),
+                attempts: refused.as_ref().map_or(*settling, |r| r.1),
+                refused: refused.as_ref().map(|r| r.0.to_string()),
             },
             State::NotDescribed {
                 retry_at,

@@ -41,6 +41,29 @@ pub(super) async fn step(
     let GatePlan::Step { condition, taint } = plan else {
         return Ok(plan.recheck());
     };
+    if condition.is_none() && !matches!(taint, TaintAction::Release(_)) {
+        // Nothing to write (most steps): said without the writes' future (see `act`).
+        return Ok(match taint {
+            TaintAction::Keep(recheck) => recheck,
+            _ => None,
+        });
+    }
+    Box::pin(act(ctx, node, standing, labels, now, condition, taint)).await
+}
+
+/// The step's writes: the condition, then the taint's release. Boxed where it is awaited: a
+/// reconcile's future holds what its awaits hold, and is moved whole each time its task is
+/// spawned and polled to its end (see `carry_out`).
+async fn act(
+    ctx: &Context,
+    node: &LiteNode,
+    standing: &Standing,
+    labels: Option<&BTreeMap<String, String>>,
+    now: Time,
+    condition: Option<gate::Wanted>,
+    taint: TaintAction,
+) -> Result<Option<Duration>> {
+    let gate = &ctx.gate;
     let mut current = std::borrow::Cow::Borrowed(node);
     if let Some(wanted) = condition {
         let _permit = ctx.writes.acquire().await.ok();

@@ -169,6 +169,9 @@ pub struct Ledger {
     /// Whether its shards were read in this term: only then is one written (a write would drop
     /// the records not read).
     writable: std::sync::atomic::AtomicBool,
+    /// Counts the reads that took records in: they may hold nodes gone since they were written
+    /// (see `reconcile::housekeeping`).
+    merged: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,6 +190,7 @@ impl Ledger {
             loaded: tokio::sync::watch::Sender::new(loaded),
             writing: tokio::sync::Mutex::new(()),
             writable: std::sync::atomic::AtomicBool::new(false),
+            merged: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -287,7 +291,7 @@ impl Ledger {
     }
 
     /// Forget the records of nodes not in `live` (deleted).
-    pub fn retain(&self, live: &HashSet<String>) {
+    pub fn retain<S: std::borrow::Borrow<str> + std::hash::Hash + Eq>(&self, live: &HashSet<S>) {
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
             let before = shard.entries.len();
@@ -346,7 +350,16 @@ impl Ledger {
             }
             taken += 1;
         }
+        if taken > 0 {
+            self.merged
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         taken
+    }
+
+    /// Moves each time a read took records in (see `merged`).
+    pub(crate) fn merges(&self) -> u64 {
+        self.merged.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Mark shard `k` as to be written.

@@ -123,6 +123,10 @@ struct Shared {
     /// more than one, and all but the oldest are duplicates (see [`NodeCache::younger_duplicate`]).
     claims: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
     ready: tokio::sync::watch::Sender<bool>,
+    /// Counts what may have left the cache: a node deleted, a relist done (it may have dropped
+    /// nodes), a node whose providerID changed (its instance left). What the controller keeps
+    /// of gone nodes is looked for only when this moved (see `reconcile::housekeeping`).
+    removals: std::sync::atomic::AtomicU64,
 }
 
 /// The hash of the instance a providerID names, if it names one.
@@ -164,6 +168,19 @@ impl NodeCache {
             .nodes
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves whenever a node (or a node's instance) may have left the cache (see `removals`).
+    pub(crate) fn removals(&self) -> u64 {
+        self.shared
+            .removals
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn removed(&self) {
+        self.shared
+            .removals
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The node called `name`, as last seen, whole.
@@ -289,6 +306,7 @@ impl Feeder {
                 let gone = self.cache.write().take(node.name());
                 if let Some(gone) = gone {
                     self.cache.claim(instance_key(gone.0.provider_id()), -1);
+                    self.cache.removed();
                 }
                 None
             }
@@ -316,6 +334,7 @@ impl Feeder {
                 if let Some(set) = self.relist.take() {
                     *self.cache.write() = set;
                     self.cache.recount();
+                    self.cache.removed();
                 }
                 self.cache.shared.ready.send_replace(true);
                 None
@@ -332,7 +351,11 @@ impl Feeder {
         let key = instance_key(cached.provider_id());
         let old = self.cache.write().replace(ByName(cached));
         if let Some(old) = old {
-            self.cache.claim(instance_key(old.0.provider_id()), -1);
+            let old_key = instance_key(old.0.provider_id());
+            if old_key != key {
+                self.cache.removed();
+            }
+            self.cache.claim(old_key, -1);
         }
         self.cache.claim(key, 1);
     }
@@ -378,6 +401,47 @@ mod tests {
         crate::testing::nodes::node(name)
             .resource_version(Some(rv))
             .build()
+    }
+
+    /// Housekeeping looks for what the controller keeps of gone nodes only when the count of
+    /// removals moved: it must move with every way a node (or its instance) leaves, and not
+    /// with a change that leaves it where it is.
+    #[test]
+    fn removals_move_when_a_node_or_its_instance_may_have_left_and_only_then() {
+        let (cache, mut feeder) = NodeCache::new();
+        let with_instance = |name: &str, rv: &str, id: &str| {
+            crate::testing::nodes::node(name)
+                .resource_version(Some(rv))
+                .provider_id(&format!("aws:///us-west-2a/{id}"))
+                .build()
+        };
+        feeder.apply(Event::Apply(with_instance("a", "1", "i-0123456789abcdef0")));
+        feeder.apply(Event::Apply(with_instance("b", "1", "i-0123456789abcdef1")));
+        let start = cache.removals();
+        feeder.apply(Event::Apply(with_instance("a", "2", "i-0123456789abcdef0")));
+        assert_eq!(cache.removals(), start, "a change that keeps its instance");
+        feeder.apply(Event::Apply(with_instance("a", "3", "i-0123456789abcdef9")));
+        assert_eq!(cache.removals(), start + 1, "its instance changed");
+        feeder.apply(Event::Delete(node("unknown", "1")));
+        assert_eq!(
+            cache.removals(),
+            start + 1,
+            "nothing was cached under that name"
+        );
+        feeder.apply(Event::Delete(node("b", "2")));
+        assert_eq!(cache.removals(), start + 2, "deleted");
+        feeder.apply(Event::Init);
+        feeder.apply(Event::InitApply(with_instance(
+            "a",
+            "3",
+            "i-0123456789abcdef9",
+        )));
+        feeder.apply(Event::InitDone);
+        assert_eq!(
+            cache.removals(),
+            start + 3,
+            "a relist may have dropped nodes"
+        );
     }
 
     #[tokio::test]

@@ -21,6 +21,8 @@ pub(crate) async fn housekeeping(
     let every = (resync / 4).clamp(Duration::from_secs(10), Duration::from_secs(900));
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
+    let mut looked = None;
+    let mut ticks = 0u64;
     loop {
         tick.tick().await;
         // Only against the whole fleet: while the first list pages in, a node not listed yet
@@ -28,20 +30,33 @@ pub(crate) async fn housekeeping(
         if !reader.is_ready() {
             continue;
         }
+        // What can be gone: nodes deleted (or dropped by a relist, or whose instance changed)
+        // and nodes a ledger read brought in. Nothing of that since the last pass: nothing to
+        // look for (a pass reads every node and walks four tables: at 100,000 nodes some
+        // 100,000 allocations, 3 to 4 times a resync period, for nothing), but for once every
+        // fourth tick (a resync period), which also finds what a reconcile in flight as its
+        // node was deleted left behind.
+        ticks += 1;
+        let now = (reader.removals(), ctx.ledger.merges());
+        if looked == Some(now) && !ticks.is_multiple_of(4) {
+            continue;
+        }
+        looked = Some(now);
         // The one place a deleted node is forgotten: its record (failures, our last write,
         // conflicts, state), and the cached answers of instances no node runs on any more.
-        // One copy of the cache's references, then the work outside its lock (the watch's
-        // writer waits while it is held).
+        // One copy of the cache's references (the watch's writer waits while its lock is
+        // held), the names read in place.
         let nodes = reader.state();
-        let live: HashSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+        let live: HashSet<&str> = nodes.iter().map(|n| n.name()).collect();
         let instances: HashSet<String> = nodes
             .iter()
             .filter_map(|n| provider_id::parse(n.provider_id()).ok())
             .map(|i| i.instance_id)
             .collect();
-        drop(nodes);
         ctx.records.retain(&live);
         ctx.ledger.retain(&live);
+        drop(live);
+        drop(nodes);
         let evicted = lookup.retain_instances(&instances);
         if evicted > 0 {
             debug!(

@@ -411,7 +411,7 @@ impl Nodes {
     }
 
     /// Forget every node not in `live` (deleted): all it had in its record goes.
-    pub fn retain(&self, live: &HashSet<String>) {
+    pub fn retain<S: std::borrow::Borrow<str> + std::hash::Hash + Eq>(&self, live: &HashSet<S>) {
         let mut records = self.records();
         records.retain(|name, r| {
             let keep = live.contains(&**name);

@@ -231,6 +231,12 @@ impl CachedNode {
         self.str(NAME).unwrap_or_default()
     }
 
+    /// The node's name as the bytes it is kept in (empty if it has none): for lookups, which
+    /// need not check it is text again.
+    pub(crate) fn name_bytes(&self) -> &[u8] {
+        self.bytes(NAME).unwrap_or_default()
+    }
+
     pub fn name_any(&self) -> String {
         self.name().to_owned()
     }

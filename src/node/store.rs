@@ -67,11 +67,11 @@ impl Shards {
     }
 
     fn get(&self, name: &str) -> Option<&ByName> {
-        self.of(name)?.get(name)
+        self.of(name)?.get(name.as_bytes())
     }
 
     fn take(&mut self, name: &str) -> Option<ByName> {
-        self.of_mut(name)?.take(name)
+        self.of_mut(name)?.take(name.as_bytes())
     }
 
     fn replace(&mut self, node: ByName) -> Option<ByName> {
@@ -92,13 +92,14 @@ impl Shards {
     }
 }
 
-/// A cached node, found in the set by its name.
+/// A cached node, found in the set by its name (as bytes: read in place, not checked again as
+/// text at every lookup).
 #[derive(Debug, Clone)]
 struct ByName(Arc<CachedNode>);
 
 impl PartialEq for ByName {
     fn eq(&self, other: &Self) -> bool {
-        self.0.name() == other.0.name()
+        self.0.name_bytes() == other.0.name_bytes()
     }
 }
 
@@ -106,13 +107,13 @@ impl Eq for ByName {}
 
 impl Hash for ByName {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.name().hash(state);
+        self.0.name_bytes().hash(state);
     }
 }
 
-impl Borrow<str> for ByName {
-    fn borrow(&self) -> &str {
-        self.0.name()
+impl Borrow<[u8]> for ByName {
+    fn borrow(&self) -> &[u8] {
+        self.0.name_bytes()
     }
 }
 

@@ -102,12 +102,31 @@ impl From<&LiteNode> for CachedNode {
             n.spec.provider_id.as_deref(),
             n.status.node_info.boot_id.as_deref(),
         ];
-        let mut text = Vec::with_capacity(texts.iter().flatten().map(|t| t.len()).sum());
+        let uuids: [Option<[u8; 16]>; TEXTS] = std::array::from_fn(|i| {
+            // Only the UID and the boot ID may be kept as a UUID's bytes.
+            texts
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|_| uuid_bit(i) != 0)
+                .and_then(canonical_uuid)
+        });
+        let mut text = Vec::with_capacity(
+            texts
+                .iter()
+                .zip(&uuids)
+                .map(|(t, u)| match (t, u) {
+                    (_, Some(u)) => u.len(),
+                    (Some(t), None) => t.len(),
+                    (None, None) => 0,
+                })
+                .sum(),
+        );
         let mut ends = [0u32; TEXTS - 1];
         let mut present = 0u8;
         for (i, t) in texts.iter().enumerate() {
             if let Some(t) = t {
-                match canonical_uuid(t).filter(|_| uuid_bit(i) != 0) {
+                match uuids.get(i).copied().flatten() {
                     Some(bytes) => {
                         text.extend_from_slice(&bytes);
                         present |= uuid_bit(i);

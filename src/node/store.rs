@@ -82,7 +82,6 @@ impl Shards {
         self.0.iter().flatten()
     }
 
-    /// The nodes of shard `k`.
     /// How many nodes shard `k` holds.
     fn shard_len(&self, k: u64) -> usize {
         usize::try_from(k)
@@ -91,6 +90,7 @@ impl Shards {
             .map_or(0, HashSet::len)
     }
 
+    /// The nodes of shard `k`.
     fn shard(&self, k: u64) -> impl Iterator<Item = &ByName> {
         usize::try_from(k)
             .ok()

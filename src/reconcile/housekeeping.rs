@@ -1,6 +1,8 @@
 //! Forgetting what is gone: a deleted node's record (and its verification record, in the
-//! ledger) and the cached answers of instances no node
-//! runs on any more, every quarter resync period (10 s to 15 min).
+//! ledger) and the cached answers of instances no node runs on any more. Looked for at a tick
+//! every quarter resync period (10 s to 15 min) when something may have gone since the last
+//! look (a node deleted, a relist, an instance changed, a ledger read), and at every fourth
+//! tick regardless (once a resync period, for resync periods of 40 s to 1 h).
 //!
 //! Owns: that forgetting. Never writes to the cluster.
 

@@ -16,11 +16,7 @@
 //! (`RESIDENT_NODES`, default 100,000: a hash table's slack depends on how full it is).
 
 use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    sync::{
-        Arc,
-        atomic::{AtomicI64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
@@ -39,56 +35,8 @@ use ec2_topology_labeler::{
 };
 use kube::runtime::watcher;
 
-/// The system allocator, counting what is live.
-struct Counting;
-
-static LIVE: AtomicI64 = AtomicI64::new(0);
-static LIVE_ALLOCATIONS: AtomicI64 = AtomicI64::new(0);
-static LIVE_MUSL: AtomicI64 = AtomicI64::new(0);
-
-/// The bytes musl's mallocng holds for an allocation of `n` bytes: the smallest of its size
-/// classes (in 16-byte units) that fits `n` and its 4-byte in-band header; past its classes,
-/// whole pages.
-fn musl(n: usize) -> i64 {
-    const CLASSES: [usize; 48] = [
-        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 18, 20, 25, 31, 36, 42, 50, 63, 72, 84, 102, 127,
-        146, 170, 204, 255, 292, 340, 409, 511, 584, 682, 818, 1023, 1169, 1364, 1637, 2047, 2340,
-        2730, 3276, 4095, 4680, 5460, 6552, 8191,
-    ];
-    let need = n + 4;
-    let held = CLASSES
-        .iter()
-        .map(|c| c * 16)
-        .find(|c| *c >= need)
-        .unwrap_or_else(|| need.div_ceil(4096) * 4096);
-    held as i64
-}
-
-fn count(size: usize, sign: i64) {
-    LIVE.fetch_add(sign * size as i64, Ordering::Relaxed);
-    LIVE_ALLOCATIONS.fetch_add(sign, Ordering::Relaxed);
-    LIVE_MUSL.fetch_add(sign * musl(size), Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system allocator as it came.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size(), 1);
-        // SAFETY: as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(layout.size(), -1);
-        // SAFETY: as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(layout.size(), -1);
-        count(new_size, 1);
-        // SAFETY: as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod counting;
+use counting::{Counting, LIVE, LIVE_ALLOCATIONS, LIVE_MUSL};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;

@@ -24,11 +24,7 @@
 //! unchanged` (the release profile; the system allocator, glibc's here, where the image ships
 //! musl's).
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    sync::atomic::{AtomicU64, Ordering},
-    time::Instant,
-};
+use std::{sync::atomic::Ordering, time::Instant};
 
 use std::{sync::Arc, time::Duration};
 
@@ -46,31 +42,8 @@ use ec2_topology_labeler::{
 };
 use kube::{core::WatchEvent, runtime::watcher};
 
-/// The system allocator, counting.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator as it came.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
-        // SAFETY: as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod counting;
+use counting::{ALLOCATIONS, BYTES, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;

@@ -24,9 +24,9 @@ pub enum BootId {
 
 impl BootId {
     pub fn new(text: &str) -> Self {
-        match uuid::Uuid::try_parse(text) {
-            Ok(u) if Self::Uuid(u).is(text) => Self::Uuid(u),
-            _ => Self::Text(text.into()),
+        match canonical_uuid(text) {
+            Some(bytes) => Self::Uuid(uuid::Uuid::from_bytes(bytes)),
+            None => Self::Text(text.into()),
         }
     }
 
@@ -47,10 +47,14 @@ impl BootId {
 /// Kubernetes UID, a kernel boot ID), which [`uuid_text`] reads back exactly; `None` for any
 /// other text.
 pub fn canonical_uuid(text: &str) -> Option<[u8; 16]> {
-    match BootId::new(text) {
-        BootId::Uuid(u) => Some(u.into_bytes()),
-        BootId::Text(_) => None,
-    }
+    uuid::Uuid::try_parse(text)
+        .ok()
+        .filter(|u| {
+            u.hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer())
+                == text
+        })
+        .map(uuid::Uuid::into_bytes)
 }
 
 /// The canonical text of the UUID `bytes` (see [`canonical_uuid`]).

@@ -50,6 +50,25 @@ pub fn upgrade_reusing(kubeconfig: &Path, sets: &[String]) -> anyhow::Result<Str
     helm(Some(kubeconfig), &args)
 }
 
+/// Our chart's `template` (`helm template`, release `ec2-topology-labeler` in the suite's
+/// namespace) of the file `show_only` alone (`templates/…`), with `sets` (`KEY=VALUE` each).
+pub fn template(show_only: &str, sets: &[&str]) -> anyhow::Result<String> {
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "ec2-topology-labeler",
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        crate::cluster::NAMESPACE,
+        "--show-only",
+        show_only,
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(None, &args)
+}
+
 /// The chart directory.
 pub fn chart() -> PathBuf {
     crate::repo_root().join("charts/ec2-topology-labeler")

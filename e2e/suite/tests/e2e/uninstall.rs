@@ -73,20 +73,8 @@ async fn can_i(
 
 /// The chart's retire hook (`templates/retire-hook.yaml`) as it renders with `sets`.
 fn retire_hook(sets: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
-    let chart = e2e::helm::chart();
-    let mut args = vec![
-        "template",
-        "ec2-topology-labeler",
-        chart.to_str().unwrap_or_default(),
-        "--namespace",
-        NAMESPACE,
-        "--show-only",
-        "templates/retire-hook.yaml",
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&e2e::helm::helm(None, &args)?)?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&e2e::helm::template("templates/retire-hook.yaml", sets)?)?;
     Ok(docs.into_iter().filter(|d| d.is_object()).collect())
 }
 

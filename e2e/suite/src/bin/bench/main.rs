@@ -362,19 +362,7 @@ impl Env {
                 .await?;
             // The controller runs with a record key here (the plain manifests have none): its
             // verification ledger's Role, as the chart renders it with its default record key.
-            let chart = e2e::helm::chart();
-            let ledger = e2e::helm::helm(
-                None,
-                &[
-                    "template",
-                    "ec2-topology-labeler",
-                    chart.to_str().unwrap_or_default(),
-                    "--namespace",
-                    NAMESPACE,
-                    "--show-only",
-                    "templates/rbac.yaml",
-                ],
-            )?;
+            let ledger = e2e::helm::template("templates/rbac.yaml", &[])?;
             let ledger: String = ledger
                 .split("\n---")
                 .filter(|d| d.contains("name: ec2-topology-labeler-ledger"))

@@ -137,7 +137,7 @@ impl PackedMap {
         Some(Self(s.into()))
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
         let mut parts = self.0.split('\0');
         std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
     }
@@ -491,6 +491,23 @@ impl LiteNode {
         whole(&self.metadata.labels, &self.packed_labels)
     }
 
+    /// Its labels, read in place (packed or not), in key order.
+    pub(crate) fn label_pairs(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        pairs(&self.metadata.labels, &self.packed_labels)
+    }
+
+    /// The value of the label `key`, read in place.
+    pub(crate) fn label_ref(&self, key: &str) -> Option<&str> {
+        value(&self.metadata.labels, &self.packed_labels, key)
+    }
+
+    /// Its annotations as the metadata or the packed map hold them, read in place, in key
+    /// order: without a verification record kept as its parts (see [`KeptRecord`]; read it
+    /// through [`LiteNode::annotation`]).
+    pub(crate) fn annotation_pairs(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        pairs(&self.metadata.annotations, &self.packed_annotations)
+    }
+
     /// Does the node carry the label `key`? (Without unpacking packed labels.)
     pub(crate) fn has_label(&self, key: &str) -> bool {
         value(&self.metadata.labels, &self.packed_labels, key).is_some()
@@ -580,6 +597,21 @@ fn whole<'a>(plain: &'a Plain, packed: &Option<PackedMap>) -> Cow<'a, BTreeMap<S
         (None, Some(p)) => Cow::Owned(p.unpack()),
         (None, None) => Cow::Owned(BTreeMap::new()),
     }
+}
+
+/// A map's pairs wherever they are (see [`whole`]), read in place.
+fn pairs<'a>(
+    plain: &'a Plain,
+    packed: &'a Option<PackedMap>,
+) -> impl Iterator<Item = (&'a str, &'a str)> + Clone {
+    let plain_pairs = plain
+        .iter()
+        .flat_map(|m| m.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let packed_pairs = packed
+        .iter()
+        .filter(|_| plain.is_none())
+        .flat_map(PackedMap::iter);
+    plain_pairs.chain(packed_pairs)
 }
 
 fn value<'a>(plain: &'a Plain, packed: &'a Option<PackedMap>, key: &str) -> Option<&'a str> {
@@ -696,6 +728,49 @@ mod tests {
         let mut none = LiteNode::default();
         none.pack_labels();
         assert!(none.labels().is_empty() && none.packed_labels().is_none());
+    }
+
+    #[test]
+    fn labels_and_annotations_read_in_place_are_the_whole_maps() {
+        let labels = map(&[
+            ("topology.k8s.aws/network-node-layer-1", "nn-1"),
+            ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+            ("empty", ""),
+        ]);
+        let annotations = map(&[("a", "1"), ("b", "")]);
+        let odd = map(&[("a", "x\0y")]);
+        let owned = |pairs: Vec<(&str, &str)>| -> BTreeMap<String, String> {
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        for pack in [false, true] {
+            let mut n = LiteNode::default();
+            n.metadata.labels = Some(labels.clone());
+            n.metadata.annotations = Some(annotations.clone());
+            let mut unpackable = LiteNode::default();
+            unpackable.metadata.annotations = Some(odd.clone());
+            if pack {
+                n.pack_labels();
+                n.pack_annotations();
+                unpackable.pack_annotations();
+                assert!(n.packed_labels().is_some() && n.packed_annotations().is_some());
+            }
+            assert_eq!(owned(n.label_pairs().collect()), labels, "packed: {pack}");
+            assert_eq!(owned(n.annotation_pairs().collect()), annotations);
+            assert_eq!(owned(unpackable.annotation_pairs().collect()), odd);
+            assert_eq!(n.label_ref("empty"), Some(""));
+            assert_eq!(n.label_ref("missing"), None);
+            // In key order, each key once.
+            let keys: Vec<&str> = n.label_pairs().map(|(k, _)| k).collect();
+            assert_eq!(keys, labels.keys().map(String::as_str).collect::<Vec<_>>());
+        }
+        let none = LiteNode::default();
+        assert_eq!(
+            none.label_pairs().count() + none.annotation_pairs().count(),
+            0
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Owns: the read-only part of a reconcile. Never writes.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tracing::debug;
@@ -86,11 +86,12 @@ pub(crate) fn provider_id_of(node: &LiteNode) -> &str {
     node.provider_id()
 }
 
-/// The instance behind a node, as its lookup needs it.
+/// The instance behind a node, as its lookup needs it (read in place: the node's providerID,
+/// the configured region).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Target {
-    pub region: String,
-    pub instance_id: String,
+pub struct Target<'a> {
+    pub region: &'a str,
+    pub instance_id: &'a str,
     /// The node carries a capacity-block label already (an answer without one is asked for
     /// again soon).
     pub(crate) capacity_block_expected: bool,
@@ -98,23 +99,17 @@ pub struct Target {
 
 /// The instance to look up for `node`: `Ok(Err(_))` when the node is not an EC2 instance we
 /// can look up, `Err` when its region cannot be told.
-pub fn target(
-    node: &LiteNode,
+pub fn target<'a>(
+    node: &'a LiteNode,
     scheme: &LabelScheme,
-    region: Option<&str>,
-) -> Result<Result<Target, SkipReason>, Ec2Error> {
-    let instance = match provider_id::parse(provider_id_of(node)) {
+    region: Option<&'a str>,
+) -> Result<Result<Target<'a>, SkipReason>, Ec2Error> {
+    let (zone, instance_id) = match provider_id::parse_borrowed(provider_id_of(node)) {
         Ok(i) => i,
         Err(reason) => return Ok(Err(reason)),
     };
     let region = region
-        .map(str::to_owned)
-        .or_else(|| {
-            instance
-                .zone
-                .as_deref()
-                .and_then(provider_id::region_of_zone)
-        })
+        .or_else(|| zone.and_then(provider_id::region_of_zone_borrowed))
         .ok_or(Ec2Error::NoRegion)?;
     let capacity_block_expected = scheme
         .capacity_block_key
@@ -122,7 +117,7 @@ pub fn target(
         .is_some_and(|k| node.has_label(k));
     Ok(Ok(Target {
         region,
-        instance_id: instance.instance_id,
+        instance_id,
         capacity_block_expected,
     }))
 }
@@ -137,9 +132,8 @@ pub(super) fn joining(node: &LiteNode, scheme: &LabelScheme, now: &Time) -> bool
     node.metadata.creation_timestamp.is_some()
         && super::gate::age(node, now) < JOINING_FOR
         && !node
-            .labels()
-            .keys()
-            .any(|k| scheme.layer_index(k).is_some())
+            .label_pairs()
+            .any(|(k, _)| scheme.layer_index(k).is_some())
 }
 
 /// Read-only part of a reconcile, shared with `plan`. `urgent`: the node is joining, or held
@@ -160,16 +154,17 @@ pub(crate) async fn assess(
         Ok(t) => t,
         Err(reason) => return Ok(Assessment::Skipped(reason)),
     };
-    match lookup
+    let resolved = lookup
         .resolve_expecting(
-            &region,
-            &instance_id,
+            region,
+            instance_id,
             boot_id(node),
             capacity_block_expected,
             urgent,
         )
-        .await?
-    {
+        .await?;
+    let instance_id = instance_id.to_owned();
+    match resolved {
         Resolved::NotDescribed { retry_in, .. } => Ok(Assessment::NotDescribed {
             instance_id,
             retry_in,
@@ -188,7 +183,9 @@ pub(crate) async fn assess(
             verified_at,
         } => {
             let verified = Verified {
-                topology: (*topology).clone(),
+                // The lookup's answer is made for this call (its Arc held nowhere else): taken,
+                // not copied.
+                topology: Arc::unwrap_or_clone(topology),
                 boot_id: boot_id(node).map(str::to_owned),
                 at: verified_at,
             };
@@ -217,9 +214,13 @@ fn derive(
     verified: &Verified,
 ) -> Result<(Desired, NodeDiff), DeriveError> {
     let mut desired = labels::desired(scheme, &verified.topology)?;
-    let labels = labels_of(node);
-    labels::settle(scheme, &labels, &mut desired);
-    let diff = labels::diff(scheme, &labels, &annotations_of(node), &desired);
+    labels::settle_with(scheme, |k| node.label_ref(k), &mut desired);
+    let diff = labels::diff_pairs(
+        scheme,
+        node.label_pairs(),
+        node.annotation_pairs(),
+        &desired,
+    );
     Ok((desired, diff))
 }
 
@@ -285,7 +286,7 @@ pub(super) fn adopt(
     ledger: &crate::ledger::Ledger,
     metrics: &Metrics,
 ) {
-    if lookup.knows(&target.instance_id) {
+    if lookup.knows(target.instance_id) {
         return;
     }
     match trusted(
@@ -367,10 +368,10 @@ mod trust {
         RecordKey::new(b"the controller's key, 32 bytes or more").expect("a key")
     }
 
-    fn target() -> Target {
+    fn target() -> Target<'static> {
         Target {
-            region: "us-west-2".into(),
-            instance_id: ID.into(),
+            region: "us-west-2",
+            instance_id: ID,
             capacity_block_expected: false,
         }
     }
@@ -636,7 +637,7 @@ mod trust {
         let mut n = verified_node(&LabelScheme::default(), 60, "boot-1");
         n.spec.provider_id = Some("aws:///us-west-2a/i-0fedcba9876543210".into());
         let other = Target {
-            instance_id: "i-0fedcba9876543210".into(),
+            instance_id: "i-0fedcba9876543210",
             ..target()
         };
         assert_eq!(

@@ -411,9 +411,11 @@ pub(super) fn decide(facts: Facts<'_>) -> Decision {
             // its resync slot comes up (see `resync`: no timer per node).
             d.next = recheck_in.map(|r| r + Duration::from_millis(5));
             d.state = Some(NodeState::Labelled);
+            // The labels the gate's release requires are the answer's: moved into the step
+            // once the decision is made (below), not copied at every resync.
             let labelled = GateStep {
                 standing: Standing::Labelled,
-                labels: Some(desired.labels.clone()),
+                labels: None,
             };
             if diff.is_empty() {
                 d.seen = true;
@@ -442,6 +444,16 @@ pub(super) fn decide(facts: Facts<'_>) -> Decision {
                 d.gate = Some(labelled);
             }
         }
+    }
+    if let Some(
+        gate @ GateStep {
+            standing: Standing::Labelled,
+            labels: None,
+        },
+    ) = d.gate.as_mut()
+        && let Answer::Assessed(Assessment::Ready { desired, .. }) = facts.answer
+    {
+        gate.labels = Some(desired.labels);
     }
     d
 }

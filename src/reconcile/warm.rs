@@ -162,8 +162,8 @@ fn ask(
         &ctx.metrics,
     );
     let asked = ctx.lookup.ask(
-        &target.region,
-        &target.instance_id,
+        target.region,
+        target.instance_id,
         assess::boot_id(node),
         target.capacity_block_expected,
         false,

@@ -167,10 +167,17 @@ impl LabelScheme {
     /// layer keys.
     pub fn layer_index(&self, key: &str) -> Option<usize> {
         let n = key.strip_prefix(&self.layer_prefix)?;
+        // Only canonical spellings (`3`, not `03` or `+3`) belong to the family: digits alone,
+        // no leading zero but `0` itself.
+        let canonical = !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && (n == "0" || !n.starts_with('0'));
+        if !canonical {
+            return None;
+        }
         let parsed: usize = n.parse().ok()?;
         let index = parsed.checked_add(1)?.checked_sub(self.first_layer)?;
-        // Only canonical spellings (`3`, not `03` or `+3`) belong to the family.
-        ((1..=MAX_LAYERS).contains(&index) && parsed.to_string() == n).then_some(index)
+        (1..=MAX_LAYERS).contains(&index).then_some(index)
     }
 
     /// Whether we manage this label key.
@@ -279,13 +286,22 @@ pub fn desired(scheme: &LabelScheme, t: &InstanceTopology) -> Result<Desired, De
 /// `current` (kept keys stay as they are): Slinky's topology annotation, whose block comes from
 /// the capacity-block label even when this answer left the capacity block out.
 pub fn settle(scheme: &LabelScheme, current: &BTreeMap<String, String>, desired: &mut Desired) {
+    settle_with(scheme, |k| current.get(k).map(String::as_str), desired);
+}
+
+/// As [`settle`], the node's current labels read through `current` (a label's value by key).
+pub fn settle_with<'a>(
+    scheme: &LabelScheme,
+    current: impl Fn(&str) -> Option<&'a str>,
+    desired: &mut Desired,
+) {
     let Some(slinky) = &scheme.slinky else {
         return;
     };
     let mut will_carry = desired.labels.clone();
     for key in &desired.keep {
-        if let Some(v) = current.get(key) {
-            will_carry.insert(key.clone(), v.clone());
+        if let Some(v) = current(key) {
+            will_carry.insert(key.clone(), v.to_owned());
         }
     }
     if let Some(spec) = slinky_spec(scheme, slinky, &will_carry) {
@@ -395,28 +411,29 @@ impl MapDiff {
         added.chain(changed).chain(removed).collect()
     }
 
+    /// `current`: the node's keys of the family (each once), walked twice; nothing is
+    /// allocated when nothing differs.
     fn compute<'a>(
-        current: impl Iterator<Item = (&'a String, &'a String)>,
+        current: impl Iterator<Item = (&'a str, &'a str)> + Clone,
         desired: &BTreeMap<String, String>,
         keep: &BTreeSet<String>,
     ) -> Self {
         let mut diff = MapDiff::default();
-        let mut seen = BTreeSet::new();
-        for (k, v) in current {
-            seen.insert(k.as_str());
+        for (k, v) in current.clone() {
             match desired.get(k) {
                 Some(want) if want == v => {}
                 Some(want) => {
-                    diff.change.insert(k.clone(), (v.clone(), want.clone()));
+                    diff.change
+                        .insert(k.to_owned(), (v.to_owned(), want.clone()));
                 }
                 None if keep.contains(k) => {}
                 None => {
-                    diff.remove.insert(k.clone(), v.clone());
+                    diff.remove.insert(k.to_owned(), v.to_owned());
                 }
             }
         }
         for (k, v) in desired {
-            if !seen.contains(k.as_str()) {
+            if !current.clone().any(|(c, _)| c == k) {
                 diff.add.insert(k.clone(), v.clone());
             }
         }
@@ -463,15 +480,32 @@ impl NodeDiff {
     }
 }
 
-pub fn diff(
+pub fn diff<'a>(
     scheme: &LabelScheme,
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    desired: &Desired,
+) -> NodeDiff {
+    let as_str = |(k, v): (&'a String, &'a String)| (k.as_str(), v.as_str());
+    diff_pairs(
+        scheme,
+        labels.iter().map(as_str),
+        annotations.iter().map(as_str),
+        desired,
+    )
+}
+
+/// As [`diff`], the node's labels and annotations as (key, value) pairs, each key once (read
+/// in place: a reconcile that changes nothing allocates nothing here).
+pub fn diff_pairs<'a>(
+    scheme: &LabelScheme,
+    labels: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+    annotations: impl Iterator<Item = (&'a str, &'a str)> + Clone,
     desired: &Desired,
 ) -> NodeDiff {
     NodeDiff {
         labels: MapDiff::compute(
-            labels.iter().filter(|(k, _)| scheme.is_family_label(k)),
+            labels.filter(|(k, _)| scheme.is_family_label(k)),
             &desired.labels,
             &desired.keep,
         ),
@@ -479,7 +513,7 @@ pub fn diff(
         // it lives in the controller's ledger now, and goes with the next apply that happens
         // anyway (an apply carries only what `desired` holds).
         annotations: MapDiff::compute(
-            annotations.iter().filter(|(k, _)| {
+            annotations.filter(|(k, _)| {
                 scheme.is_family_annotation(k) && *k != crate::verified::VERIFIED_KEY
             }),
             &desired.annotations,
@@ -560,6 +594,38 @@ pub fn sanitize_label_value(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_canonical_layer_numbers_are_layer_keys() {
+        let eks = LabelScheme::default();
+        let key = |n: &str| format!("{EKS_LAYER_PREFIX}{n}");
+        assert_eq!(eks.layer_index(&key("1")), Some(1));
+        assert_eq!(eks.layer_index(&key("4")), Some(4));
+        assert_eq!(eks.layer_index(&key("16")), Some(MAX_LAYERS));
+        for not_ours in [
+            "01",
+            "+1",
+            "-1",
+            "",
+            "1a",
+            " 1",
+            "0",
+            "17",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(eks.layer_index(&key(not_ours)), None, "{not_ours:?}");
+        }
+        // Topograph's numbering starts at 0: `tier-0` is its first layer, `tier-00` none.
+        let tiers = LabelScheme {
+            layer_prefix: "tier-".into(),
+            first_layer: 0,
+            ..LabelScheme::default()
+        };
+        assert_eq!(tiers.layer_index("tier-0"), Some(1));
+        assert_eq!(tiers.layer_index("tier-3"), Some(4));
+        assert_eq!(tiers.layer_index("tier-00"), None);
+        assert_eq!(tiers.layer_index("tier-16"), None);
+    }
 
     #[test]
     fn a_diff_reads_as_added_changed_removed() {

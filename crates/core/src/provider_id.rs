@@ -85,6 +85,15 @@ const MAX_LEN: usize = 256;
 
 /// Parse a providerID. Total: every input gives an instance or a reason.
 pub fn parse(provider_id: &str) -> Result<InstanceRef, SkipReason> {
+    parse_borrowed(provider_id).map(|(zone, id)| InstanceRef {
+        instance_id: id.to_string(),
+        zone: zone.map(str::to_string),
+    })
+}
+
+/// As [`parse`], the zone (if any) and instance ID borrowed from `provider_id` (a reconcile
+/// reads them at every resync: nothing allocated).
+pub fn parse_borrowed(provider_id: &str) -> Result<(Option<&str>, &str), SkipReason> {
     let pid = provider_id.trim();
     if pid.is_empty() {
         return Err(SkipReason::Empty);
@@ -100,13 +109,14 @@ pub fn parse(provider_id: &str) -> Result<InstanceRef, SkipReason> {
     };
     // `aws:///<zone>/<id>`: the authority is empty, then zone and ID segments. Fargate's form is
     // `aws:///<zone>/<hash>/fargate-<ip>.<domain>`.
-    let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
-    if segments.iter().any(|s| s.starts_with("fargate-")) {
+    let rest = rest.trim_start_matches('/');
+    if rest.split('/').any(|s| s.starts_with("fargate-")) {
         return Err(SkipReason::Fargate);
     }
-    let (zone, id) = match segments.as_slice() {
-        [id] => (None, *id),
-        [zone, id] => (Some(*zone), *id),
+    let mut segments = rest.split('/');
+    let (zone, id) = match (segments.next(), segments.next(), segments.next()) {
+        (Some(id), None, None) => (None, id),
+        (Some(zone), Some(id), None) => (Some(zone), id),
         _ => return Err(SkipReason::Malformed),
     };
     if !is_instance_id(id) {
@@ -114,13 +124,10 @@ pub fn parse(provider_id: &str) -> Result<InstanceRef, SkipReason> {
     }
     let zone = match zone {
         None | Some("") => None,
-        Some(z) if is_zone_name(z) => Some(z.to_string()),
+        Some(z) if is_zone_name(z) => Some(z),
         Some(_) => return Err(SkipReason::Malformed),
     };
-    Ok(InstanceRef {
-        instance_id: id.to_string(),
-        zone,
-    })
+    Ok((zone, id))
 }
 
 /// `i-` followed by 8 (old style) or 17 lowercase hex digits, the only forms EC2 accepts. Any
@@ -145,19 +152,28 @@ fn is_zone_name(z: &str) -> bool {
 /// The region of an Availability Zone, Local Zone or Wavelength Zone name:
 /// `us-west-2b` → `us-west-2`, `us-west-2-lax-1a` → `us-west-2`, `us-gov-west-1a` → `us-gov-west-1`.
 pub fn region_of_zone(zone: &str) -> Option<String> {
-    let parts: Vec<&str> = zone.split('-').collect();
-    let (i, numbered) = parts
-        .iter()
-        .enumerate()
-        .find(|(_, p)| p.bytes().next().is_some_and(|b| b.is_ascii_digit()))?;
+    region_of_zone_borrowed(zone).map(str::to_string)
+}
+
+/// As [`region_of_zone`], borrowed: a region is the start of its zones' names.
+pub fn region_of_zone_borrowed(zone: &str) -> Option<&str> {
+    // The first part that starts with a digit, and the bytes before it.
+    let mut start = 0;
+    let mut numbered = None;
+    for (i, part) in zone.split('-').enumerate() {
+        if part.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+            numbered = Some((i, start, part));
+            break;
+        }
+        start += part.len() + 1;
+    }
+    let (i, start, part) = numbered?;
     if i < 2 {
         return None;
     }
-    let digits: String = numbered.chars().take_while(char::is_ascii_digit).collect();
-    let mut region = parts.get(..i)?.join("-");
-    region.push('-');
-    region.push_str(&digits);
-    is_region_name(&region).then_some(region)
+    let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+    let region = zone.get(..start + digits)?;
+    is_region_name(region).then_some(region)
 }
 
 /// Whether `r` has the shape of an AWS region name: a partition or country code (`us`, `eu`,
@@ -179,10 +195,19 @@ pub fn is_region_name(r: &str) -> bool {
     ];
     let letters = |p: &str| (2..=4).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_lowercase());
     let number = |p: &str| (1..=2).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
-    match r.split('-').collect::<Vec<_>>().as_slice() {
-        [area, direction, n] => letters(area) && DIRECTIONS.contains(direction) && number(n),
-        [area, qualifier, direction, n] => {
-            letters(area) && letters(qualifier) && DIRECTIONS.contains(direction) && number(n)
+    let mut parts = r.split('-');
+    match (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) {
+        (Some(area), Some(direction), Some(n), None, None) => {
+            letters(area) && DIRECTIONS.contains(&direction) && number(n)
+        }
+        (Some(area), Some(qualifier), Some(direction), Some(n), None) => {
+            letters(area) && letters(qualifier) && DIRECTIONS.contains(&direction) && number(n)
         }
         _ => false,
     }

@@ -247,7 +247,7 @@ pub async fn reconcile(node: Arc<LiteNode>, ctx: Arc<Context>) -> Result<Action>
         // node is re-checked when this replica is elected.
         return Ok(Action::await_change());
     }
-    let name = node.name_any();
+    let name = node.name();
     let span = info_span!("reconcile", node = %name, instance = tracing::field::Empty);
     let started = Instant::now();
     let result = reconcile_node(&node, &ctx).instrument(span.clone()).await;

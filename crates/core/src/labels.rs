@@ -156,11 +156,12 @@ impl LabelScheme {
 
     /// The key of layer `n` (1-based, in this scheme's numbering).
     pub fn layer_key(&self, n: usize) -> String {
-        format!(
-            "{}{}",
-            self.layer_prefix,
-            (n + self.first_layer).saturating_sub(1)
-        )
+        use std::fmt::Write;
+        // Sized for the number at once (`format!` grows its buffer as it writes).
+        let mut key = String::with_capacity(self.layer_prefix.len() + 2);
+        key.push_str(&self.layer_prefix);
+        let _ = write!(key, "{}", (n + self.first_layer).saturating_sub(1));
+        key
     }
 
     /// `Some(n)` (1-based, as [`LabelScheme::layer_key`] takes it) when `key` is one of our

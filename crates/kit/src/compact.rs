@@ -59,7 +59,12 @@ pub fn canonical_uuid(text: &str) -> Option<[u8; 16]> {
 
 /// The canonical text of the UUID `bytes` (see [`canonical_uuid`]).
 pub fn uuid_text(bytes: [u8; 16]) -> String {
-    uuid::Uuid::from_bytes(bytes).hyphenated().to_string()
+    // Encoded into a buffer of its length: one allocation (`to_string` grows one as it writes).
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::from_bytes(bytes)
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }
 
 impl From<&str> for BootId {

@@ -119,12 +119,18 @@ impl Entry {
         }
     }
 
-    /// Whether this entry holds just `v`.
-    fn is(&self, v: &Verified) -> bool {
-        self.at == v.at
-            && self.instance_id == v.topology.instance_id.as_str()
-            && v.boot_id.as_deref().is_some_and(|b| self.boot_id.is(b))
-            && answer_matches(&self.answer, &v.topology)
+    /// Whether this entry holds just this record (`answer` without its instance ID).
+    fn holds(
+        &self,
+        instance_id: &str,
+        boot_id: &str,
+        at: u64,
+        answer: &Arc<InstanceTopology>,
+    ) -> bool {
+        self.at == at
+            && self.instance_id == instance_id
+            && self.boot_id.is(boot_id)
+            && (Arc::ptr_eq(&self.answer, answer) || answer_matches(&self.answer, answer))
     }
 }
 
@@ -254,26 +260,56 @@ impl Ledger {
             .map(Entry::verified)
     }
 
-    /// Keep `v` as `name`'s record (to be written with its shard). Nothing without a key or a
-    /// boot ID (a record that cannot tell a reboot is never trusted, so never kept), or when it
-    /// holds just that already. Returns whether it changed.
+    /// Keep `v` as `name`'s record (to be written with its shard): as [`Ledger::put_answer`].
     pub fn put(&self, name: &str, v: &Verified) -> bool {
+        let answer = Arc::new(InstanceTopology {
+            instance_id: String::new(),
+            ..v.topology.clone()
+        });
+        // (The copy made here is shared no further: `put_answer` keeps its own.)
+        self.put_answer(
+            name,
+            &v.topology.instance_id,
+            v.boot_id.as_deref(),
+            v.at,
+            &answer,
+        )
+    }
+
+    /// Keep as `name`'s record that EC2 has given `answer` (without its instance ID: shared,
+    /// here as in the lookup's cache) about `instance_id` in the boot `boot_id` since `at`, to
+    /// be written with its shard. Nothing without a key or a boot ID (a record that cannot
+    /// tell a reboot is never trusted, so never kept), or when it holds just that already (a
+    /// resync's reconcile: nothing allocated). Returns whether it changed.
+    pub fn put_answer(
+        &self,
+        name: &str,
+        instance_id: &str,
+        boot_id: Option<&str>,
+        at: u64,
+        answer: &Arc<InstanceTopology>,
+    ) -> bool {
         // Not leading (or not yet read): the next leader reads what was written.
         if self.key.is_none() || !self.is_ready() {
             return false;
         }
-        let Some(boot_id) = v.boot_id.as_deref() else {
+        let Some(boot_id) = boot_id else {
             return false;
         };
         let k = shard_of(name);
-        if self.shard(k).entries.get(name).is_some_and(|e| e.is(v)) {
+        if self
+            .shard(k)
+            .entries
+            .get(name)
+            .is_some_and(|e| e.holds(instance_id, boot_id, at, answer))
+        {
             return false;
         }
-        let answer = self.share(&v.topology);
+        let answer = lock(&self.answers).share_copy(answer);
         let entry = Entry {
-            instance_id: InstanceId::from(v.topology.instance_id.as_str()),
+            instance_id: InstanceId::from(instance_id),
             boot_id: BootId::new(boot_id),
-            at: v.at,
+            at,
             answer,
         };
         let mut shard = self.shard(k);
@@ -608,6 +644,42 @@ mod tests {
             assert_eq!(read.get(name).as_ref(), Some(v), "{name}");
         }
         assert!(written(&read).is_empty(), "nothing read is news");
+    }
+
+    #[test]
+    fn an_answer_is_kept_as_the_ledgers_own_and_the_same_record_is_no_news() {
+        let ledger = Ledger::in_memory(Some(key()));
+        let v = verified("i-0000000000000000a", "b", "nn-c");
+        let answer = Arc::new(InstanceTopology {
+            instance_id: String::new(),
+            ..v.topology.clone()
+        });
+        let id = v.topology.instance_id.as_str();
+        assert!(ledger.put_answer("node-a", id, Some("b"), v.at, &answer));
+        // The lookup's cache holds its answers in a set of its own: sharing one of them would
+        // keep it in use for both sets, and swept by neither.
+        assert_eq!(Arc::strong_count(&answer), 1, "a copy of its own");
+        assert_eq!(ledger.get("node-a"), Some(v.clone()), "reads back whole");
+        // As every resync's reconcile puts it again: no news, the shard not touched.
+        written(&ledger);
+        assert!(!ledger.put_answer("node-a", id, Some("b"), v.at, &answer));
+        assert!(written(&ledger).is_empty());
+        // Any part of it changed is news.
+        let other = Arc::new(InstanceTopology {
+            network_nodes: vec!["nn-a".into(), "nn-b".into(), "nn-z".into()],
+            ..(*answer).clone()
+        });
+        assert!(ledger.put_answer("node-a", id, Some("b"), v.at, &other));
+        assert!(ledger.put_answer("node-a", id, Some("b2"), v.at, &other));
+        assert!(ledger.put_answer("node-a", id, Some("b2"), v.at + 1, &other));
+        assert!(ledger.put_answer(
+            "node-a",
+            "i-0000000000000000b",
+            Some("b2"),
+            v.at + 1,
+            &other
+        ));
+        assert!(!ledger.put_answer("node-a", "i-0000000000000000b", None, v.at + 1, &other));
     }
 
     #[test]

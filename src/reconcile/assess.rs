@@ -14,7 +14,7 @@ use crate::{
     node::LiteNode,
     provider_id::{self, SkipReason},
     state::Distrust,
-    topology::Ec2Error,
+    topology::{Ec2Error, InstanceTopology},
     verified::{RecordError, RecordKey, VERIFIED_KEY, Verified},
 };
 
@@ -51,9 +51,11 @@ pub(crate) enum Assessment {
         refresh_error: Option<Ec2Error>,
         /// EC2's answer may still be settling (a late field missing): check again this soon.
         recheck_in: Option<Duration>,
-        /// The verification record of this answer: kept in the ledger once the node carries
-        /// `desired`.
-        record: Verified,
+        /// EC2's answer (without its instance ID, shared with the lookup's cache) and since
+        /// when EC2 has given it in this boot: the node's verification record, kept in the
+        /// ledger once the node carries `desired`.
+        answer: Arc<InstanceTopology>,
+        verified_at: u64,
     },
 }
 
@@ -177,43 +179,35 @@ pub(crate) async fn assess(
             retry_in,
         }),
         Resolved::Topology {
-            topology,
+            answer,
             refresh_error,
             recheck_in,
             verified_at,
-        } => {
-            let verified = Verified {
-                // The lookup's answer is made for this call (its Arc held nowhere else): taken,
-                // not copied.
-                topology: Arc::unwrap_or_clone(topology),
-                boot_id: boot_id(node).map(str::to_owned),
-                at: verified_at,
-            };
-            match derive(node, scheme, &verified) {
-                Ok((desired, diff)) => Ok(Assessment::Ready {
-                    instance_id,
-                    desired,
-                    diff,
-                    refresh_error,
-                    recheck_in,
-                    record: verified,
-                }),
-                Err(error) => Ok(Assessment::Invalid { instance_id, error }),
-            }
-        }
+        } => match derive(node, scheme, &answer) {
+            Ok((desired, diff)) => Ok(Assessment::Ready {
+                instance_id,
+                desired,
+                diff,
+                refresh_error,
+                recheck_in,
+                answer,
+                verified_at,
+            }),
+            Err(error) => Ok(Assessment::Invalid { instance_id, error }),
+        },
     }
 }
 
-/// What `node` should carry for the answer `verified` holds, and what must change to get
-/// there. The verification record is not among it: it is kept in the ledger (`crate::ledger`),
+/// What `node` should carry for EC2's `answer` (its instance ID is not read), and what must
+/// change to get there. The verification record is not among it: it is kept in the ledger (`crate::ledger`),
 /// and one an earlier version left on the node is dropped by our next apply, never written
 /// for alone (see `labels::diff`).
 fn derive(
     node: &LiteNode,
     scheme: &LabelScheme,
-    verified: &Verified,
+    answer: &InstanceTopology,
 ) -> Result<(Desired, NodeDiff), DeriveError> {
-    let mut desired = labels::desired(scheme, &verified.topology)?;
+    let mut desired = labels::desired(scheme, answer)?;
     labels::settle_with(scheme, |k| node.label_ref(k), &mut desired);
     let diff = labels::diff_pairs(
         scheme,
@@ -269,7 +263,7 @@ pub fn trusted(
     if verified.topology.settling(target.capacity_block_expected) {
         return Err(Distrust::Incomplete);
     }
-    match derive(node, scheme, &verified) {
+    match derive(node, scheme, &verified.topology) {
         Ok((_, diff)) if diff.is_empty() => Ok(verified),
         _ => Err(Distrust::LabelsChanged),
     }
@@ -388,7 +382,8 @@ mod trust {
             boot_id: Some(boot.into()),
             at: NOW - age_s,
         };
-        let (mut desired, _) = derive(&n, scheme, &verified).expect("labels for the answer");
+        let (mut desired, _) =
+            derive(&n, scheme, &verified.topology).expect("labels for the answer");
         n.metadata.labels = Some(desired.labels);
         // As an earlier version left it: the record on the node.
         desired
@@ -418,7 +413,7 @@ mod trust {
         crate::node::watch::prune(&mut n, &scheme);
         assert!(n.metadata.annotations.is_none() && n.metadata.labels.is_none());
         let v = judge(&n).expect("trusted from the packed record");
-        let (_, diff) = derive(&n, &scheme, &v).expect("labels for the answer");
+        let (_, diff) = derive(&n, &scheme, &v.topology).expect("labels for the answer");
         assert!(diff.is_empty(), "nothing to write: {diff:?}");
     }
 
@@ -436,7 +431,7 @@ mod trust {
                 crate::node::watch::prune(&mut n, &scheme);
             }
             let v = trusted(&n, &scheme, &target(), Some(&rotated), None).expect("trusted");
-            let (_, diff) = derive(&n, &scheme, &v).expect("labels");
+            let (_, diff) = derive(&n, &scheme, &v.topology).expect("labels");
             assert!(diff.is_empty(), "a rotation rewrites nothing: {diff:?}");
             assert_eq!(
                 trusted(&n, &scheme, &target(), Some(&new), None),
@@ -510,7 +505,7 @@ mod trust {
         assert_eq!(v.topology, answer());
         assert_eq!(v.at, NOW - 3600);
         // Taken as the answer, it makes the reconcile write nothing.
-        let (_, diff) = derive(&n, &LabelScheme::default(), &v).expect("labels");
+        let (_, diff) = derive(&n, &LabelScheme::default(), &v.topology).expect("labels");
         assert!(diff.is_empty(), "{diff:?}");
     }
 
@@ -571,7 +566,7 @@ mod trust {
         let scheme = LabelScheme::default();
         let n = verified_node(&scheme, 60, "boot-1");
         let v = judge(&n).expect("trusted");
-        let (desired, diff) = derive(&n, &scheme, &v).expect("labels");
+        let (desired, diff) = derive(&n, &scheme, &v.topology).expect("labels");
         assert!(diff.is_empty(), "{diff:?}");
         let moved = Verified {
             topology: InstanceTopology {
@@ -580,7 +575,7 @@ mod trust {
             },
             ..v
         };
-        let (desired_moved, diff) = derive(&n, &scheme, &moved).expect("labels");
+        let (desired_moved, diff) = derive(&n, &scheme, &moved.topology).expect("labels");
         assert!(!diff.is_empty());
         for d in [&desired, &desired_moved] {
             assert!(!d.annotations.contains_key(VERIFIED_KEY));

@@ -533,15 +533,11 @@ mod tests {
             diff,
             refresh_error: None,
             recheck_in,
-            record: crate::verified::Verified {
-                topology: crate::topology::InstanceTopology {
-                    instance_id: "i-0123456789abcdef0".into(),
-                    network_nodes: vec![leaf.into()],
-                    ..Default::default()
-                },
-                boot_id: Some("boot-1".into()),
-                at: 1_796_300_000,
-            },
+            answer: std::sync::Arc::new(crate::topology::InstanceTopology {
+                network_nodes: vec![leaf.into()],
+                ..Default::default()
+            }),
+            verified_at: 1_796_300_000,
         }
     }
 

@@ -375,12 +375,21 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
         _ => None,
     };
     // The record of the answer, for the ledger once the node carries what it makes of it: now
-    // (nothing to write) or after our write.
-    // (Taken out of the answer, which `decide` does not read it from: no copy.)
+    // (nothing to write) or after our write. (The instance ID taken out of the answer, which
+    // `decide` does not read it from: no copy; the answer itself is shared.)
     let record = match &mut answer {
-        Answer::Assessed(Assessment::Ready { record, diff, .. }) => {
-            Some((std::mem::take(record), diff.is_empty()))
-        }
+        Answer::Assessed(Assessment::Ready {
+            instance_id,
+            answer,
+            verified_at,
+            diff,
+            ..
+        }) => Some((
+            std::mem::take(instance_id),
+            answer.clone(),
+            *verified_at,
+            diff.is_empty(),
+        )),
         _ => None,
     };
     let now = Instant::now();
@@ -409,10 +418,16 @@ async fn reconcile_node(node: &LiteNode, ctx: &Context) -> Result<Option<Duratio
     ctx.records.set_verified(node, verified);
     let writes = decision.write.is_some();
     let next = carry_out(ctx, node, decision).await?;
-    if let Some((record, carried)) = record
+    if let Some((instance_id, answer, verified_at, carried)) = record
         && (carried || writes)
     {
-        ctx.ledger.put(node.name(), &record);
+        ctx.ledger.put_answer(
+            node.name(),
+            &instance_id,
+            boot_id(node),
+            verified_at,
+            &answer,
+        );
     }
     // A duplicate is looked at again every minute: once the older node is gone, it is labelled.
     Ok(if duplicate {

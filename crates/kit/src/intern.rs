@@ -40,6 +40,18 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
         value
     }
 
+    /// The value equal to `value`, shared: a copy of it kept when none is. (Never another
+    /// set's `Arc`: a value two sets held would be in use for both, and swept by neither.)
+    pub fn share_copy(&mut self, value: &T) -> Arc<T>
+    where
+        T: Clone,
+    {
+        match self.set.get(value) {
+            Some(shared) => shared.clone(),
+            None => self.share(Arc::new(value.clone())),
+        }
+    }
+
     /// Drop the values no holder keeps.
     pub fn sweep(&mut self) {
         self.set.retain(|v| Arc::strong_count(v) > 1);
@@ -72,6 +84,20 @@ mod tests {
         drop(b);
         i.sweep();
         assert_eq!(i.len(), 1, "b is held by nobody");
+    }
+
+    #[test]
+    fn a_copy_is_shared_never_another_sets_value() {
+        let mut mine = Interner::<String>::default();
+        let theirs = Arc::new("a".to_owned());
+        let a = mine.share_copy(&theirs);
+        assert!(!Arc::ptr_eq(&a, &theirs), "kept as a copy of its own");
+        assert!(Arc::ptr_eq(&a, &mine.share_copy(&"a".to_owned())));
+        // The other set's value going does not keep ours, nor ours theirs.
+        drop(theirs);
+        drop(a);
+        mine.sweep();
+        assert_eq!(mine.len(), 0);
     }
 
     #[test]

@@ -117,7 +117,10 @@ impl Default for LookupConfig {
 pub enum Resolved {
     /// EC2 described the instance with its network nodes.
     Topology {
-        topology: Arc<InstanceTopology>,
+        /// EC2's answer without its instance ID (the one asked about: an empty
+        /// `instance_id`), shared with every instance the same answer was given for: handed
+        /// out without a copy (a resync asks about every node).
+        answer: Arc<InstanceTopology>,
         /// A refresh of an older answer failed; this is the older answer.
         refresh_error: Option<Ec2Error>,
         /// The answer lacks a field EC2 fills in late (see [`InstanceTopology::settling`]): it

@@ -374,7 +374,9 @@ async fn cached_answers_cost_nothing_until_the_boot_id_changes() {
     let moved = l.resolve("r", &id(2), Some("boot-2")).await.unwrap();
     assert_eq!(fake.calls().len(), 2, "a new boot ID forces a new lookup");
     match moved {
-        Resolved::Topology { topology, .. } => {
+        Resolved::Topology {
+            answer: topology, ..
+        } => {
             assert_eq!(topology.network_nodes[2], "nn-leaf-2")
         }
         other => panic!("{other:?}"),
@@ -445,7 +447,7 @@ async fn stale_answers_are_refreshed_and_kept_when_the_refresh_fails() {
     match r {
         Resolved::Topology {
             refresh_error: Some(e),
-            topology,
+            answer: topology,
             ..
         } => {
             assert_eq!(e.category(), "service");
@@ -539,7 +541,7 @@ async fn a_capacity_block_that_arrives_late_is_asked_for_until_it_comes() {
     *fake.instance_type.lock().unwrap() = "p6e-gb200.36xlarge".into();
     let first = l.resolve("r", &id(2), Some("b")).await.unwrap();
     let Resolved::Topology {
-        topology,
+        answer: topology,
         recheck_in: Some(recheck_in),
         ..
     } = first
@@ -553,7 +555,7 @@ async fn a_capacity_block_that_arrives_late_is_asked_for_until_it_comes() {
     let second = l.resolve("r", &id(2), Some("b")).await.unwrap();
     assert_eq!(fake.calls().len(), 2);
     let Resolved::Topology {
-        topology,
+        answer: topology,
         recheck_in: None,
         ..
     } = second
@@ -568,7 +570,9 @@ async fn a_capacity_block_that_arrives_late_is_asked_for_until_it_comes() {
     *fake.capacity_block.lock().unwrap() = None;
     tokio::time::advance(LookupConfig::default().cache_ttl + Duration::from_secs(1)).await;
     match l.resolve("r", &id(2), Some("b")).await.unwrap() {
-        Resolved::Topology { topology, .. } => assert_eq!(
+        Resolved::Topology {
+            answer: topology, ..
+        } => assert_eq!(
             topology.capacity_block_id.as_deref(),
             Some("cr-0123456789abcdef0")
         ),
@@ -913,7 +917,7 @@ async fn an_id_described_then_refused_keeps_its_answer_and_is_asked_alone() {
     fake.name_poison.store(true, Ordering::SeqCst);
     let refreshed = l.resolve("r", &gone, Some("b")).await;
     assert!(
-        matches!(&refreshed, Ok(Resolved::Topology { refresh_error: Some(e), topology, .. })
+        matches!(&refreshed, Ok(Resolved::Topology { refresh_error: Some(e), answer: topology, .. })
             if e.is_instance_id_error() && topology.network_nodes.len() == 3),
         "the earlier answer stands: {refreshed:?}"
     );
@@ -1459,13 +1463,21 @@ fn answers_alike_but_for_the_instance_are_kept_once() {
     assert_eq!(cache.len(), 31);
     assert_eq!(cache.shapes(), 2, "two switches, two answers kept");
     for k in [0, 19, 20, 30] {
-        let cache::Check::Answered(Resolved::Topology { topology, .. }) =
-            cache.check(&id(k), Some("b"), false, t0)
+        let cache::Check::Answered(Resolved::Topology {
+            answer: topology, ..
+        }) = cache.check(&id(k), Some("b"), false, t0)
         else {
             panic!("{k} is known");
         };
         let leaf = if k < 20 { "nn-leaf-1" } else { "nn-leaf-2" };
-        assert_eq!(*topology, answer_in_us_west_2(&id(k), leaf));
+        // The answer without its instance ID (the one asked about).
+        assert_eq!(
+            *topology,
+            InstanceTopology {
+                instance_id: String::new(),
+                ..answer_in_us_west_2(&id(k), leaf)
+            }
+        );
         let view = cache.inspect(&id(k), t0).unwrap();
         assert_eq!(view.topology.unwrap().instance_id, id(k));
     }

@@ -180,14 +180,6 @@ impl Inner {
     }
 }
 
-/// The answer about `instance_id` whose shape (the answer without its ID) is `shape`.
-fn whole(shape: &InstanceTopology, instance_id: &str) -> Arc<InstanceTopology> {
-    Arc::new(InstanceTopology {
-        instance_id: instance_id.to_owned(),
-        ..shape.clone()
-    })
-}
-
 impl Cache {
     pub fn new(cfg: LookupConfig, epoch: Instant) -> Self {
         Self {
@@ -235,7 +227,7 @@ impl Cache {
                     || !(*settling == 0 && topology.settling(capacity_block_expected))) =>
             {
                 Check::Answered(Resolved::Topology {
-                    topology: whole(topology, instance_id),
+                    answer: topology.clone(),
                     refresh_error: None,
                     recheck_in: (*settling > 0).then(|| *refresh_at - now),
                     verified_at: *verified_at,
@@ -276,7 +268,6 @@ impl Cache {
         let mut inner = self.inner();
         let (state, resolved) = self.next(
             &mut inner,
-            instance_id,
             stale.as_ref(),
             answer,
             capacity_block_expected,
@@ -301,7 +292,6 @@ impl Cache {
     fn next(
         &self,
         inner: &mut Inner,
-        instance_id: &str,
         stale: Option<&Entry>,
         answer: Answer,
         capacity_block_expected: bool,
@@ -330,7 +320,7 @@ impl Cache {
                             verified_at: previous_verified_at,
                         },
                         Resolved::Topology {
-                            topology: whole(&topology, instance_id),
+                            answer: topology.clone(),
                             refresh_error: Some(e),
                             recheck_in: None,
                             verified_at: previous_verified_at,
@@ -386,7 +376,7 @@ impl Cache {
                         verified_at,
                     },
                     Resolved::Topology {
-                        topology: whole(&shape, instance_id),
+                        answer: shape,
                         refresh_error: None,
                         recheck_in,
                         verified_at,
@@ -405,7 +395,7 @@ impl Cache {
                         verified_at: previous_verified_at,
                     },
                     Resolved::Topology {
-                        topology: whole(&topology, instance_id),
+                        answer: topology,
                         refresh_error: None,
                         recheck_in: None,
                         verified_at: previous_verified_at,
@@ -430,7 +420,7 @@ impl Cache {
                     None,
                     match previous {
                         Some(topology) => Ok(Resolved::Topology {
-                            topology: whole(&topology, instance_id),
+                            answer: topology.clone(),
                             refresh_error: Some(e),
                             recheck_in: None,
                             verified_at: previous_verified_at,

@@ -101,7 +101,7 @@ impl Cache {
         }
         // The boot ID the node reports now, if it appeared meanwhile.
         let boot_id = current.boot_id.clone().or_else(|| was.boot_id.clone());
-        let next = answer.map(|a| self.next(&mut inner, instance_id, Some(&was), a, false, now));
+        let next = answer.map(|a| self.next(&mut inner, Some(&was), a, false, now));
         let Some(current) = inner.entries.get_mut(instance_id) else {
             return false;
         };

@@ -94,10 +94,18 @@ struct ScaleRow {
     /// The least time the controller's EC2 pacing allows for the install's calls (0 in rows
     /// of the formats before).
     ec2_bound_s: f64,
+    /// A heartbeat on every node (its Ready condition's time, on its status, as a kubelet
+    /// posts it): the controller's CPU-seconds per 1,000 of them beyond its steady state, and
+    /// the Node writes and EC2 calls they cost it (all 0 in rows of the formats before).
+    heartbeat_cpu_s: f64,
+    heartbeat_writes: f64,
+    heartbeat_calls: u64,
 }
 
 /// The CSV's columns, in order.
-const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s,ec2_bound_s";
+const CSV_HEADER: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s,ec2_bound_s,heartbeat_cpu_s_per_1000,heartbeat_writes,heartbeat_calls";
+/// The format before the heartbeats: its rows are read with them at 0.
+const CSV_HEADER_BEFORE_HEARTBEATS: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s,ec2_bound_s";
 /// The format before the EC2 bound: its rows are read with it at 0.
 const CSV_HEADER_BEFORE_BOUND: &str = "date,commit,build,nodes,shape,install_s,floor_s,ec2_calls,throttled,unfiltered,writes,peak_rss_mib,idle_rss_mib,cpu_s,list_pages,steady_calls,steady_writes,steady_rss_mib,steady_cpu_s,restart_s,restart_calls,restart_writes,restart_rss_mib,control_plane_mib,eks_answered,eks_throttled,eks_rate,floor_ours_s,floor_watched_s,floor_last_s";
 /// The format before the floor measured again: its rows are read with it at 0.
@@ -108,7 +116,7 @@ const CSV_HEADER_BEFORE: &str = "date,commit,build,nodes,shape,install_s,floor_s
 impl ScaleRow {
     fn to_csv(&self) -> String {
         format!(
-            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2},{:.2}",
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{},{}",
             self.date,
             self.commit,
             self.build,
@@ -144,19 +152,23 @@ impl ScaleRow {
             self.floor_watched_s,
             self.floor_last_s,
             self.ec2_bound_s,
+            self.heartbeat_cpu_s,
+            self.heartbeat_writes,
+            self.heartbeat_calls,
         )
     }
 
     fn from_csv(line: &str) -> anyhow::Result<Self> {
         let f: Vec<&str> = line.split(',').collect();
-        let (now, before_bound, before_last, before) = (
+        let (now, before_heartbeats, before_bound, before_last, before) = (
             CSV_HEADER.split(',').count(),
+            CSV_HEADER_BEFORE_HEARTBEATS.split(',').count(),
             CSV_HEADER_BEFORE_BOUND.split(',').count(),
             CSV_HEADER_BEFORE_LAST.split(',').count(),
             CSV_HEADER_BEFORE.split(',').count(),
         );
         anyhow::ensure!(
-            [now, before_bound, before_last, before].contains(&f.len()),
+            [now, before_heartbeats, before_bound, before_last, before].contains(&f.len()),
             "{} fields, not {now}: {line}",
             f.len(),
         );
@@ -212,6 +224,9 @@ impl ScaleRow {
             floor_watched_s: if f.len() > 28 { num(28)? } else { 0.0 },
             floor_last_s: if f.len() > 29 { num(29)? } else { 0.0 },
             ec2_bound_s: if f.len() > 30 { num(30)? } else { 0.0 },
+            heartbeat_cpu_s: if f.len() > 31 { num(31)? } else { 0.0 },
+            heartbeat_writes: if f.len() > 32 { num(32)? } else { 0.0 },
+            heartbeat_calls: if f.len() > 33 { int(33)? } else { 0 },
         })
     }
 }
@@ -224,7 +239,13 @@ fn load_rows(csv: &Path) -> anyhow::Result<Vec<ScaleRow>> {
     let mut lines = text.lines();
     if !matches!(
         lines.next(),
-        Some(CSV_HEADER | CSV_HEADER_BEFORE_BOUND | CSV_HEADER_BEFORE_LAST | CSV_HEADER_BEFORE)
+        Some(
+            CSV_HEADER
+                | CSV_HEADER_BEFORE_HEARTBEATS
+                | CSV_HEADER_BEFORE_BOUND
+                | CSV_HEADER_BEFORE_LAST
+                | CSV_HEADER_BEFORE
+        )
     ) {
         eprintln!("{}: another format; its rows are not kept", csv.display());
         return Ok(Vec::new());
@@ -350,6 +371,8 @@ async fn one_size(
     eprintln!(
         "  steady: {steady_calls} EC2 calls, {steady_writes} writes, RSS {steady_rss_mib:.0?} MiB, {steady_cpu_s:.1} CPU-s per resync"
     );
+    let (heartbeat_cpu_s, heartbeat_writes, heartbeat_calls) =
+        heartbeats(&env, pid, steady_cpu_s).await?;
     labeler.stop();
     Ok(ScaleRow {
         // Set by `run`, which measures them once for all sizes.
@@ -384,7 +407,71 @@ async fn one_size(
         restart_calls: stats.calls,
         restart_writes,
         restart_rss_mib,
+        heartbeat_cpu_s,
+        heartbeat_writes,
+        heartbeat_calls,
     })
+}
+
+/// How long after the last heartbeat the controller is given to take them all in.
+const HEARTBEATS_SETTLE: Duration = Duration::from_secs(5);
+
+/// A heartbeat on every node, as its kubelet posts one: its `Ready` condition with a new
+/// `lastHeartbeatTime`, by a strategic merge patch of its status (merged by the condition's
+/// type), 32 in flight. Each is a watch event that changes nothing the controller reads.
+/// Returns the controller's CPU-seconds per 1,000 of them beyond its steady state (its resync
+/// goes on meanwhile: the steady state's rate for as long is taken off), and the Node writes
+/// and EC2 calls it made meanwhile.
+async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<(f64, f64, u64)> {
+    use kube::api::{ListParams, Patch, PatchParams};
+    let api: Api<Node> = Api::all(env.client.clone());
+    let names: Vec<String> = api
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    env.mock.admin.reset_stats().await?;
+    let w0 = env.node_writes().await?;
+    let (cpu0, started) = (proc_stats(pid).1, Instant::now());
+    let at = k8s_openapi::jiff::Timestamp::now().to_string();
+    let events = names.len();
+    futures::stream::iter(names)
+        .map(|name| {
+            let (api, at) = (api.clone(), at.clone());
+            async move {
+                let patch = serde_json::json!({"status": {"conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": at,
+                }]}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .with_context(|| format!("heartbeat of {name}"))
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<()>>>()?;
+    let sent = started.elapsed();
+    tokio::time::sleep(HEARTBEATS_SETTLE).await;
+    let window = started.elapsed();
+    let cpu = proc_stats(pid).1 - cpu0;
+    let beyond = (cpu - steady_cpu_s * window.as_secs_f64() / SCALE_RESYNC.as_secs_f64()).max(0.0);
+    let per_1000 = beyond * 1000.0 / events.max(1) as f64;
+    let writes = env.node_writes().await? - w0;
+    let calls = env.mock.admin.stats().await?.calls;
+    eprintln!(
+        "  heartbeats: {events} in {:.1}s; controller {cpu:.2} CPU-s over {:.1}s, {beyond:.2} beyond its steady state: {per_1000:.3} CPU-s per 1,000; {writes} writes, {calls} EC2 calls",
+        sent.as_secs_f64(),
+        window.as_secs_f64(),
+    );
+    Ok((per_1000, writes, calls))
 }
 
 /// One EC2 call per node, as EKS's cloud controller makes them, against mock-ec2's bucket (100
@@ -574,7 +661,7 @@ fn write_report(
     writeln!(md, "## At scale: 10,000 to 100,000 nodes\n")?;
     writeln!(
         md,
-        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold (rows marked EKS-labelled: they carry what EKS's cloud controller writes at registration, the layers and zone ID of mock-ec2's answer; no write floor is measured for them); the EC2 bound is the least time the controller's EC2 pacing (given to it: 5 calls a second after a burst of 20) allows for ceil(N/100) calls, and each install's ratio is to the larger of it and the write floor; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. Where the rest of the time goes: the same client again with our write's body (the label family and a verification record, under other keys), then once more under a watch that has every modified Node sent to it whole, as the controller's informer does (read and dropped, so the bench's decoding costs nothing); then the plain floor again, right before the install (another key, on the cluster as the install finds it after the floors' writes); the install's ratio to each is given beside it. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache). RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
+        "Built up by `make bench-scale`, one size and one build per run (each row says when and on which commit; this page last written {started}) — {}; the same setup as above (each build of the controller named below, a real kube-apiserver v1.36.3 + etcd, mock-ec2 at 50 ms per call behind a bucket of 100 burst and 20/s). Each size is an install: the nodes exist, unlabelled, when the controller starts cold (rows marked EKS-labelled: they carry what EKS's cloud controller writes at registration, the layers and zone ID of mock-ec2's answer; no write floor is measured for them); the EC2 bound is the least time the controller's EC2 pacing (given to it: 5 calls a second after a burst of 20) allows for ceil(N/100) calls, and each install's ratio is to the larger of it and the write floor; the write floor is a plain client applying one label per node by server-side apply, 32 in flight, in the same run under the same observer. Where the rest of the time goes: the same client again with our write's body (the label family and a verification record, under other keys), then once more under a watch that has every modified Node sent to it whole, as the controller's informer does (read and dropped, so the bench's decoding costs nothing); then the plain floor again, right before the install (another key, on the cluster as the install finds it after the floors' writes); the install's ratio to each is given beside it. The install runs with the controller's default resync period (1 h). Restart is a new controller process with every node labelled, started with a resync period of {} s; steady state is three such periods of that process (its CPU is given per period: every node re-checked once, from the cache); then a heartbeat on every node, as kubelets post them (its `Ready` condition's time, patched on its status, 32 in flight: an event that changes nothing the controller reads), given as the controller's CPU per 1,000 beyond its steady state's for as long, and the Node writes and EC2 calls it made meanwhile. RSS is the controller's; per node is (peak − idle) / nodes, idle being the same build with an empty cluster ({}). The control plane's memory is etcd + kube-apiserver's peak RSS. Builds: {}.\n",
         machine(),
         SCALE_RESYNC.as_secs(),
         idle_text(rows),
@@ -586,18 +673,18 @@ fn write_report(
     )?;
     writeln!(
         md,
-        "| nodes | build | measured | node shape | install (s) | write floor (s) | EC2 bound (s) | ratio to the larger | floor with our body; watched; plain again, just before the install (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
+        "| nodes | build | measured | node shape | install (s) | write floor (s) | EC2 bound (s) | ratio to the larger | floor with our body; watched; plain again, just before the install (s) | EC2 calls (throttled; unfiltered) | writes | peak RSS (MiB) | per node (KiB) | CPU (s) | CPU-s / 1,000 nodes | initial list pages | steady: calls, writes | steady RSS after each resync (MiB) | steady CPU-s per resync | heartbeats: CPU-s per 1,000, writes, calls | restart: s, calls, writes, peak RSS (MiB) | control plane RSS (MiB) |"
     )?;
     writeln!(
         md,
-        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |"
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- | ---: |"
     )?;
     let mut csv = format!("{CSV_HEADER}\n");
     for r in rows {
         let per_node_kib = (r.peak_rss_mib - r.idle_mib).max(0.0) * 1024.0 / f64::from(r.nodes);
         writeln!(
             md,
-            "| {} | {} | {} {} | {} | {:.1} | {} | {} | {:.2}× | {} | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {:.1}, {}, {}, {:.0} | {:.0} |",
+            "| {} | {} | {} {} | {} | {:.1} | {} | {} | {:.2}× | {} | {} ({}; {}) | {} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {}, {} | {} | {:.1} | {} | {:.1}, {}, {}, {:.0} | {:.0} |",
             r.nodes,
             r.build,
             r.date,
@@ -657,6 +744,14 @@ fn write_report(
                 .collect::<Vec<_>>()
                 .join(" → "),
             r.steady_cpu_s,
+            if r.heartbeat_cpu_s > 0.0 {
+                format!(
+                    "{:.3}, {}, {}",
+                    r.heartbeat_cpu_s, r.heartbeat_writes, r.heartbeat_calls
+                )
+            } else {
+                "not measured".into()
+            },
             r.restart_s,
             r.restart_calls,
             r.restart_writes,
@@ -761,6 +856,9 @@ mod tests {
             floor_watched_s: 24.0,
             floor_last_s: 20.5,
             ec2_bound_s: 36.0,
+            heartbeat_cpu_s: 0.012,
+            heartbeat_writes: 0.0,
+            heartbeat_calls: 0,
         }
     }
 
@@ -776,16 +874,24 @@ mod tests {
     #[test]
     fn a_row_of_the_format_before_the_last_floor_reads_with_it_at_zero() {
         let r = row("musl", 10_000, 73.0);
-        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 2)).expect("a row");
+        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 5)).expect("a row");
         assert_eq!(back.floor_last_s, 0.0);
         assert_eq!(back.ec2_bound_s, 0.0);
         assert_eq!(back.floor_watched_s, r.floor_watched_s);
     }
 
     #[test]
+    fn a_row_of_the_format_before_the_heartbeats_reads_with_them_at_zero() {
+        let r = row("musl", 10_000, 73.0);
+        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 3)).expect("a row");
+        assert_eq!(back.heartbeat_cpu_s, 0.0);
+        assert_eq!(back.ec2_bound_s, r.ec2_bound_s);
+    }
+
+    #[test]
     fn a_row_of_the_format_before_the_ec2_bound_reads_with_it_at_zero() {
         let r = row("musl", 10_000, 73.0);
-        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 1)).expect("a row");
+        let back = ScaleRow::from_csv(without_last(&r.to_csv(), 4)).expect("a row");
         assert_eq!(back.ec2_bound_s, 0.0);
         assert_eq!(back.floor_last_s, r.floor_last_s);
     }

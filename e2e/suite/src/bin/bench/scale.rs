@@ -94,12 +94,20 @@ struct ScaleRow {
     /// The least time the controller's EC2 pacing allows for the install's calls (0 in rows
     /// of the formats before).
     ec2_bound_s: f64,
-    /// A heartbeat on every node (its Ready condition's time, on its status, as a kubelet
-    /// posts it): the controller's CPU-seconds per 1,000 of them beyond its steady state, and
-    /// the Node writes and EC2 calls they cost it (all 0 in rows of the formats before).
-    heartbeat_cpu_s: f64,
-    heartbeat_writes: f64,
-    heartbeat_calls: u64,
+    /// A heartbeat on every node (`None` in rows of the formats before).
+    heartbeats: Option<Heartbeats>,
+}
+
+/// A heartbeat on every node (its Ready condition's time, on its status, as a kubelet posts
+/// it): what it cost the controller.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Heartbeats {
+    /// CPU-seconds per 1,000 heartbeats beyond its steady state's for as long (as measured: a
+    /// little below 0 is noise).
+    cpu_s_per_1000: f64,
+    /// Node writes and EC2 calls it made meanwhile.
+    writes: f64,
+    calls: u64,
 }
 
 /// The CSV's columns, in order.
@@ -116,7 +124,7 @@ const CSV_HEADER_BEFORE: &str = "date,commit,build,nodes,shape,install_s,floor_s
 impl ScaleRow {
     fn to_csv(&self) -> String {
         format!(
-            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{},{}",
+            "{},{},{},{},{:?},{:.2},{:.2},{},{},{},{},{:.1},{:.1},{:.2},{},{},{},{},{:.2},{:.2},{},{},{:.1},{:.0},{},{},{:.2},{:.2},{:.2},{:.2},{:.2},{},{},{}",
             self.date,
             self.commit,
             self.build,
@@ -152,9 +160,12 @@ impl ScaleRow {
             self.floor_watched_s,
             self.floor_last_s,
             self.ec2_bound_s,
-            self.heartbeat_cpu_s,
-            self.heartbeat_writes,
-            self.heartbeat_calls,
+            self.heartbeats
+                .map_or(String::new(), |h| format!("{:.4}", h.cpu_s_per_1000)),
+            self.heartbeats
+                .map_or(String::new(), |h| h.writes.to_string()),
+            self.heartbeats
+                .map_or(String::new(), |h| h.calls.to_string()),
         )
     }
 
@@ -224,9 +235,16 @@ impl ScaleRow {
             floor_watched_s: if f.len() > 28 { num(28)? } else { 0.0 },
             floor_last_s: if f.len() > 29 { num(29)? } else { 0.0 },
             ec2_bound_s: if f.len() > 30 { num(30)? } else { 0.0 },
-            heartbeat_cpu_s: if f.len() > 31 { num(31)? } else { 0.0 },
-            heartbeat_writes: if f.len() > 32 { num(32)? } else { 0.0 },
-            heartbeat_calls: if f.len() > 33 { int(33)? } else { 0 },
+            // Empty in a row of this format measured without them.
+            heartbeats: if f.len() > 33 && !f[31].is_empty() {
+                Some(Heartbeats {
+                    cpu_s_per_1000: num(31)?,
+                    writes: num(32)?,
+                    calls: int(33)?,
+                })
+            } else {
+                None
+            },
         })
     }
 }
@@ -371,8 +389,7 @@ async fn one_size(
     eprintln!(
         "  steady: {steady_calls} EC2 calls, {steady_writes} writes, RSS {steady_rss_mib:.0?} MiB, {steady_cpu_s:.1} CPU-s per resync"
     );
-    let (heartbeat_cpu_s, heartbeat_writes, heartbeat_calls) =
-        heartbeats(&env, pid, steady_cpu_s).await?;
+    let heartbeats = heartbeats(&env, pid, steady_cpu_s).await?;
     labeler.stop();
     Ok(ScaleRow {
         // Set by `run`, which measures them once for all sizes.
@@ -407,9 +424,7 @@ async fn one_size(
         restart_calls: stats.calls,
         restart_writes,
         restart_rss_mib,
-        heartbeat_cpu_s,
-        heartbeat_writes,
-        heartbeat_calls,
+        heartbeats: Some(heartbeats),
     })
 }
 
@@ -422,7 +437,7 @@ const HEARTBEATS_SETTLE: Duration = Duration::from_secs(5);
 /// Returns the controller's CPU-seconds per 1,000 of them beyond its steady state (its resync
 /// goes on meanwhile: the steady state's rate for as long is taken off), and the Node writes
 /// and EC2 calls it made meanwhile.
-async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<(f64, f64, u64)> {
+async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<Heartbeats> {
     use kube::api::{ListParams, Patch, PatchParams};
     let api: Api<Node> = Api::all(env.client.clone());
     let names: Vec<String> = api
@@ -462,7 +477,7 @@ async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<(f
     tokio::time::sleep(HEARTBEATS_SETTLE).await;
     let window = started.elapsed();
     let cpu = proc_stats(pid).1 - cpu0;
-    let beyond = (cpu - steady_cpu_s * window.as_secs_f64() / SCALE_RESYNC.as_secs_f64()).max(0.0);
+    let beyond = cpu - steady_cpu_s * window.as_secs_f64() / SCALE_RESYNC.as_secs_f64();
     let per_1000 = beyond * 1000.0 / events.max(1) as f64;
     let writes = env.node_writes().await? - w0;
     let calls = env.mock.admin.stats().await?.calls;
@@ -471,7 +486,11 @@ async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<(f
         sent.as_secs_f64(),
         window.as_secs_f64(),
     );
-    Ok((per_1000, writes, calls))
+    Ok(Heartbeats {
+        cpu_s_per_1000: per_1000,
+        writes,
+        calls,
+    })
 }
 
 /// One EC2 call per node, as EKS's cloud controller makes them, against mock-ec2's bucket (100
@@ -744,14 +763,10 @@ fn write_report(
                 .collect::<Vec<_>>()
                 .join(" → "),
             r.steady_cpu_s,
-            if r.heartbeat_cpu_s > 0.0 {
-                format!(
-                    "{:.3}, {}, {}",
-                    r.heartbeat_cpu_s, r.heartbeat_writes, r.heartbeat_calls
-                )
-            } else {
-                "not measured".into()
-            },
+            r.heartbeats.map_or("not measured".into(), |h| format!(
+                "{:.3}, {}, {}",
+                h.cpu_s_per_1000, h.writes, h.calls
+            )),
             r.restart_s,
             r.restart_calls,
             r.restart_writes,
@@ -856,9 +871,11 @@ mod tests {
             floor_watched_s: 24.0,
             floor_last_s: 20.5,
             ec2_bound_s: 36.0,
-            heartbeat_cpu_s: 0.012,
-            heartbeat_writes: 0.0,
-            heartbeat_calls: 0,
+            heartbeats: Some(Heartbeats {
+                cpu_s_per_1000: 0.0,
+                writes: 0.0,
+                calls: 0,
+            }),
         }
     }
 
@@ -884,8 +901,17 @@ mod tests {
     fn a_row_of_the_format_before_the_heartbeats_reads_with_them_at_zero() {
         let r = row("musl", 10_000, 73.0);
         let back = ScaleRow::from_csv(without_last(&r.to_csv(), 3)).expect("a row");
-        assert_eq!(back.heartbeat_cpu_s, 0.0);
+        assert_eq!(back.heartbeats, None);
         assert_eq!(back.ec2_bound_s, r.ec2_bound_s);
+        // Measured at 0 (nothing beyond the steady state) is measured, and reads back so.
+        let back = ScaleRow::from_csv(&r.to_csv()).expect("a row");
+        assert_eq!(back.heartbeats, r.heartbeats);
+        let unmeasured = ScaleRow {
+            heartbeats: None,
+            ..r
+        };
+        let back = ScaleRow::from_csv(&unmeasured.to_csv()).expect("a row");
+        assert_eq!(back.heartbeats, None);
     }
 
     #[test]

@@ -40,19 +40,30 @@ async fn main() -> ExitCode {
     // One rustls crypto provider for the whole process (kube and the AWS SDK both use ring);
     // installed before any client is built. It can only fail if one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let result = match cli.command {
-        Command::Run(args) => ec2_topology_labeler::cmd::run::run(args).await,
-        Command::Plan(args) => ec2_topology_labeler::cmd::plan::run(args).await,
-        Command::Tree(args) => ec2_topology_labeler::cmd::tree::run(args).await,
-        Command::Fit(args) => ec2_topology_labeler::cmd::fit::run(args).await,
-        Command::Explain(args) => ec2_topology_labeler::cmd::explain::run(args).await,
-        Command::Uninstall(args) => ec2_topology_labeler::cmd::uninstall::run(args).await,
-        Command::Retire(args) => ec2_topology_labeler::cmd::retire::run(args).await,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    // The command runs as a task on the runtime's workers, not on this thread: the controller's
+    // Node watch is polled by it, and a task that only this thread polls is woken across
+    // threads at every watch event (a futex wake and two context switches each: half the CPU a
+    // heartbeat cost, measured). On a worker, the connection's task wakes it on its own thread.
+    let command = tokio::spawn(async move {
+        match cli.command {
+            Command::Run(args) => ec2_topology_labeler::cmd::run::run(args).await,
+            Command::Plan(args) => ec2_topology_labeler::cmd::plan::run(args).await,
+            Command::Tree(args) => ec2_topology_labeler::cmd::tree::run(args).await,
+            Command::Fit(args) => ec2_topology_labeler::cmd::fit::run(args).await,
+            Command::Explain(args) => ec2_topology_labeler::cmd::explain::run(args).await,
+            Command::Uninstall(args) => ec2_topology_labeler::cmd::uninstall::run(args).await,
+            Command::Retire(args) => ec2_topology_labeler::cmd::retire::run(args).await,
+        }
+    });
+    match command.await {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             tracing::error!(error = %e, category = e.category(), "exiting");
+            ExitCode::FAILURE
+        }
+        // A panic is printed by the panic hook where it happened.
+        Err(e) => {
+            tracing::error!(error = %e, "exiting: the command panicked");
             ExitCode::FAILURE
         }
     }

@@ -120,17 +120,11 @@ impl Entry {
     }
 
     /// Whether this entry holds just this record (`answer` without its instance ID).
-    fn holds(
-        &self,
-        instance_id: &str,
-        boot_id: &str,
-        at: u64,
-        answer: &Arc<InstanceTopology>,
-    ) -> bool {
+    fn holds(&self, instance_id: &str, boot_id: &str, at: u64, answer: &InstanceTopology) -> bool {
         self.at == at
             && self.instance_id == instance_id
             && self.boot_id.is(boot_id)
-            && (Arc::ptr_eq(&self.answer, answer) || answer_matches(&self.answer, answer))
+            && answer_matches(&self.answer, answer)
     }
 }
 

@@ -763,14 +763,30 @@ async fn apply_each(
             (name, kube::api::Patch::Apply(patch))
         })
         .collect();
-    patch_each(client, patches, &kube::api::PatchParams::apply(manager)).await
+    patch_each(
+        client,
+        patches,
+        &kube::api::PatchParams::apply(manager),
+        Part::Object,
+    )
+    .await
 }
 
-/// One patch per node, 32 in flight. Returns how long they took.
+/// What of a Node a patch is sent to.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The Node (its metadata and spec).
+    Object,
+    /// Its status subresource, as a kubelet writes it.
+    Status,
+}
+
+/// One patch per node, to `part`, 32 in flight. Returns how long they took.
 async fn patch_each(
     client: &Client,
     patches: Vec<(String, kube::api::Patch<serde_json::Value>)>,
     params: &kube::api::PatchParams,
+    part: Part,
 ) -> anyhow::Result<Duration> {
     let api: Api<Node> = Api::all(client.clone());
     let start = Instant::now();
@@ -778,10 +794,12 @@ async fn patch_each(
         .map(|(name, patch)| {
             let api = api.clone();
             async move {
-                api.patch(&name, params, &patch)
-                    .await
-                    .with_context(|| format!("floor write to {name}"))
-                    .map(drop)
+                match part {
+                    Part::Object => api.patch(&name, params, &patch).await,
+                    Part::Status => api.patch_status(&name, params, &patch).await,
+                }
+                .with_context(|| format!("patch of {name}"))
+                .map(drop)
             }
         })
         .buffer_unordered(32)
@@ -881,7 +899,13 @@ async fn floors_like_ours(
             (name.clone(), kube::api::Patch::Merge(patch))
         })
         .collect();
-    patch_each(client, cleanup, &kube::api::PatchParams::default()).await?;
+    patch_each(
+        client,
+        cleanup,
+        &kube::api::PatchParams::default(),
+        Part::Object,
+    )
+    .await?;
     Ok((ours, watched))
 }
 

@@ -452,27 +452,19 @@ async fn heartbeats(env: &Env, pid: u32, steady_cpu_s: f64) -> anyhow::Result<He
     let (cpu0, started) = (proc_stats(pid).1, Instant::now());
     let at = k8s_openapi::jiff::Timestamp::now().to_string();
     let events = names.len();
-    futures::stream::iter(names)
-        .map(|name| {
-            let (api, at) = (api.clone(), at.clone());
-            async move {
-                let patch = serde_json::json!({"status": {"conditions": [{
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "lastHeartbeatTime": at,
-                }]}});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
-                    .await
-                    .with_context(|| format!("heartbeat of {name}"))
-                    .map(drop)
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
+    let patches = names
         .into_iter()
-        .collect::<anyhow::Result<Vec<()>>>()?;
+        .map(|name| {
+            let patch = serde_json::json!({"status": {"conditions": [{
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "lastHeartbeatTime": at,
+            }]}});
+            (name, Patch::Strategic(patch))
+        })
+        .collect();
+    patch_each(&env.client, patches, &PatchParams::default(), Part::Status).await?;
     let sent = started.elapsed();
     tokio::time::sleep(HEARTBEATS_SETTLE).await;
     let window = started.elapsed();
